@@ -1,0 +1,50 @@
+"""The ``lightning-unlearn`` entry point: LightningCLI for ``fit``/``validate``/``test``/``predict``, plus a
+few non-Trainer commands (listed in ``EXTRA_COMMANDS``) dispatched before LightningCLI sees the arguments.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch.cli import LightningCLI
+
+# Non-Trainer subcommands: name -> "module:function"; the function takes the remaining argv list.
+EXTRA_COMMANDS: dict[str, str] = {}
+
+
+class UnlearnCLI(LightningCLI):
+    """LightningCLI with subclass mode for models and datamodules, so YAML names them by ``class_path``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("subclass_mode_model", True)
+        kwargs.setdefault("subclass_mode_data", True)
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        kwargs.setdefault("parser_kwargs", {"parser_mode": "omegaconf"} if _has_omegaconf() else {})
+        super().__init__(LightningModule, LightningDataModule, *args, **kwargs)
+
+
+def _has_omegaconf() -> bool:
+    try:
+        import omegaconf  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    if argv and argv[0] in EXTRA_COMMANDS:
+        module, func = EXTRA_COMMANDS[argv[0]].split(":")
+        getattr(importlib.import_module(module), func)(argv[1:])
+        return
+    UnlearnCLI(args=argv if argv != sys.argv[1:] else None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""Per-parameter group masks packed as the bits of one uint32 per parameter element (Lacuna Section 3.3, App. C).
+
+Bit ``g`` of ``packed[name][i]`` is set iff element ``i`` of parameter ``name`` belongs to group ``g``.
+Group ids are 0-based bit indices: the paper's G_1..G_6 are ids 0..5, forget groups G_1-G_3 are ids 0-2.
+Groups are disjoint, so every element has at most one bit set. Elements outside θ_mask (input embeddings,
+normalization layers, the last two transformer blocks) have no bit set: group samples never update them.
+
+torch (2.13) has no ``>>``, ``<<`` or ``~`` for uint32 on the CPU; decode with ``(packed & bits) != 0``.
+This module imports torch and safetensors only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+MAX_GROUPS = 32
+NEUTRAL_GROUP = -1
+# peft wraps names as base_model.model.<name> and moves a wrapped Linear's weight to <module>.base_layer.weight.
+_PEFT_PREFIX = re.compile(r"^(base_model\.model\.)")
+_FSDP_WRAPPERS = re.compile(r"(_fsdp_wrapped_module\.|_checkpoint_wrapped_module\.|_orig_mod\.|module\.)")
+_BLOCK = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.(\d+)\.")
+
+
+def canonical_name(name: str) -> str:
+    """A parameter name with peft / FSDP / compile wrapper prefixes removed, so masks match any wrapping."""
+    name = _PEFT_PREFIX.sub("", name)
+    name = _FSDP_WRAPPERS.sub("", name)
+    return name.replace(".base_layer.", ".")
+
+
+def group_bits(groups: int | Iterable[int]) -> int:
+    """The integer whose set bits are ``groups`` (validated to lie in 0..31)."""
+    ids = [groups] if isinstance(groups, int) else list(groups)
+    if not ids:
+        raise ValueError("no group ids given; pass at least one id in 0..31.")
+    bits = 0
+    for g in ids:
+        if not isinstance(g, int) or not 0 <= g < MAX_GROUPS:
+            raise ValueError(f"group id {g!r} is out of range; ids are 0-based bit indices in 0..{MAX_GROUPS - 1}.")
+        bits |= 1 << g
+    return bits
+
+
+def group_mask(packed: torch.Tensor, groups: int | Iterable[int]) -> torch.Tensor:
+    """Bool tensor of ``packed``'s shape: True where an element belongs to any of ``groups``.
+
+    Args:
+        packed: one parameter's uint32 mask tensor.
+        groups: one group id or several (their union).
+    """
+    if packed.dtype != torch.uint32:
+        raise TypeError(f"packed masks must be uint32, got {packed.dtype}.")
+    bits = group_bits(groups)
+    # Bit 31 does not fit in a signed int32 scalar; materialise the operand as uint32 explicitly.
+    return (packed & torch.tensor(bits, dtype=torch.uint32, device=packed.device)) != 0
+
+
+def default_exclusions(model: nn.Module) -> list[str]:
+    """Names of parameters outside θ_mask: input embeddings, normalization layers, the last two blocks."""
+    excluded: set[str] = set()
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    emb_ids = {id(p) for p in emb.parameters()} if emb is not None else set()
+    norm_ids = {
+        id(p)
+        for m in model.modules()
+        if "norm" in type(m).__name__.lower() or isinstance(m, nn.LayerNorm)
+        for p in m.parameters(recurse=False)
+    }
+    blocks = {int(m.group(1)) for n, _ in model.named_parameters(remove_duplicate=False) if (m := _BLOCK.search(n))}
+    last_two = set(sorted(blocks)[-2:]) if blocks else set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        m = _BLOCK.search(name)
+        if id(p) in emb_ids or id(p) in norm_ids or (m and int(m.group(1)) in last_two):
+            excluded.add(canonical_name(name))
+    return sorted(excluded)
+
+
+def masked_parameter_names(model: nn.Module, exclude: Sequence[str] | None = None) -> list[str]:
+    """Canonical names of the parameters in θ_mask.
+
+    Args:
+        model: the model whose parameters are masked.
+        exclude: regexes (``re.search`` on canonical names) of parameters outside θ_mask; ``None`` uses the
+            paper's default (:func:`default_exclusions`).
+    """
+    if exclude is None:
+        skip = set(default_exclusions(model))
+        keep = lambda n: n not in skip  # noqa: E731
+    else:
+        patterns = [re.compile(p) for p in exclude]
+        keep = lambda n: not any(p.search(n) for p in patterns)  # noqa: E731
+    names = []
+    for name, _ in _unique_named_parameters(model):
+        if keep(name):
+            names.append(name)
+    return names
+
+
+def _unique_named_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """Canonical-named parameters; a tied parameter is listed once under its first name."""
+    seen: set[int] = set()
+    out = []
+    for name, p in model.named_parameters(remove_duplicate=False):
+        cname = canonical_name(name)
+        if any(part.startswith("lora_") for part in cname.split(".")):
+            continue  # adapter weights are not part of the base model's θ
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        out.append((cname, p))
+    return out
+
+
+def _param_seed(seed: int, name: str) -> int:
+    # Seeding each tensor from (seed, name) makes a tensor's mask independent of iteration order and wrapping.
+    return (zlib.crc32(name.encode()) ^ (seed * 0x9E3779B1)) & 0x7FFFFFFF
+
+
+def sample_masks(
+    model: nn.Module,
+    num_groups: int = 6,
+    coverage: float = 0.05,
+    seed: int = 0,
+    exclude: Sequence[str] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Sample disjoint, element-wise random group masks over θ_mask and pack them.
+
+    Every element of θ_mask draws u ~ U[0, 1); it joins group ``g`` iff ``g·coverage <= u < (g+1)·coverage``.
+    Each group therefore covers ``coverage`` of θ_mask in expectation, and no element joins two groups.
+
+    Args:
+        model: the model to mask (only names, shapes and structure are read).
+        num_groups: G, at most 32.
+        coverage: fraction of θ_mask each group covers; ``num_groups * coverage`` must be ≤ 1.
+        seed: the masks are a deterministic function of ``seed`` and the parameter names.
+        exclude: see :func:`masked_parameter_names`.
+
+    Returns:
+        ``{canonical parameter name: uint32 tensor of the parameter's shape}`` for every parameter;
+        excluded parameters are all zero.
+    """
+    if not 1 <= num_groups <= MAX_GROUPS:
+        raise ValueError(f"num_groups={num_groups} must be in 1..{MAX_GROUPS} (one bit of a uint32 per group).")
+    if not 0 < coverage <= 1 or num_groups * coverage > 1 + 1e-9:
+        raise ValueError(
+            f"coverage={coverage} with num_groups={num_groups} does not fit: groups are disjoint, so "
+            "num_groups * coverage must be at most 1."
+        )
+    included = set(masked_parameter_names(model, exclude))
+    if not included:
+        raise ValueError("θ_mask is empty: every parameter is excluded. Loosen `exclude`.")
+    packed: dict[str, torch.Tensor] = {}
+    for name, p in _unique_named_parameters(model):
+        shape = tuple(p.shape)
+        if name not in included:
+            packed[name] = torch.zeros(shape, dtype=torch.uint32)
+            continue
+        gen = torch.Generator().manual_seed(_param_seed(seed, name))
+        u = torch.rand(shape, generator=gen)
+        slot = torch.floor(u / coverage).to(torch.int64)  # group id, or ≥ num_groups for "no group"
+        in_group = slot < num_groups
+        values = torch.where(in_group, torch.ones_like(slot) << slot.clamp(max=MAX_GROUPS - 1), 0)
+        packed[name] = values.to(torch.uint32)
+    return packed
+
+
+def coverage_by_group(packed: Mapping[str, torch.Tensor], num_groups: int, names: Iterable[str] | None = None):
+    """Fraction of the elements of ``names`` (default: all) that each group covers, as a list of floats."""
+    names = list(packed) if names is None else list(names)
+    total = sum(packed[n].numel() for n in names)
+    counts = [0] * num_groups
+    for n in names:
+        for g in range(num_groups):
+            counts[g] += int(group_mask(packed[n], g).sum())
+    return [c / max(total, 1) for c in counts]
+
+
+def union_mask(packed: Mapping[str, torch.Tensor], groups: int | Iterable[int]) -> dict[str, torch.Tensor]:
+    """``{name: bool tensor}`` of the union of ``groups`` (e.g. m^F for forget groups 0-2)."""
+    return {n: group_mask(t, groups) for n, t in packed.items()}
+
+
+def shard_masks(packed: Mapping[str, torch.Tensor], rank: int, world_size: int) -> dict[str, torch.Tensor]:
+    """Each rank's dim-0 shard, split like FSDP2's ``Shard(0)`` (``torch.chunk``; trailing ranks may be empty)."""
+    out = {}
+    for n, t in packed.items():
+        chunks = torch.chunk(t, world_size, dim=0) if t.dim() else (t,)
+        if rank < len(chunks):
+            out[n] = chunks[rank].clone()
+        else:
+            out[n] = t.new_zeros((0, *t.shape[1:]))
+    return out
+
+
+def validate_masks(packed: Mapping[str, torch.Tensor], model: nn.Module) -> None:
+    """Raise ``ValueError`` naming the first parameter whose name or shape does not match ``model``."""
+    params = dict(_unique_named_parameters(model))
+    for name, p in params.items():
+        if name not in packed:
+            raise ValueError(
+                f"masks do not match the model: parameter {name!r} has no mask. The masks file was made for "
+                "another model; sample masks for this model (sample_masks) or load the matching file."
+            )
+        if tuple(packed[name].shape) != tuple(p.shape):
+            raise ValueError(
+                f"masks do not match the model: {name!r} has shape {tuple(p.shape)} but its mask has shape "
+                f"{tuple(packed[name].shape)}. The masks file was made for another model."
+            )
+    extra = [n for n in packed if n not in params]
+    if extra:
+        raise ValueError(
+            f"masks do not match the model: mask {extra[0]!r} names no parameter of the model. "
+            "The masks file was made for another model."
+        )
+
+
+def save_masks(path: str | os.PathLike, packed: Mapping[str, torch.Tensor], **metadata) -> None:
+    """Write ``packed`` to a safetensors file atomically (temp file, then rename).
+
+    Metadata values are stored JSON-encoded (safetensors metadata is ``str -> str``).
+    """
+    from safetensors.torch import save_file
+
+    for n, t in packed.items():
+        if t.dtype != torch.uint32:
+            raise TypeError(f"mask {n!r} is {t.dtype}; packed masks are uint32.")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {k: json.dumps(v) for k, v in metadata.items()}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file({n: t.contiguous() for n, t in packed.items()}, tmp, metadata=meta)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_masks(
+    path: str | os.PathLike, model: nn.Module | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
+    """Read packed masks and their metadata; with ``model``, check every name and shape against it."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"masks file {str(path)!r} does not exist.")
+    packed = {}
+    with safe_open(str(path), framework="pt") as f:
+        meta = {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
+        for k in f.keys():
+            packed[k] = f.get_tensor(k)
+    if model is not None:
+        validate_masks(packed, model)
+    return packed, meta

@@ -1,0 +1,222 @@
+"""Build or load causal LMs and tokenizers from local paths only, and attach peft adapters.
+
+Nothing here downloads: every loader passes ``local_files_only=True`` and a missing path is a
+``FileNotFoundError`` that names the path. Tiny Llama-architecture models are built from a config so
+tests and the built-in default run on a CPU in seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+SPECIAL_TOKENS = {"bos": "<|bos|>", "eos": "<|eos|>", "pad": "<|pad|>", "unk": "<|unk|>"}
+
+
+@dataclass
+class AdapterConfig:
+    """Which parameters an objective trains.
+
+    Args:
+        kind: ``"full"`` (full fine-tuning), ``"lora"`` or ``"adalora"`` (peft).
+        r: LoRA rank (AdaLoRA: the initial rank).
+        alpha: LoRA scaling numerator (``lora_alpha``).
+        dropout: LoRA dropout.
+        target_modules: module-name suffixes that receive adapters; ``None`` means every linear projection
+            of the transformer blocks (``q/k/v/o_proj``, ``gate/up/down_proj``).
+        layers: only these block indices get adapters (negative counts from the end, so ``[-2, -1]`` is the
+            last two blocks, as in Lacuna's instruction tuning); ``None`` means all blocks.
+        total_step: AdaLoRA's rank-budget schedule needs the total number of optimizer steps.
+    """
+
+    kind: str = "full"
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.05
+    target_modules: list[str] | None = None
+    layers: list[int] | None = None
+    total_step: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("full", "lora", "adalora"):
+            raise ValueError(f"adapter.kind={self.kind!r} is not one of 'full', 'lora', 'adalora'.")
+        if self.r <= 0:
+            raise ValueError(f"adapter.r must be positive, got {self.r}.")
+
+
+@dataclass
+class TinyLlamaConfig:
+    """A Llama-architecture model small enough for a CPU.
+
+    Args:
+        hidden_size: model width.
+        num_layers: transformer blocks.
+        num_heads: attention heads (``hidden_size`` must divide by it).
+        intermediate_size: MLP width; ``None`` means Llama's 8/3 ratio, rounded to a multiple of 16.
+        max_position_embeddings: longest sequence.
+        tie_word_embeddings: share input and output embeddings.
+        extra: further ``LlamaConfig`` fields, passed through unchanged.
+    """
+
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int | None = None
+    max_position_embeddings: int = 512
+    tie_word_embeddings: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+def _require_dir(path: str | os.PathLike, what: str) -> Path:
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(
+            f"{what} path {str(p)!r} does not exist. Give a local directory saved with save_pretrained; "
+            "lightning_unlearn never downloads models."
+        )
+    return p
+
+
+def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 2048, save_dir: str | os.PathLike | None = None):
+    """Train a byte-level BPE tokenizer on ``texts`` and wrap it for transformers.
+
+    Byte-level BPE encodes any Unicode text (Ukrainian, Chinese) without unknown tokens.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS.values()),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=SPECIAL_TOKENS["bos"],
+        eos_token=SPECIAL_TOKENS["eos"],
+        pad_token=SPECIAL_TOKENS["pad"],
+        unk_token=SPECIAL_TOKENS["unk"],
+    )
+    fast.padding_side = "right"
+    if save_dir is not None:
+        fast.save_pretrained(save_dir)
+    return fast
+
+
+def build_tiny_llama(tokenizer, config: TinyLlamaConfig | None = None, seed: int = 0):
+    """A randomly initialised ``LlamaForCausalLM`` sized by ``config`` with the tokenizer's vocabulary."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = config or TinyLlamaConfig()
+    if config.hidden_size % config.num_heads:
+        raise ValueError(f"hidden_size={config.hidden_size} is not divisible by num_heads={config.num_heads}.")
+    intermediate = config.intermediate_size or int(round(config.hidden_size * 8 / 3 / 16)) * 16
+    hf_config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
+        intermediate_size=intermediate,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=config.tie_word_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **config.extra,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(hf_config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """Load a tokenizer from a local directory; sets a pad token when the model has none."""
+    from transformers import AutoTokenizer
+
+    p = _require_dir(path, "tokenizer")
+    tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(path: str | os.PathLike, dtype: torch.dtype | str = torch.float32):
+    """Load a causal LM from a local HF directory (``config.json`` + weights)."""
+    from transformers import AutoModelForCausalLM
+
+    p = _require_dir(path, "model")
+    if not (p / "config.json").exists():
+        raise FileNotFoundError(
+            f"model path {str(p)!r} has no config.json; point at a directory written by save_pretrained."
+        )
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    return AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, local_files_only=True)
+
+
+def block_index_pattern(model: nn.Module) -> tuple[re.Pattern, int]:
+    """The regex that captures a transformer block index in parameter names, and the number of blocks."""
+    pattern = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.(\d+)\.")
+    indices = {int(m.group(1)) for name, _ in model.named_parameters() if (m := pattern.search(name))}
+    if not indices:
+        raise ValueError("could not find numbered transformer blocks (…layers.<i>.…) in the model's parameter names.")
+    return pattern, max(indices) + 1
+
+
+def resolve_layers(model: nn.Module, layers: Sequence[int]) -> list[int]:
+    """Turn possibly negative block indices into absolute ones."""
+    _, n = block_index_pattern(model)
+    out = []
+    for i in layers:
+        j = i + n if i < 0 else i
+        if not 0 <= j < n:
+            raise ValueError(f"block index {i} is out of range for a model with {n} blocks.")
+        out.append(j)
+    return sorted(set(out))
+
+
+DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def apply_adapter(model: nn.Module, adapter: AdapterConfig | None):
+    """Wrap ``model`` with a peft LoRA/AdaLoRA adapter, or return it unchanged for full fine-tuning."""
+    if adapter is None or adapter.kind == "full":
+        return model
+    from peft import AdaLoraConfig, LoraConfig, get_peft_model
+
+    targets = adapter.target_modules or DEFAULT_LORA_TARGETS
+    layers = resolve_layers(model, adapter.layers) if adapter.layers is not None else None
+    common = dict(
+        r=adapter.r,
+        lora_alpha=adapter.alpha,
+        lora_dropout=adapter.dropout,
+        target_modules=targets,
+        layers_to_transform=layers,
+        task_type="CAUSAL_LM",
+    )
+    if adapter.kind == "lora":
+        cfg = LoraConfig(**common)
+    else:
+        common.pop("r")
+        cfg = AdaLoraConfig(init_r=adapter.r, target_r=max(1, adapter.r // 2), total_step=adapter.total_step, **common)
+    return get_peft_model(model, cfg)
+
+
+def unwrap_peft(model: nn.Module) -> nn.Module:
+    """The transformers model under a peft wrapper (or the model itself)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model

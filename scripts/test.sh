@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Set up a virtual environment (CPU torch pinned) and run the whole test suite, multi-process tests included.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q torch==2.13.0 -e '.[dev]'
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -1,0 +1,113 @@
+import pytest
+import torch
+
+from lightning_unlearn.masks import (
+    coverage_by_group,
+    default_exclusions,
+    group_mask,
+    load_masks,
+    masked_parameter_names,
+    sample_masks,
+    save_masks,
+    shard_masks,
+)
+from lightning_unlearn.models import TinyLlamaConfig, build_tiny_llama
+
+
+def test_default_exclusions_follow_the_paper(tiny_model):
+    excluded = set(default_exclusions(tiny_model))
+    assert "model.embed_tokens.weight" in excluded
+    assert "model.norm.weight" in excluded
+    assert "model.layers.0.input_layernorm.weight" in excluded
+    assert "model.layers.2.mlp.down_proj.weight" in excluded  # last two of 4 blocks
+    assert "model.layers.3.self_attn.q_proj.weight" in excluded
+    included = set(masked_parameter_names(tiny_model))
+    assert "model.layers.1.self_attn.q_proj.weight" in included
+    assert "lm_head.weight" in included  # untied output head is a weight of θ_mask
+    assert not included & excluded
+
+
+def test_sampled_masks_are_packed_disjoint_and_cover_the_target(tiny_model):
+    packed = sample_masks(tiny_model, num_groups=6, coverage=0.05, seed=3)
+    included = masked_parameter_names(tiny_model)
+    for name, t in packed.items():
+        assert t.dtype == torch.uint32
+        # no element has two bits set: the popcount of each value is 0 or 1
+        ones = sum(group_mask(t, g).to(torch.int64) for g in range(32))
+        assert int(ones.max()) <= 1, name
+        if name not in included:
+            assert int((t != 0).sum()) == 0, f"excluded {name} has bits set"
+    cov = coverage_by_group(packed, 6, included)
+    for c in cov:
+        assert abs(c - 0.05) / 0.05 <= 0.10, cov
+
+
+def test_sampling_is_deterministic_and_seed_dependent(tiny_model):
+    a = sample_masks(tiny_model, 6, 0.05, seed=1)
+    b = sample_masks(tiny_model, 6, 0.05, seed=1)
+    c = sample_masks(tiny_model, 6, 0.05, seed=2)
+    name = "model.layers.0.mlp.up_proj.weight"
+    assert torch.equal(a[name], b[name])
+    assert not torch.equal(a[name], c[name])
+
+
+def test_group_mask_decodes_bits_including_bit_31():
+    packed = torch.tensor([0, 1, 2, 4, 2**31], dtype=torch.uint32)
+    assert group_mask(packed, 0).tolist() == [False, True, False, False, False]
+    assert group_mask(packed, [1, 2]).tolist() == [False, False, True, True, False]
+    assert group_mask(packed, 31).tolist() == [False, False, False, False, True]
+    with pytest.raises(ValueError, match="out of range"):
+        group_mask(packed, 32)
+    with pytest.raises(ValueError, match="out of range"):
+        group_mask(packed, -1)
+
+
+def test_bad_group_count_and_coverage_raise(tiny_model):
+    with pytest.raises(ValueError, match="num_groups"):
+        sample_masks(tiny_model, num_groups=33)
+    with pytest.raises(ValueError, match="coverage"):
+        sample_masks(tiny_model, num_groups=6, coverage=0.2)
+
+
+def test_save_load_round_trip(tiny_model, tmp_path):
+    packed = sample_masks(tiny_model, 6, 0.05, seed=0)
+    path = tmp_path / "masks.safetensors"
+    save_masks(path, packed, num_groups=6, coverage=0.05, seed=0, exclusions=default_exclusions(tiny_model))
+    loaded, meta = load_masks(path, model=tiny_model)
+    assert meta["num_groups"] == 6 and meta["coverage"] == 0.05 and meta["seed"] == 0
+    assert "model.embed_tokens.weight" in meta["exclusions"]
+    assert set(loaded) == set(packed)
+    for n in packed:
+        assert loaded[n].dtype == torch.uint32
+        assert torch.equal(loaded[n], packed[n])
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_mismatched_model_raises_naming_the_parameter(tiny_model, tiny_tokenizer, tmp_path):
+    packed = sample_masks(tiny_model, 6, 0.05, seed=0)
+    path = tmp_path / "masks.safetensors"
+    save_masks(path, packed)
+    other = build_tiny_llama(tiny_tokenizer, TinyLlamaConfig(hidden_size=48, num_layers=4, num_heads=2))
+    with pytest.raises(ValueError, match=r"masks do not match the model: 'model.embed_tokens.weight' has shape"):
+        load_masks(path, model=other)
+    deeper = build_tiny_llama(tiny_tokenizer, TinyLlamaConfig(hidden_size=32, num_layers=5, num_heads=2, intermediate_size=64))
+    with pytest.raises(ValueError, match="model.layers.4"):
+        load_masks(path, model=deeper)
+
+
+def test_masks_follow_peft_wrapping(tiny_model):
+    from lightning_unlearn.models import AdapterConfig, apply_adapter
+
+    plain = sample_masks(tiny_model, 6, 0.05, seed=0)
+    wrapped = apply_adapter(tiny_model, AdapterConfig(kind="lora", r=2, alpha=4))
+    via_peft = sample_masks(wrapped, 6, 0.05, seed=0)
+    assert set(via_peft) == set(plain)
+    assert all(torch.equal(plain[n], via_peft[n]) for n in plain)
+
+
+def test_shards_concatenate_to_the_full_mask(tiny_model):
+    packed = sample_masks(tiny_model, 6, 0.05, seed=0)
+    for world in (2, 3):
+        shards = [shard_masks(packed, r, world) for r in range(world)]
+        for n, t in packed.items():
+            assert torch.equal(torch.cat([s[n] for s in shards], 0), t)
