@@ -1,0 +1,64 @@
+"""Tokenisation and padding shared by every datamodule.
+
+A prompt/answer pair becomes ``input_ids = prompt + answer + eos`` with ``labels`` equal to ``input_ids`` on the
+answer (and eos) and ``IGNORE_INDEX`` on the prompt, so losses see answer tokens only. Plain documents
+(continual pretraining) have every token as a label.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from lightning_unlearn.losses import IGNORE_INDEX
+
+
+def encode_prompt_answer(tokenizer, prompt: str, answer: str, max_length: int) -> dict[str, list[int]]:
+    """Token ids and labels for one pair; the prompt is truncated from the left if the pair is too long."""
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    a = a[: max_length - len(bos) - 1]
+    p = p[max(0, len(p) - (max_length - len(bos) - len(a))) :]
+    ids = bos + p + a
+    labels = [IGNORE_INDEX] * (len(bos) + len(p)) + a
+    return {"input_ids": ids, "labels": labels}
+
+
+def encode_document(tokenizer, text: str, max_length: int) -> dict[str, list[int]]:
+    """Token ids for a pretraining document; every token is a label."""
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    ids = (bos + tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])[:max_length]
+    return {"input_ids": ids, "labels": list(ids)}
+
+
+def pad_batch(rows: Sequence[dict], pad_token_id: int, padding_side: str = "right") -> dict[str, torch.Tensor]:
+    """Pad ``input_ids``/``labels`` rows into tensors with an ``attention_mask``; other keys are stacked.
+
+    Integer/float per-row fields (e.g. ``group_ids``, ``profile_id``) become 1-D tensors; strings stay lists.
+    """
+    if not rows:
+        raise ValueError("cannot collate an empty batch.")
+    width = max(len(r["input_ids"]) for r in rows)
+    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(r["input_ids"])
+        sl = slice(0, n) if padding_side == "right" else slice(width - n, width)
+        ids[i, sl] = torch.tensor(r["input_ids"])
+        labels[i, sl] = torch.tensor(r["labels"])
+        attn[i, sl] = 1
+    batch: dict = {"input_ids": ids, "labels": labels, "attention_mask": attn}
+    for key in rows[0]:
+        if key in batch:
+            continue
+        values = [r[key] for r in rows]
+        if all(isinstance(v, bool | int) for v in values):
+            batch[key] = torch.tensor(values, dtype=torch.long)
+        elif all(isinstance(v, float) for v in values):
+            batch[key] = torch.tensor(values)
+        else:
+            batch[key] = values
+    return batch
