@@ -1,0 +1,131 @@
+"""Memorization-filtered splits of the Lacuna testbed (Section 3.5, Section 4.1).
+
+Only profiles whose PII the injected model actually reveals are kept. Those profiles (instruction profiles
+excluded) are divided, per group, into three disjoint partitions: evaluation (P_eval), hyper-parameter tuning
+(P_hp) and relearning (held out for the resurfacing attack). Then, for every target field ``f``:
+
+- ``forget``: P_eval profiles of the forget groups (ids 0-2) memorized on ``f``, asking for ``f``;
+- ``retain``: P_eval profiles of the retain groups (ids 3-5) memorized on ``retain_field(f)`` ≠ ``f``, asking for
+  that field (the paper's cross-field scheme: forget and retain always target different PII types);
+- ``forget_paraphrase`` / ``retain_paraphrase``: the same profiles asked with held-out question wordings;
+- ``tune_forget`` / ``tune_retain``: the same construction on P_hp.
+
+``relearn`` holds training-wording QA of the relearning profiles for every field they memorized. Every split has
+the columns ``prompt, answer, field, profile_id, group_id``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from lightning_unlearn.data.pii import probe_qa, qa_pair
+from lightning_unlearn.data.templates import NUM_TRAIN_QUESTIONS, QUESTIONS, TARGET_FIELDS
+
+SPLIT_COLUMNS = ("prompt", "answer", "field", "profile_id", "group_id")
+FIELD_SPLITS = ("forget", "retain", "forget_paraphrase", "retain_paraphrase", "tune_forget", "tune_retain")
+
+
+def retain_field(field: str) -> str:
+    """The field the retain set asks about when the forget set asks about ``field`` (next target field)."""
+    i = TARGET_FIELDS.index(field)
+    return TARGET_FIELDS[(i + 1) % len(TARGET_FIELDS)]
+
+
+def partition_profiles(
+    profiles: Sequence[dict], seed: int = 0, fractions: tuple[float, float, float] = (0.5, 0.25, 0.25)
+) -> dict[str, set[int]]:
+    """Split non-instruction profile ids into disjoint ``eval``/``tune``/``relearn`` sets, stratified by group."""
+    if abs(sum(fractions) - 1) > 1e-6 or min(fractions) < 0:
+        raise ValueError(f"split fractions {fractions} must be non-negative and sum to 1.")
+    rng = random.Random(seed)
+    by_group: dict[int, list[int]] = {}
+    for p in profiles:
+        if not p["instruct"]:
+            by_group.setdefault(p["group_id"], []).append(p["profile_id"])
+    parts: dict[str, set[int]] = {"eval": set(), "tune": set(), "relearn": set()}
+    for g in sorted(by_group):
+        ids = sorted(by_group[g])
+        rng.shuffle(ids)
+        n_eval = int(round(len(ids) * fractions[0]))
+        n_tune = int(round(len(ids) * fractions[1]))
+        parts["eval"].update(ids[:n_eval])
+        parts["tune"].update(ids[n_eval : n_eval + n_tune])
+        parts["relearn"].update(ids[n_eval + n_tune :])
+    return parts
+
+
+def build_splits(
+    profiles: Sequence[dict],
+    memorized: Mapping[str, set[int]],
+    seed: int = 0,
+    forget_groups: Sequence[int] = (0, 1, 2),
+    retain_groups: Sequence[int] = (3, 4, 5),
+    fractions: tuple[float, float, float] = (0.5, 0.25, 0.25),
+) -> dict[str, list[dict]]:
+    """All splits as rows; keys ``"<field>/<split>"`` for :data:`FIELD_SPLITS` and ``"relearn"``.
+
+    Args:
+        profiles: the testbed profiles.
+        memorized: ``{field: ids of profiles whose field the model reveals}``.
+        seed: seed of the partition.
+        forget_groups: group ids of the forget set (paper: G_1-G_3 = ids 0-2).
+        retain_groups: group ids of the retain set (paper: G_4-G_6 = ids 3-5); disjoint from ``forget_groups``.
+        fractions: shares of eval / tune / relearn profiles.
+    """
+    if set(forget_groups) & set(retain_groups):
+        raise ValueError(f"forget_groups {list(forget_groups)} and retain_groups {list(retain_groups)} overlap.")
+    by_id = {p["profile_id"]: p for p in profiles}
+    parts = partition_profiles(profiles, seed, fractions)
+    splits: dict[str, list[dict]] = {}
+    for field in TARGET_FIELDS:
+        other = retain_field(field)
+        for prefix, part in (("", "eval"), ("tune_", "tune")):
+            ids = sorted(parts[part])
+            forget = [i for i in ids if by_id[i]["group_id"] in forget_groups and i in memorized.get(field, ())]
+            retain = [i for i in ids if by_id[i]["group_id"] in retain_groups and i in memorized.get(other, ())]
+            splits[f"{field}/{prefix}forget"] = [probe_qa(by_id[i], field) for i in forget]
+            splits[f"{field}/{prefix}retain"] = [probe_qa(by_id[i], other) for i in retain]
+            if not prefix:
+                splits[f"{field}/forget_paraphrase"] = [probe_qa(by_id[i], field, paraphrase=True) for i in forget]
+                splits[f"{field}/retain_paraphrase"] = [probe_qa(by_id[i], other, paraphrase=True) for i in retain]
+    relearn = []
+    for i in sorted(parts["relearn"]):
+        for field in TARGET_FIELDS:
+            if i in memorized.get(field, ()):
+                relearn.extend(qa_pair(by_id[i], field, q, []) for q in QUESTIONS[field][:NUM_TRAIN_QUESTIONS])
+    splits["relearn"] = relearn
+    return splits
+
+
+def save_splits(out_dir: str | os.PathLike, splits: Mapping[str, list[dict]], extra_files: Mapping[str, str] = ()):
+    """Write every split as a ``datasets`` directory under ``out_dir`` (atomically: temp dir, then rename)."""
+    from datasets import Dataset, Features, Value
+    from datasets.utils.logging import disable_progress_bar
+
+    disable_progress_bar()
+
+    features = Features(
+        {"prompt": Value("string"), "answer": Value("string"), "field": Value("string"),
+         "profile_id": Value("int64"), "group_id": Value("int64")}
+    )  # fmt: skip
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    try:
+        for name, rows in splits.items():
+            cols = {c: [r[c] for r in rows] for c in SPLIT_COLUMNS}
+            Dataset.from_dict(cols, features=features).save_to_disk(str(tmp / name), num_shards=1)
+        for name, text in dict(extra_files).items():
+            (tmp / name).write_text(text)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

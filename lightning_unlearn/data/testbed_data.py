@@ -1,0 +1,147 @@
+"""Build the Lacuna testbed's data directory: every table an HF ``datasets`` directory (``save_to_disk``).
+
+Layout of ``out_dir``::
+
+    profiles/      one row per profile (PROFILE_FIELDS + profile_id, group_id, instruct)
+    documents/     text, content_type, profile_id, group_id   (five content types per profile)
+    qa/            prompt, answer, field, profile_id, group_id (training questions, all QA attributes)
+    instruct_qa/   the same columns; target fields of the instruction profiles, ``instruct_questions`` each
+    neutral/       text                                        (the neutral corpus)
+    manifest.json  the settings it was built with
+
+The directory is written to a temporary sibling and renamed into place, so a failure leaves nothing behind, and
+a directory built with other settings is never silently reused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from lightning_unlearn.data.neutral import load_neutral_corpus
+from lightning_unlearn.data.pii import (
+    generate_profiles,
+    profile_documents,
+    profile_qa,
+    qa_pair,
+    read_profiles_jsonl,
+)
+from lightning_unlearn.data.templates import NUM_TRAIN_QUESTIONS, QUESTIONS, TARGET_FIELDS
+
+TABLES = ("profiles", "documents", "qa", "instruct_qa", "neutral")
+
+
+@dataclass
+class LacunaDataConfig:
+    """What the testbed data is made of.
+
+    Args:
+        num_profiles: synthetic profiles to generate (ignored with ``profiles_jsonl``).
+        seed: seed of every random choice (Faker, groups, templates).
+        num_groups: profile groups (masks); Lacuna uses 6.
+        instruct_fraction: share of each group reserved for instruction tuning (Lacuna: 150 of 1,200).
+        qa_per_field: training QA pairs per profile and attribute.
+        docs_per_type: documents per profile and content type (each a fresh template/continuation draw).
+        instruct_questions: instruction-tuning QA pairs per instruction profile and target field (Lacuna: 10).
+        profiles_jsonl: bring your own profiles instead of generating them.
+        neutral: neutral corpus source (see :func:`load_neutral_corpus`); ``None`` = stdlib docstrings.
+        neutral_max_paragraphs: cap on neutral paragraphs.
+    """
+
+    num_profiles: int = 240
+    seed: int = 0
+    num_groups: int = 6
+    instruct_fraction: float = 0.125
+    qa_per_field: int = 2
+    docs_per_type: int = 1
+    instruct_questions: int = 10
+    profiles_jsonl: str | None = None
+    neutral: str | None = None
+    neutral_max_paragraphs: int | None = None
+
+
+def build_tables(config: LacunaDataConfig) -> dict[str, list[dict]]:
+    """All tables as lists of rows (pure; no files written)."""
+    if config.profiles_jsonl is not None:
+        profiles = read_profiles_jsonl(config.profiles_jsonl, config.num_groups, config.instruct_fraction)
+    else:
+        profiles = generate_profiles(config.num_profiles, config.seed, config.num_groups, config.instruct_fraction)
+    neutral = load_neutral_corpus(config.neutral, max_paragraphs=config.neutral_max_paragraphs)
+    rng = random.Random(config.seed + 1)
+    documents, qa, instruct_qa = [], [], []
+    for p in profiles:
+        for _ in range(config.docs_per_type):
+            documents.extend(profile_documents(p, rng))
+        qa.extend(profile_qa(p, rng, per_field=config.qa_per_field))
+        if p["instruct"]:
+            for field in TARGET_FIELDS:
+                for _ in range(config.instruct_questions):
+                    question = rng.choice(QUESTIONS[field][:NUM_TRAIN_QUESTIONS])
+                    instruct_qa.append(qa_pair(p, field, question, []))
+    if not any(p["instruct"] for p in profiles):
+        raise ValueError("no profile is reserved for instruction tuning; raise instruct_fraction or set 'instruct'.")
+    return {
+        "profiles": profiles,
+        "documents": documents,
+        "qa": qa,
+        "instruct_qa": instruct_qa,
+        "neutral": [{"text": t} for t in neutral],
+    }
+
+
+def _manifest(config: LacunaDataConfig) -> dict:
+    m = asdict(config)
+    if config.profiles_jsonl is not None:
+        st = Path(config.profiles_jsonl).stat()
+        m["profiles_jsonl_stat"] = [st.st_size, int(st.st_mtime)]
+    return m
+
+
+def build_testbed_data(out_dir: str | os.PathLike, config: LacunaDataConfig, log=print) -> Path:
+    """Write the data directory (atomically) unless an identical one exists; returns its path."""
+    from datasets import Dataset
+    from datasets.utils.logging import disable_progress_bar
+
+    disable_progress_bar()
+    out = Path(out_dir)
+    manifest = _manifest(config)
+    if out.exists():
+        found = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").exists() else None
+        if found == manifest:
+            log(f"testbed data: reusing {out} (built with the same settings)")
+            return out
+        raise FileExistsError(
+            f"data directory {str(out)!r} exists but was built with other settings. Delete it or choose another "
+            "data_dir."
+        )
+    tables = build_tables(config)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    try:
+        for name in TABLES:
+            Dataset.from_list(tables[name]).save_to_disk(str(tmp / name))
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(
+        f"testbed data: wrote {out} ({len(tables['profiles'])} profiles, {len(tables['documents'])} documents, "
+        f"{len(tables['qa'])} QA, {len(tables['instruct_qa'])} instruction QA, {len(tables['neutral'])} neutral)"
+    )
+    return out
+
+
+def load_table(data_dir: str | os.PathLike, name: str):
+    """One table of a data directory as a ``datasets.Dataset``."""
+    from datasets import load_from_disk
+
+    path = Path(data_dir) / name
+    if not path.exists():
+        raise FileNotFoundError(f"testbed table {str(path)!r} does not exist; build the data directory first.")
+    return load_from_disk(str(path))
