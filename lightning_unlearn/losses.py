@@ -38,3 +38,142 @@ def sequence_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch
     """log π(y|x) summed over answer tokens only, and |y| (answer-token count), both ``(B,)``."""
     token_logps, answer_mask = answer_token_logprobs(logits, labels)
     return token_logps.sum(-1), answer_mask.sum(-1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Objective terms. ``*_logps`` are per-sequence sums of answer-token log-probs, shape ``(B,)`` (see
+# ``sequence_logprobs``); ``answer_lengths`` are |y| per sequence, shape ``(B,)``. Every function returns a scalar:
+# the batch mean.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def normalized_nll(logps: torch.Tensor, answer_lengths: torch.Tensor) -> torch.Tensor:
+    """Per-sequence length-normalised negative log-likelihood NLL̄ = −log π(y|x) / |y|, shape ``(B,)``.
+
+    Sequences without answer tokens count as length 1 (their log-prob is 0, so their NLL̄ is 0).
+    """
+    return -logps / answer_lengths.clamp(min=1).to(logps.dtype)
+
+
+def nll_loss(logps: torch.Tensor, answer_lengths: torch.Tensor) -> torch.Tensor:
+    """Mean length-normalised NLL, the usual fine-tuning loss: mean_i −log π(y_i|x_i) / |y_i|."""
+    return normalized_nll(logps, answer_lengths).mean()
+
+
+def ga_loss(forget_logps: torch.Tensor, forget_lengths: torch.Tensor) -> torch.Tensor:
+    """Gradient ascent (TOFU-GA; LENS Sec. 5): L = −NLL̄(forget). Minimising it raises the forget NLL."""
+    return -nll_loss(forget_logps, forget_lengths)
+
+
+def gd_loss(
+    forget_logps: torch.Tensor,
+    forget_lengths: torch.Tensor,
+    retain_logps: torch.Tensor,
+    retain_lengths: torch.Tensor,
+    gamma: float = 1.0,
+    alpha: float = 1.0,
+) -> torch.Tensor:
+    """Gradient difference (TOFU-GD; Lacuna's OracleGrad objective): L = γ·(−NLL̄(forget)) + α·NLL̄(retain)."""
+    return gamma * ga_loss(forget_logps, forget_lengths) + alpha * nll_loss(retain_logps, retain_lengths)
+
+
+def npo_loss(policy_logps: torch.Tensor, reference_logps: torch.Tensor, beta: float = 0.1) -> torch.Tensor:
+    """Negative preference optimisation (Zhang et al. 2024; LENS Sec. 5).
+
+    L = −(2/β) · mean_i log σ(−β · (log π_θ(y_i|x_i) − log π_ref(y_i|x_i))).
+
+    At π_θ = π_ref every term is log σ(0) = −log 2, so L = (2/β)·log 2. ``logsigmoid`` keeps it finite for any
+    log-ratio (a naive ``log(sigmoid(·))`` underflows to −inf once the policy has moved far from the reference).
+
+    Args:
+        policy_logps: ``(B,)`` summed answer log-probs under the trained model.
+        reference_logps: ``(B,)`` the same under the frozen reference model (no gradient needed).
+        beta: inverse temperature β > 0.
+    """
+    if beta <= 0:
+        raise ValueError(f"npo beta must be positive, got {beta}.")
+    log_ratio = policy_logps - reference_logps
+    return -(2.0 / beta) * F.logsigmoid(-beta * log_ratio).mean()
+
+
+def simnpo_loss(
+    policy_logps: torch.Tensor, answer_lengths: torch.Tensor, beta: float = 10.0, delta: float = 1.5
+) -> torch.Tensor:
+    """SimNPO forget loss (Fan et al. 2025; Lacuna App. D), reference-free and length-normalised.
+
+    L_f = −(2/β) · mean_i log σ(−(β/|y_i|) · log π_θ(y_i|x_i) − δ); the margin δ sits outside β.
+
+    Args:
+        policy_logps: ``(B,)`` summed answer log-probs under the trained model.
+        answer_lengths: ``(B,)`` answer-token counts |y|.
+        beta: temperature β > 0.
+        delta: reward margin δ ≥ 0.
+    """
+    if beta <= 0:
+        raise ValueError(f"simnpo beta must be positive, got {beta}.")
+    reward = beta * policy_logps / answer_lengths.clamp(min=1).to(policy_logps.dtype)
+    return -(2.0 / beta) * F.logsigmoid(-reward - delta).mean()
+
+
+def kl_divergence(
+    policy_logits: torch.Tensor, reference_logits: torch.Tensor, labels: torch.Tensor
+) -> torch.Tensor:
+    """KL(p_ref ‖ p_θ) of the full next-token distributions, averaged over answer positions of the batch.
+
+    KL = mean over positions t with ``labels[t+1] != IGNORE_INDEX`` of Σ_v p_ref(v) · (log p_ref(v) − log p_θ(v)).
+    This is GA-Retain's normal-data term (Yao et al. 2024) and the retain-drift KL of the evaluation.
+
+    Args:
+        policy_logits: ``(B, T, V)`` logits of the trained model.
+        reference_logits: ``(B, T, V)`` logits of the frozen reference on the same inputs.
+        labels: ``(B, T)`` HF-style labels; only answer positions count.
+    """
+    mask = labels[:, 1:] != IGNORE_INDEX
+    log_p = F.log_softmax(policy_logits[:, :-1].float(), dim=-1)
+    log_ref = F.log_softmax(reference_logits[:, :-1].float(), dim=-1)
+    per_position = (log_ref.exp() * (log_ref - log_p)).sum(-1)
+    return (per_position * mask).sum() / mask.sum().clamp(min=1)
+
+
+def ga_retain_loss(
+    forget_logps: torch.Tensor,
+    forget_lengths: torch.Tensor,
+    mismatch_logps: torch.Tensor,
+    mismatch_lengths: torch.Tensor,
+    retain_kl: torch.Tensor,
+    forget_weight: float = 0.5,
+    random_weight: float = 1.0,
+    kl_weight: float = 1.0,
+) -> torch.Tensor:
+    """GA-Retain (Yao et al. 2024, "Large Language Model Unlearning"; LENS Sec. 5).
+
+    L = w_f·(−NLL̄(forget)) + w_r·NLL̄(forget prompt, random retain answer) + w_n·KL(p_ref ‖ p_θ)(retain).
+
+    Args:
+        forget_logps, forget_lengths: ``(B,)`` answer log-probs and lengths of the forget pairs.
+        mismatch_logps, mismatch_lengths: ``(B,)`` the same for forget prompts paired with random retain answers.
+        retain_kl: scalar KL(p_ref ‖ p_θ) on retain text (``kl_divergence``).
+        forget_weight, random_weight, kl_weight: w_f, w_r, w_n (Yao et al.: 0.5, 1, 1).
+    """
+    return (
+        forget_weight * ga_loss(forget_logps, forget_lengths)
+        + random_weight * nll_loss(mismatch_logps, mismatch_lengths)
+        + kl_weight * retain_kl
+    )
+
+
+def weighted_nll_loss(
+    forget_logps: torch.Tensor,
+    forget_lengths: torch.Tensor,
+    retain_logps: torch.Tensor,
+    retain_lengths: torch.Tensor,
+    forget_factor: float = -0.6,
+    retain_factor: float = 2.0,
+) -> torch.Tensor:
+    """MemFlex's update loss (Tian et al. 2024; Lacuna G.2): per-sample factors on length-normalised NLL.
+
+    L = forget_factor · NLL̄(forget) + retain_factor · NLL̄(retain); a negative forget factor ascends on forget.
+    """
+    return forget_factor * nll_loss(forget_logps, forget_lengths) + retain_factor * nll_loss(
+        retain_logps, retain_lengths
+    )

@@ -1,0 +1,19 @@
+"""Unlearning objectives as LightningModules; each file states one loss (formulas in ``lightning_unlearn.losses``)."""
+
+from lightning_unlearn.objectives.ga import GradientAscent
+from lightning_unlearn.objectives.ga_retain import GARetain
+from lightning_unlearn.objectives.gd import GradientDifference
+from lightning_unlearn.objectives.npo import NPO
+from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
+from lightning_unlearn.objectives.simnpo import SimNPO
+from lightning_unlearn.objectives.unlearning_module import UnlearningModule
+
+__all__ = [
+    "GARetain",
+    "GradientAscent",
+    "GradientDifference",
+    "NPO",
+    "OptimizerConfig",
+    "SimNPO",
+    "UnlearningModule",
+]

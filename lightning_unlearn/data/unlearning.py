@@ -1,0 +1,205 @@
+"""Paired forget/retain batches for unlearning objectives.
+
+Sources (``forget_path`` / ``retain_path``), each one of:
+
+- a JSONL file of ``{"prompt": ..., "answer": ...}`` objects (the LENS forget set of Target-Dominant answers);
+- a ``datasets`` directory written by ``save_to_disk`` with columns ``prompt`` and ``answer``;
+- a Lacuna testbed splits directory: a ``DatasetDict`` or a folder of ``save_to_disk`` splits, from which
+  ``forget_split`` / ``retain_split`` are taken (columns ``prompt``, ``answer`` plus ``field``, ``profile_id``,
+  ``group_id``; ``group_id`` becomes the batch's ``group_ids``).
+
+Training batches are ``{"forget": LM batch, "retain": LM batch}`` (plus ``"mismatch"``: forget prompts with random
+retain answers, for GA-Retain). Forget and retain come from separate dataloaders combined by Lightning, so under
+DDP/FSDP each gets its own ``DistributedSampler``: every rank sees a disjoint shard of the retain set (unlike
+implementations that draw the same retain items on every rank). An epoch is one pass over the forget set.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from functools import partial
+from pathlib import Path
+
+import torch
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import CombinedLoader
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_unlearn.data.collate import encode_prompt_answer, pad_batch
+from lightning_unlearn.models import load_tokenizer
+
+REQUIRED_COLUMNS = ("prompt", "answer")
+
+
+def load_pairs(path: str | Path, split: str | None = None) -> list[dict]:
+    """Read prompt/answer records from a JSONL file, a ``save_to_disk`` dataset, or a splits directory.
+
+    Args:
+        path: JSONL file or ``datasets`` directory.
+        split: split name used when ``path`` holds several splits (a ``DatasetDict`` or a folder of datasets).
+
+    Returns:
+        One dict per record with at least ``prompt`` and ``answer`` (strings).
+    """
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"unlearning data path {str(p)!r} does not exist; give a JSONL file or a datasets dir.")
+    if p.is_file():
+        records = []
+        with p.open(encoding="utf-8") as fh:
+            for line_no, line in enumerate(fh, 1):
+                if line.strip():
+                    try:
+                        records.append(json.loads(line))
+                    except json.JSONDecodeError as err:
+                        msg = f"{p}:{line_no} is not valid JSON ({err.msg}); expected one object a line."
+                        raise ValueError(msg) from None
+    else:
+        records = _load_dataset_dir(p, split)
+    for i, rec in enumerate(records):
+        missing = [c for c in REQUIRED_COLUMNS if c not in rec]
+        if missing:
+            raise ValueError(
+                f"record {i} of {str(p)!r} lacks column(s) {missing}; every record needs 'prompt' and 'answer'."
+            )
+    return records
+
+
+def _load_dataset_dir(p: Path, split: str | None) -> list[dict]:
+    from datasets import DatasetDict, load_from_disk
+
+    if split is not None and (p / split).is_dir() and not (p / "dataset_dict.json").exists():
+        p = p / split
+    try:
+        ds = load_from_disk(str(p))
+    except FileNotFoundError as err:
+        raise ValueError(
+            f"{str(p)!r} is neither a JSONL file nor a directory written by datasets' save_to_disk ({err})."
+        ) from None
+    if isinstance(ds, DatasetDict):
+        if split is None or split not in ds:
+            raise ValueError(f"{str(p)!r} holds splits {sorted(ds)}; set the split name (got {split!r}).")
+        ds = ds[split]
+    missing = [c for c in REQUIRED_COLUMNS if c not in ds.column_names]
+    if missing:
+        raise ValueError(f"dataset {str(p)!r} lacks column(s) {missing}; it has {ds.column_names}.")
+    return ds.to_list()
+
+
+class EncodedPairs(Dataset):
+    """Tokenised prompt/answer pairs; ``group_id`` (if present) is kept as ``group_ids`` for masked strategies."""
+
+    def __init__(self, records: list[dict], tokenizer, max_length: int) -> None:
+        self.rows = []
+        for rec in records:
+            row = encode_prompt_answer(tokenizer, str(rec["prompt"]), str(rec["answer"]), max_length)
+            if "group_id" in rec and rec["group_id"] is not None:
+                row["group_ids"] = int(rec["group_id"])
+            self.rows.append(row)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict:
+        return self.rows[index]
+
+
+class ForgetRetainDataModule(LightningDataModule):
+    """Forget and retain prompt/answer pairs, batched in pairs for unlearning.
+
+    Args:
+        tokenizer_path: local tokenizer directory (usually the model directory).
+        forget_path: forget set (JSONL file, ``datasets`` directory, or testbed splits directory).
+        retain_path: retain set; ``None`` means the same location as ``forget_path`` (a splits directory).
+        forget_split: split name of the forget set inside a splits directory.
+        retain_split: split name of the retain set inside a splits directory.
+        batch_size: forget pairs per batch and rank.
+        retain_batch_size: retain pairs per batch and rank; ``None`` means ``batch_size``.
+        max_length: longest tokenised pair (the prompt is truncated from the left).
+        random_answers: also yield ``"mismatch"`` batches: forget prompts paired with random retain answers
+            (GA-Retain's random-answer term).
+        seed: seed of the random answer pairing and of single-process shuffling.
+        num_workers: dataloader workers.
+    """
+
+    def __init__(
+        self,
+        tokenizer_path: str,
+        forget_path: str,
+        retain_path: str | None = None,
+        forget_split: str = "forget",
+        retain_split: str = "retain",
+        batch_size: int = 4,
+        retain_batch_size: int | None = None,
+        max_length: int = 256,
+        random_answers: bool = False,
+        seed: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}.")
+        self.save_hyperparameters()
+        self.tokenizer = None
+        self.forget: EncodedPairs | None = None
+        self.retain: EncodedPairs | None = None
+        self.mismatch: EncodedPairs | None = None
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.forget is not None:
+            return
+        hp = self.hparams
+        self.tokenizer = load_tokenizer(hp.tokenizer_path)
+        forget = load_pairs(hp.forget_path, hp.forget_split)
+        retain = load_pairs(hp.retain_path or hp.forget_path, hp.retain_split)
+        if not forget:
+            raise ValueError(f"the forget set {hp.forget_path!r} is empty; unlearning needs at least one pair.")
+        if not retain:
+            raise ValueError(f"the retain set {hp.retain_path or hp.forget_path!r} is empty; give retain pairs.")
+        self.forget = EncodedPairs(forget, self.tokenizer, hp.max_length)
+        self.retain = EncodedPairs(retain, self.tokenizer, hp.max_length)
+        if hp.random_answers:
+            rng = random.Random(hp.seed)
+            mismatched = [{"prompt": f["prompt"], "answer": rng.choice(retain)["answer"]} for f in forget]
+            self.mismatch = EncodedPairs(mismatched, self.tokenizer, hp.max_length)
+
+    def _collate(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        return pad_batch(rows, self.tokenizer.pad_token_id)
+
+    def _loader(self, dataset: Dataset, batch_size: int, shuffle: bool, offset: int = 0) -> DataLoader:
+        generator = torch.Generator().manual_seed(self.hparams.seed + offset) if shuffle else None
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            generator=generator,
+            collate_fn=partial(ForgetRetainDataModule._collate, self),
+            num_workers=self.hparams.num_workers,
+        )
+
+    def train_dataloader(self) -> CombinedLoader:
+        hp = self.hparams
+        retain_bs = hp.retain_batch_size or hp.batch_size
+        loaders = {
+            "forget": self._loader(self.forget, hp.batch_size, shuffle=True),
+            "retain": self._loader(self.retain, retain_bs, shuffle=True, offset=1),
+        }
+        if self.mismatch is not None:
+            loaders["mismatch"] = self._loader(self.mismatch, hp.batch_size, shuffle=True, offset=2)
+        # The forget set defines the epoch: stop with it when retain is longer, cycle retain when it is shorter.
+        forget_batches = -(-len(self.forget) // hp.batch_size)
+        retain_batches = -(-len(self.retain) // retain_bs)
+        return CombinedLoader(loaders, mode="min_size" if retain_batches >= forget_batches else "max_size_cycle")
+
+    def val_dataloader(self) -> list[DataLoader]:
+        """Forget (index 0) and retain (index 1) pairs in order, for the forget/retain NLL of a checkpoint."""
+        return [self.forget_eval_dataloader(), self.retain_eval_dataloader()]
+
+    def forget_eval_dataloader(self) -> DataLoader:
+        """The whole forget set in order (no distributed sampler): for localisation and edit statistics."""
+        return self._loader(self.forget, self.hparams.batch_size, shuffle=False)
+
+    def retain_eval_dataloader(self) -> DataLoader:
+        """The whole retain set in order (no distributed sampler)."""
+        return self._loader(self.retain, self.hparams.retain_batch_size or self.hparams.batch_size, shuffle=False)

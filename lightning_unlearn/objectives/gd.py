@@ -1,0 +1,49 @@
+"""TOFU-GD: gradient difference (LENS Sec. 5; Liu et al. 2022).
+
+L = γ·(−NLL̄(forget)) + α·NLL̄(retain).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lightning_unlearn.losses import gd_loss, normalized_nll
+from lightning_unlearn.models import AdapterConfig
+from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
+from lightning_unlearn.objectives.unlearning_module import UnlearningModule
+
+
+class GradientDifference(UnlearningModule):
+    """Gradient ascent on forget plus gradient descent on retain.
+
+    Args:
+        model_path: local model directory.
+        adapter: full fine-tuning, LoRA or AdaLoRA.
+        optim: optimizer and schedule.
+        max_bad_loss: stop bound on the forget NLL (``None``: none).
+        gamma: forget weight γ.
+        alpha: retain weight α.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        adapter: AdapterConfig | None = None,
+        optim: OptimizerConfig | None = None,
+        max_bad_loss: float | None = None,
+        gamma: float = 1.0,
+        alpha: float = 1.0,
+    ) -> None:
+        super().__init__(model_path, adapter, optim, max_bad_loss)
+        self.save_hyperparameters()
+        self.gamma = gamma
+        self.alpha = alpha
+
+    def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        f_logps, f_len, _ = self.sequence_logps(batch["forget"])
+        r_logps, r_len, _ = self.sequence_logps(batch["retain"])
+        loss = gd_loss(f_logps, f_len, r_logps, r_len, self.gamma, self.alpha)
+        return loss, {
+            "forget_nll": normalized_nll(f_logps, f_len).mean().detach(),
+            "retain_nll": normalized_nll(r_logps, r_len).mean().detach(),
+        }

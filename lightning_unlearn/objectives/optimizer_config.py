@@ -1,0 +1,44 @@
+"""Optimizer and learning-rate schedule of an unlearning run (a constructor argument of every objective)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEDULES = ("constant", "linear")
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW with an optional linear warmup, then a constant or linearly decaying learning rate.
+
+    Args:
+        lr: peak learning rate (LENS: 1e-5; Lacuna 1B SimNPO/OracleGrad: 1e-4, MemFlex: 3e-4).
+        weight_decay: AdamW weight decay.
+        betas: AdamW (β1, β2).
+        warmup_steps: optimizer steps of linear warmup from 0 to ``lr``.
+        schedule: ``"constant"`` keeps ``lr`` after warmup; ``"linear"`` decays it to 0 at the last step.
+    """
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 0
+    schedule: str = "constant"
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"optim.lr must be positive, got {self.lr}.")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"optim.schedule={self.schedule!r} is not one of {SCHEDULES}.")
+        if self.warmup_steps < 0:
+            raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}.")
+        self.betas = tuple(self.betas)
+
+    def lr_factor(self, step: int, total_steps: int) -> float:
+        """Multiplier of ``lr`` at optimizer step ``step`` (0-based) of ``total_steps``."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.schedule == "constant":
+            return 1.0
+        remaining = max(1, total_steps - self.warmup_steps)
+        return max(0.0, 1.0 - (step - self.warmup_steps) / remaining)

@@ -1,0 +1,57 @@
+"""SimNPO (Fan et al. 2025; Lacuna Sec. 4.1 and App. D), reference-free and length-normalised.
+
+L = γ·L_f + α·NLL̄(retain), L_f = −(2/β)·mean log σ(−(β/|y|)·log π_θ(y|x) − δ).
+Lacuna 1B (Table 5): γ 3, α 0.01, β 10, δ 1.5, lr 1e-4, constant schedule.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lightning_unlearn.losses import nll_loss, normalized_nll, simnpo_loss
+from lightning_unlearn.models import AdapterConfig
+from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
+from lightning_unlearn.objectives.unlearning_module import UnlearningModule
+
+
+class SimNPO(UnlearningModule):
+    """SimNPO forget loss plus a retain NLL anchor.
+
+    Args:
+        model_path: local model directory.
+        adapter: full fine-tuning, LoRA or AdaLoRA.
+        optim: optimizer and schedule.
+        max_bad_loss: stop bound on the forget NLL (``None``: none).
+        gamma: forget weight γ.
+        alpha: retain weight α.
+        beta: temperature β.
+        delta: reward margin δ (outside β).
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        adapter: AdapterConfig | None = None,
+        optim: OptimizerConfig | None = None,
+        max_bad_loss: float | None = None,
+        gamma: float = 3.0,
+        alpha: float = 0.01,
+        beta: float = 10.0,
+        delta: float = 1.5,
+    ) -> None:
+        super().__init__(model_path, adapter, optim, max_bad_loss)
+        self.save_hyperparameters()
+        if beta <= 0:
+            raise ValueError(f"SimNPO beta must be positive, got {beta}.")
+        self.gamma, self.alpha, self.beta, self.delta = gamma, alpha, beta, delta
+
+    def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        f_logps, f_len, _ = self.sequence_logps(batch["forget"])
+        r_logps, r_len, _ = self.sequence_logps(batch["retain"])
+        forget_loss = simnpo_loss(f_logps, f_len, self.beta, self.delta)
+        retain_nll = nll_loss(r_logps, r_len)
+        return self.gamma * forget_loss + self.alpha * retain_nll, {
+            "forget_nll": normalized_nll(f_logps, f_len).mean().detach(),
+            "retain_nll": retain_nll.detach(),
+            "simnpo_loss": forget_loss.detach(),
+        }

@@ -1,0 +1,195 @@
+"""Base LightningModule of every unlearning objective: model, reference, optimizer, stop rule, adapter checkpoints.
+
+A subclass only states its loss in :meth:`UnlearningModule.unlearning_loss`. Batches are
+``{"forget": LM batch, "retain": LM batch}`` (see :mod:`lightning_unlearn.data.unlearning`).
+
+Reference model (``needs_reference = True``): with a LoRA/AdaLoRA adapter it is the same network with the adapter
+disabled (peft ``disable_adapter()``), so it costs no memory; with full fine-tuning it is a frozen copy of the start
+model, sharded like the policy under FSDP and left out of checkpoints (it is ``model_path`` again).
+
+Distributed: under DDP nothing is special. Under FSDP2 (Lightning ``ModelParallelStrategy``) ``configure_model``
+applies ``fully_shard`` to every transformer block and then to the whole network, for the policy and the reference.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_only
+from torch import nn
+
+from lightning_unlearn.losses import nll_loss, sequence_logprobs
+from lightning_unlearn.models import AdapterConfig, apply_adapter, load_causal_lm, load_tokenizer
+from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
+
+BLOCK_CONTAINERS = ("layers", "h", "blocks", "block")
+
+
+def shard_transformer(model: nn.Module, mesh) -> None:
+    """FSDP2: ``fully_shard`` each transformer block, then the root (embeddings, norm, head)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] in BLOCK_CONTAINERS:
+            for block in module:
+                fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+@rank_zero_only
+def _announce(message: str) -> None:
+    print(message, flush=True)
+
+
+class UnlearningModule(LightningModule):
+    """Shared machinery of unlearning objectives.
+
+    Args:
+        model_path: local directory of the model to unlearn (``save_pretrained`` layout, tokenizer included).
+        adapter: what is trained: full fine-tuning, LoRA or AdaLoRA.
+        optim: optimizer and learning-rate schedule.
+        max_bad_loss: stop the run when the mean forget NLL (length-normalised, nats per token) exceeds this
+            (Yao et al.'s ``max_bad_loss``); ``None`` disables the bound. A non-finite loss always stops the run.
+    """
+
+    # Subclasses that compare against the start model set this (NPO, GA-Retain).
+    needs_reference: bool = False
+
+    def __init__(
+        self,
+        model_path: str,
+        adapter: AdapterConfig | None = None,
+        optim: OptimizerConfig | None = None,
+        max_bad_loss: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.adapter_config = adapter or AdapterConfig()
+        self.optim_config = optim or OptimizerConfig()
+        self.max_bad_loss = max_bad_loss
+        base = load_causal_lm(model_path)
+        self.tokenizer = load_tokenizer(model_path)
+        self.reference_model: nn.Module | None = None
+        if self.needs_reference and self.adapter_config.kind == "full":
+            self.reference_model = copy.deepcopy(base).eval().requires_grad_(False)
+            # The reference is model_path again: keep it out of checkpoints and do not require it when loading.
+            self.strict_loading = False
+        self.model = apply_adapter(base, self.adapter_config)
+        self.stop_reason: str | None = None
+        self._sharded = False
+
+    # -- model ------------------------------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        if self._sharded or self._device_mesh is None:
+            return
+        mesh = self.device_mesh["data_parallel"]
+        shard_transformer(self.model, mesh)
+        if self.reference_model is not None:
+            shard_transformer(self.reference_model, mesh)
+        self._sharded = True
+
+    def sequence_logps(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Policy forward: ``(summed answer log-probs (B,), answer lengths (B,), logits (B, T, V))``."""
+        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logps, lengths = sequence_logprobs(logits, batch["labels"])
+        return logps, lengths, logits
+
+    @torch.no_grad()
+    def reference_logits(self, batch: dict) -> torch.Tensor:
+        """Logits of the start model on ``batch`` (``(B, T, V)``, no gradient)."""
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        if self.reference_model is not None:
+            return self.reference_model(**inputs).logits
+        if self.adapter_config.kind == "full":
+            raise RuntimeError(f"{type(self).__name__} has no reference model; set needs_reference = True.")
+        with self.model.disable_adapter():
+            return self.model(**inputs).logits
+
+    # -- loss -------------------------------------------------------------------------------------------------
+    def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The objective: ``(loss, logs)``; ``logs["forget_nll"]`` (mean NLL̄ of the forget batch) is required."""
+        raise NotImplementedError
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor | None:
+        loss, logs = self.unlearning_loss(batch)
+        forget_nll = float(logs["forget_nll"])
+        reason = None
+        if not torch.isfinite(loss):
+            reason = f"the loss is {float(loss)}"
+        elif self.max_bad_loss is not None and forget_nll > self.max_bad_loss:
+            reason = f"the forget NLL {forget_nll:.4g} exceeds max_bad_loss={self.max_bad_loss:g}"
+        # Every rank must agree, or one rank would skip its backward while the others wait in a collective.
+        if self.trainer.strategy.reduce_boolean_decision(reason is not None, all=False):
+            if self.stop_reason is None:
+                self.stop_reason = reason or "another rank reported a non-finite loss or max_bad_loss"
+                _announce(
+                    f"[lightning_unlearn] stopping {type(self).__name__} at step {self.global_step}: "
+                    f"{self.stop_reason}. This update was skipped; the last saved checkpoint holds good weights."
+                )
+            self.trainer.should_stop = True
+            return None
+        self.log("train/loss", loss.detach(), prog_bar=True)
+        self.log_dict({f"train/{k}": v.detach().float() for k, v in logs.items()})
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        logps, lengths, _ = self.sequence_logps(batch)
+        name = ("forget", "retain")[dataloader_idx] if dataloader_idx < 2 else f"set{dataloader_idx}"
+        self.log(
+            f"val/{name}_nll", nll_loss(logps, lengths), add_dataloader_idx=False, sync_dist=True,
+            batch_size=len(logps),
+        )
+
+    # -- optimisation -----------------------------------------------------------------------------------------
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def configure_optimizers(self):
+        cfg = self.optim_config
+        optimizer = torch.optim.AdamW(
+            self.trainable_parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas
+        )
+        total = int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 1
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cfg.lr_factor(step, total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # -- checkpoints ------------------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        state = checkpoint.get("state_dict", {})
+        for key in [k for k in state if k.startswith("reference_model.")]:
+            del state[key]
+        if self.adapter_config.kind != "full" and self._trainer is not None:
+            self.save_adapter(self.adapter_dir())
+
+    def adapter_dir(self) -> Path:
+        """``<checkpoint dir>/adapter-step=N`` for the current optimizer step."""
+        callback = self.trainer.checkpoint_callback
+        root = getattr(callback, "dirpath", None) or os.path.join(self.trainer.default_root_dir, "checkpoints")
+        return Path(root) / f"adapter-step={self.global_step}"
+
+    def save_adapter(self, directory: str | os.PathLike) -> None:
+        """Write the peft adapter (reloadable alone with ``PeftModel.from_pretrained``) atomically.
+
+        Collective under FSDP (every rank gathers its shard); rank 0 writes.
+        """
+        state_dict = None
+        if self._sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            state_dict = get_model_state_dict(
+                self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
+        if self.global_rank != 0:
+            return
+        final = Path(directory)
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.model.save_pretrained(str(tmp), state_dict=state_dict)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
