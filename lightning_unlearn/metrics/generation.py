@@ -1,0 +1,103 @@
+"""Batched greedy generation with left padding and the KV cache; used by every generation-based metric."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Generation:
+    """One greedy answer.
+
+    Args:
+        text: the decoded answer (prompt removed, special tokens skipped).
+        num_tokens: generated tokens up to and including the first end-of-sequence.
+        hit_token_cap: generation stopped at ``max_new_tokens`` without an end-of-sequence.
+    """
+
+    text: str
+    num_tokens: int
+    hit_token_cap: bool
+
+
+def encode_prompts_left_padded(tokenizer, prompts: Sequence[str], max_prompt_tokens: int | None = None):
+    """``(input_ids, attention_mask)`` ``(B, T)`` with padding on the left so all prompts end at column T−1.
+
+    A BOS is prepended when the tokenizer has one (as in training collation); long prompts keep their end.
+    """
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    rows = []
+    for p in prompts:
+        ids = tokenizer(p, add_special_tokens=False)["input_ids"]
+        if max_prompt_tokens is not None:
+            ids = ids[-(max_prompt_tokens - len(bos)) :]
+        rows.append(bos + ids)
+    pad = pad_token_id(tokenizer)
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        input_ids[i, width - len(r) :] = torch.tensor(r)
+        attention_mask[i, width - len(r) :] = 1
+    return input_ids, attention_mask
+
+
+def pad_token_id(tokenizer) -> int:
+    """The tokenizer's pad id, falling back to EOS (generation only ever attends to real tokens)."""
+    pid = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pid is None:
+        raise ValueError("the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token before generating.")
+    return int(pid)
+
+
+@torch.no_grad()
+def generate_greedy(
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    max_new_tokens: int = 64,
+    synced_gpus: bool = False,
+    max_prompt_tokens: int | None = None,
+) -> list[Generation]:
+    """Greedy answers for one batch of prompts: one left-padded ``generate`` call with ``use_cache=True``.
+
+    Args:
+        model: a transformers (or peft) causal LM.
+        tokenizer: its tokenizer.
+        prompts: the batch (the caller chooses the batch size).
+        max_new_tokens: the token cap.
+        synced_gpus: keep stepping until every rank is done; required when parameters are sharded (FSDP), since
+            every forward is a collective.
+        max_prompt_tokens: truncate prompts from the left to this many tokens.
+    """
+    if not prompts:
+        return []
+    device = next(model.parameters()).device
+    input_ids, attention_mask = encode_prompts_left_padded(tokenizer, prompts, max_prompt_tokens)
+    eos = tokenizer.eos_token_id
+    out = model.generate(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        use_cache=True,
+        pad_token_id=pad_token_id(tokenizer),
+        eos_token_id=eos,
+        synced_gpus=synced_gpus,
+    )
+    new = out[:, input_ids.shape[1] :].cpu()
+    gens = []
+    for row in new.tolist():
+        stop = row.index(eos) if eos is not None and eos in row else None
+        tokens = row if stop is None else row[:stop]
+        gens.append(
+            Generation(
+                text=tokenizer.decode(tokens, skip_special_tokens=True).strip(),
+                num_tokens=len(tokens) + (stop is not None),
+                hit_token_cap=stop is None and len(row) >= max_new_tokens,
+            )
+        )
+    return gens

@@ -1,0 +1,130 @@
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import roc_auc_score
+
+from lightning_unlearn.metrics.mask_auc import exact_auc, mask_auc, quantile_rank, weight_features
+
+
+def test_exact_auc_hand_computed_with_ties():
+    # pos {0.9, 0.5} vs neg {0.5, 0.1}: 3 wins + 1 tie of 4 pairs = 0.875, whichever class is the minority.
+    s = torch.tensor([0.9, 0.5, 0.5, 0.1])
+    y = torch.tensor([True, True, False, False])
+    assert exact_auc([(s, y)]) == pytest.approx(0.875)
+    s3 = torch.tensor([0.9, 0.5, 0.5, 0.1, 0.95])
+    y3 = torch.tensor([True, True, False, False, True])  # positives are the majority here
+    assert exact_auc([(s3, y3)]) == pytest.approx(5.5 / 6)
+    assert math.isnan(exact_auc([(s, torch.ones(4, dtype=torch.bool))]))
+
+
+@pytest.mark.parametrize("positive_rate", [0.15, 0.8])
+def test_exact_auc_matches_sklearn_on_1e5_weights(positive_rate):
+    g = torch.Generator().manual_seed(0)
+    y = torch.rand(100_000, generator=g) < positive_rate
+    s = torch.round(torch.randn(100_000, generator=g) * 20 + y * 3) / 20  # rounded: many ties
+    chunks = [(s[i : i + 7_000], y[i : i + 7_000]) for i in range(0, 100_000, 7_000)]
+    ours = exact_auc(chunks, chunk_size=5_000)
+    assert ours == pytest.approx(roc_auc_score(y.numpy(), s.numpy()), abs=1e-6)
+
+
+def test_exact_auc_matches_sklearn_on_1e7_weights():
+    g = torch.Generator().manual_seed(1)
+    n = 10_000_000
+    y = torch.rand(n, generator=g) < 0.15
+    s = torch.randn(n, generator=g) + 0.5 * y
+    sizes = [4_000_000, 3_000_000, 2_000_000, 1_000_000]
+    parts = list(zip(torch.split(s, sizes), torch.split(y, sizes)))
+    t0 = time.perf_counter()
+    ours = exact_auc(parts)
+    elapsed = time.perf_counter() - t0
+    assert ours == pytest.approx(roc_auc_score(y.numpy(), s.numpy()), abs=1e-6)
+    assert elapsed < 30
+
+
+def test_quantile_rank_averages_ties():
+    q = quantile_rank(torch.tensor([1.0, 3.0, 3.0, 2.0]))
+    assert torch.allclose(q, torch.tensor([0.0, 2.5 / 3, 2.5 / 3, 1.0 / 3]))
+
+
+def test_weight_features_hand_computed():
+    pre, inj, unl, ctrl = torch.tensor([0.0]), torch.tensor([1.0]), torch.tensor([0.25]), torch.tensor([0.25])
+    f = {name: float(weight_features(name, pre, inj, unl, ctrl, component_std=0.5)) for name in
+         ("raw", "layernorm", "signrev", "reversal", "dirreversal", "contrast", "contrastnorm", "compnorm")}
+    # Δ_inj = 1, Δ_unl = -0.75, |θ_unl - θ_pre| = 0.25, Δ_unmask = 0.25.
+    assert f["raw"] == pytest.approx(0.75)
+    assert f["layernorm"] == pytest.approx(1.5)
+    assert f["signrev"] == pytest.approx(0.75)
+    assert f["reversal"] == pytest.approx(0.75)
+    assert f["dirreversal"] == pytest.approx(0.75)
+    assert f["contrast"] == pytest.approx(0.5)
+    assert f["contrastnorm"] == pytest.approx(0.5)
+    assert f["compnorm"] == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="control"):
+        weight_features("contrast", pre, inj, unl)
+
+
+def _synthetic(n_tensors=3, shape=(60, 50), seed=0, localized=True):
+    g = torch.Generator().manual_seed(seed)
+    pre, inj, unl, forget, retain, ctrl = {}, {}, {}, {}, {}, {}
+    for i in range(n_tensors):
+        name = f"model.layers.{i}.mlp.down_proj.weight"
+        u = torch.rand(shape, generator=g)
+        forget[name], retain[name] = u < 0.15, (u >= 0.15) & (u < 0.3)
+        pre[name] = torch.randn(shape, generator=g)
+        # Injection moves every weight (neutral samples update all of θ), masked ones more.
+        d_inj = torch.randn(shape, generator=g) * 0.01 * (1 + 2 * (forget[name] | retain[name]))
+        inj[name] = pre[name] + d_inj
+        noise = torch.randn(shape, generator=g) * 1e-3
+        unl[name] = inj[name] + noise - (0.8 * d_inj * forget[name] if localized else 0)
+        ctrl[name] = torch.randn(shape, generator=g) * 1e-3
+    return pre, inj, unl, forget, retain, ctrl
+
+
+def test_mask_auc_families_match_sklearn_and_localized_change_scores_high():
+    pre, inj, unl, forget, retain, ctrl = _synthetic()
+    unified = {n: forget[n] | retain[n] for n in forget}
+    r = mask_auc(pre, inj, unl, forget, control=ctrl, unified_mask=unified, max_samples=5_000)
+    names = list(forget)
+    y = torch.cat([forget[n].reshape(-1) for n in names]).numpy()
+    raw = torch.cat([(unl[n] - inj[n]).abs().reshape(-1) for n in names]).numpy()
+    assert r["F"]["raw"] == pytest.approx(roc_auc_score(y, raw), abs=1e-6)
+    sr = torch.cat([(-(inj[n] - pre[n]) * (unl[n] - inj[n])).reshape(-1) for n in names]).numpy()
+    assert r["F"]["signrev"] == pytest.approx(roc_auc_score(y, sr), abs=1e-6)
+    assert set(r["F"]) >= {"raw", "qtile", "layernorm", "signrev", "reversal", "dirreversal", "contrast",
+                           "contrastnorm", "compnorm", "composite", "max", "best"}
+    assert r["F"]["signrev"] > 0.95 and r["F"]["composite"] > 0.95
+    assert r["F"]["max"] == max(v for k, v in r["F"].items() if k not in ("max", "best"))
+    # Retain-group weights were injected but not reversed: under the unified label they count as positives
+    # that reversal scores miss, so AUC(F|R) is lower.
+    assert r["F|R"]["signrev"] < r["F"]["signrev"]
+    assert r["num_weights"] == 3 * 3000 and r["num_subsampled"] == 5_000
+    assert r["num_positive"]["F"] == sum(int(forget[n].sum()) for n in names)
+
+
+def test_mask_auc_without_control_omits_contrast_and_unlocalized_change_is_chance():
+    pre, inj, unl, forget, *_ = _synthetic(localized=False)
+    r = mask_auc(pre, inj, unl, forget, max_samples=3_000)
+    assert "contrast" not in r["F"] and "F|R" not in r
+    assert abs(r["F"]["raw"] - 0.5) < 0.05
+    assert r["F"]["max"] < 0.6
+
+
+def test_mask_auc_rejects_mismatched_dicts():
+    pre, inj, unl, forget, *_ = _synthetic(n_tensors=1)
+    bad = {n: t[:5] for n, t in unl.items()}
+    with pytest.raises(ValueError, match="shape"):
+        mask_auc(pre, inj, bad, forget)
+    with pytest.raises(ValueError, match="missing from theta_pre"):
+        mask_auc({}, inj, unl, forget)
+
+
+def test_mask_auc_layernorm_uses_component_std():
+    pre, inj, unl, forget, *_ = _synthetic(n_tensors=2)
+    r = mask_auc(pre, inj, unl, forget, composite=False)
+    names = list(forget)
+    y = np.concatenate([forget[n].reshape(-1).numpy() for n in names])
+    ln = np.concatenate([((unl[n] - inj[n]).abs() / (unl[n] - inj[n]).std()).reshape(-1).numpy() for n in names])
+    assert r["F"]["layernorm"] == pytest.approx(roc_auc_score(y, ln), abs=1e-5)
