@@ -1,0 +1,172 @@
+"""What the three masked strategies share, by composition: read the LightningModule's contract (``packed_masks``,
+``restrict_update_groups``, batch ``group_ids``), choose one-pass or lockstep, and wrap the optimizer step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch import LightningModule
+
+from lightning_unlearn.strategies.lockstep import lockstep_masked_backward
+from lightning_unlearn.strategies.masked_gradients import MaskedGradients, resolve_param_masks
+from lightning_unlearn.strategies.restricted_update import RestrictedUpdate
+
+Masking = Literal["auto", "one_pass", "lockstep"]
+MASKING_MODES = ("auto", "one_pass", "lockstep")
+
+
+def check_masking(masking: str) -> str:
+    if masking not in MASKING_MODES:
+        raise ValueError(f"masking={masking!r} is not one of {MASKING_MODES}.")
+    return masking
+
+
+class MaskedTraining:
+    """Per-strategy state: the engine for the module's current masks and the restricted-update helper.
+
+    Args:
+        masking: ``"one_pass"`` (custom autograd rules), ``"lockstep"`` (a pass per group) or ``"auto"``
+            (one pass when every trainable module has a rule).
+        shard: maps full packed masks to this rank's shards (FSDP); ``None`` keeps them whole.
+        local_shape: a parameter's local data shape (FSDP: the shard's), to check masks against.
+    """
+
+    def __init__(
+        self,
+        masking: str,
+        shard: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
+        local_shape: Callable[[torch.nn.Parameter], tuple[int, ...]] | None = None,
+    ) -> None:
+        self.masking = check_masking(masking)
+        self._shard = shard
+        self._local_shape = local_shape or (lambda p: tuple(p.shape))
+        self._source: Mapping[str, torch.Tensor] | None = None
+        self._engine: MaskedGradients | None = None
+        self._param_masks: dict[torch.nn.Parameter, torch.Tensor] = {}
+        self._restrict: RestrictedUpdate | None = None
+        self._restrict_key: tuple | None = None
+        self.grads_ready = False
+
+    def prepare(self, module: LightningModule) -> dict[torch.nn.Parameter, torch.Tensor] | None:
+        """Resolve (and under FSDP shard) the module's current ``packed_masks``; ``None`` when masking is off."""
+        packed = getattr(module, "packed_masks", None)
+        if packed is None:
+            self._source, self._engine, self._param_masks = None, None, {}
+            return None
+        if packed is self._source:
+            return self._param_masks
+        if self._shard is not None and not getattr(packed, "is_local_shard", False):
+            packed = _ShardDict(self._shard(dict(packed)))
+            module.packed_masks = packed  # the full masks are dropped: a rank keeps only its shard
+        keys = resolve_param_masks(module, packed)
+        masks = {}
+        for p, k in keys.items():
+            mask = packed[k].to(local_device(p))
+            if tuple(mask.shape) != self._local_shape(p):
+                raise ValueError(
+                    f"mask {k!r} has shape {tuple(mask.shape)} but the parameter's local data has "
+                    f"{self._local_shape(p)}; the masks were made for another model."
+                )
+            masks[p] = mask
+        self._param_masks = masks
+        self._engine = None
+        use_engine = self.masking != "lockstep" and self._shard is None
+        if use_engine:
+            engine = MaskedGradients(module, packed)
+            if engine.one_pass:
+                self._engine = engine
+            elif self.masking == "one_pass":
+                raise ValueError(
+                    f"masking='one_pass' cannot split the gradients of {engine.unsupported[:3]} per sample; "
+                    "use masking='auto' or 'lockstep'."
+                )
+        self._source = packed
+        self._restrict_key = None
+        return masks
+
+    def training_step(
+        self, module: LightningModule, call: Callable[..., Any], backward: Callable[[torch.Tensor], None], args, kwargs
+    ) -> Any:
+        """Run ``call(*args, **kwargs)`` (the strategy's plain training step) with per-sample masking."""
+        self.grads_ready = False
+        masks = self.prepare(module)
+        batch = args[0] if args else None
+        group_ids = batch.get("group_ids") if isinstance(batch, Mapping) else None
+        if masks is None or group_ids is None:
+            return call(*args, **kwargs)
+        if self._engine is not None:
+            with self._engine.batch(group_ids):
+                return call(*args, **kwargs)
+        if not module.automatic_optimization:
+            raise RuntimeError(
+                "lockstep masked gradients run the backward themselves and need automatic optimization; "
+                "set automatic_optimization=True or use a model whose modules all have one-pass rules."
+            )
+        accumulate = max(int(getattr(module.trainer, "accumulate_grad_batches", 1)), 1)
+
+        def forward_loss(sub_batch):
+            out = call(sub_batch, *args[1:], **kwargs)
+            loss = out["loss"] if isinstance(out, Mapping) else out
+            if not isinstance(loss, torch.Tensor):
+                raise RuntimeError("training_step must return the mean loss (a tensor or a dict with 'loss').")
+            return loss
+
+        loss = lockstep_masked_backward(
+            forward_loss, lambda t: backward(t / accumulate), batch, group_ids, masks, process_group=None
+        )
+        self.grads_ready = True
+        return loss
+
+    def restriction(self, module: LightningModule) -> RestrictedUpdate | None:
+        groups = getattr(module, "restrict_update_groups", None)
+        if groups is None:
+            self._restrict = None
+            return None
+        masks = self.prepare(module)
+        if masks is None:
+            raise ValueError(
+                "restrict_update_groups is set but the module's packed_masks is None; load or sample the masks "
+                "(masks.load_masks) and set module.packed_masks."
+            )
+        key = (id(self._source), tuple(sorted(groups)))
+        if self._restrict is None or key != self._restrict_key:
+            self._restrict = RestrictedUpdate(masks, groups)
+            self._restrict_key = key
+        return self._restrict
+
+    def optimizer_step(self, module: LightningModule, step: Callable[[Callable[[], Any]], Any], closure) -> Any:
+        """``step(closure)`` with gradients masked after the closure and out-of-mask values restored after."""
+        restrict = self.restriction(module)
+        if restrict is None:
+            return step(closure)
+
+        def restricted_closure():
+            out = closure()
+            restrict.mask_grads()
+            restrict.snapshot()
+            return out
+
+        out = step(restricted_closure)
+        restrict.restore()
+        return out
+
+
+class _ShardDict(dict):
+    """A dict of packed-mask shards (marks that sharding happened)."""
+
+    is_local_shard = True
+
+
+def local_device(p: torch.Tensor) -> torch.device:
+    return p._local_tensor.device if hasattr(p, "_local_tensor") else p.device
+
+
+def backward_hooks_only(strategy: Any, closure_loss: torch.Tensor) -> torch.Tensor:
+    """A strategy's backward without the backward itself (lockstep already ran it pass by pass): hooks only."""
+    strategy.pre_backward(closure_loss)
+    closure_loss = strategy.precision_plugin.pre_backward(closure_loss, strategy.lightning_module)
+    closure_loss = strategy.precision_plugin.post_backward(closure_loss, strategy.lightning_module)
+    strategy.post_backward(closure_loss)
+    return closure_loss

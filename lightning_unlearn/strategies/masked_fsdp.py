@@ -1,0 +1,124 @@
+"""FSDP2 strategy (``fully_shard`` on Lightning's ``ModelParallelStrategy``) with per-sample masked gradients.
+
+Each rank holds only its dim-0 shard of the packed masks (``torch.chunk``, like FSDP2's ``Shard(0)``), so masks
+can only be applied to reduce-scattered gradient shards. That is exact only in lockstep: every rank runs one
+forward+backward per group present on any rank (see :func:`lightning_unlearn.strategies.lockstep_masked_backward`).
+Runs on CPU with gloo (Lightning's ``strategy="fsdp"`` refuses CPU). When the LightningModule's
+``configure_model`` did not shard anything, every transformer block and then each top-level child module is
+``fully_shard``-ed over the data-parallel mesh.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.utilities.init import _materialize_distributed_module
+from lightning.fabric.utilities.optimizer import _optimizers_to_device
+from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from torch.distributed.constants import default_pg_timeout
+from typing_extensions import override
+
+from lightning_unlearn.masks import shard_masks
+from lightning_unlearn.strategies._masked_training import MaskedTraining, backward_hooks_only
+
+_BLOCK = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.\d+$")
+
+
+class MaskedFSDPStrategy(ModelParallelStrategy):
+    """FSDP2 data parallelism plus the LightningModule contract of :mod:`lightning_unlearn.strategies`.
+
+    Args:
+        data_parallel_size: ranks that shard the model; ``"auto"`` means all of them (no tensor parallelism).
+        save_distributed_checkpoint: each rank saves its own shard (``True``) or rank 0 saves full weights.
+        process_group_backend: ``"gloo"`` for CPU, ``"nccl"`` for GPUs; ``None`` picks by accelerator.
+        timeout: collective timeout.
+    """
+
+    def __init__(
+        self,
+        data_parallel_size: Literal["auto"] | int = "auto",
+        save_distributed_checkpoint: bool = True,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+    ) -> None:
+        super().__init__(
+            data_parallel_size=data_parallel_size,
+            tensor_parallel_size=1,
+            save_distributed_checkpoint=save_distributed_checkpoint,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        self.masked = MaskedTraining("lockstep", shard=self._shard_masks, local_shape=_local_shape)
+
+    @override
+    def setup_environment(self) -> None:
+        if self._data_parallel_size == "auto":
+            self._data_parallel_size = self.num_nodes * self.num_processes
+        super().setup_environment()
+
+    def _shard_masks(self, packed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        mesh = self.device_mesh["data_parallel"]
+        return shard_masks(packed, mesh.get_local_rank(), mesh.size())
+
+    @override
+    def setup(self, trainer: pl.Trainer) -> None:
+        # ModelParallelStrategy.setup, except that an un-sharded module is sharded here instead of being refused.
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+        assert self.model is not None and self.accelerator is not None
+        self.accelerator.setup(trainer)
+        if any(isinstance(m, FullyShardedDataParallel) for m in self.model.modules()):
+            raise TypeError(f"{type(self).__name__} supports FSDP2 (fully_shard) only, not FullyShardedDataParallel.")
+        if not any(isinstance(m, FSDPModule) for m in self.model.modules()):
+            self._fully_shard(self.lightning_module)
+        _materialize_distributed_module(self.model, self.root_device)
+        self.model = self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        self.barrier()
+        self.masked.prepare(self.lightning_module)
+        if trainer.state.fn == TrainerFn.FITTING:
+            self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
+        if trainer.state.fn == TrainerFn.FITTING:
+            _optimizers_to_device(self.optimizers, self.root_device)
+
+    def _fully_shard(self, module: torch.nn.Module) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.device_mesh["data_parallel"]
+        for name, sub in module.named_modules():
+            if _BLOCK.search(name) and any(True for _ in sub.parameters()):
+                fully_shard(sub, mesh=mesh)
+        if any(True for _ in module.parameters(recurse=False)):
+            raise ValueError(
+                f"{type(module).__name__} has parameters of its own; MaskedFSDPStrategy shards child modules only. "
+                "Move them into a submodule or shard in configure_model()."
+            )
+        for child in module.children():
+            if any(True for _ in child.parameters()):
+                fully_shard(child, mesh=mesh)
+
+    @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        backward = lambda loss: self.precision_plugin.backward(loss, self.lightning_module, None)  # noqa: E731
+        return self.masked.training_step(self.lightning_module, super().training_step, backward, args, kwargs)
+
+    @override
+    def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if self.masked.grads_ready:
+            return backward_hooks_only(self, closure_loss)
+        return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+    @override
+    def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
+        step = lambda c: super(MaskedFSDPStrategy, self).optimizer_step(optimizer, c, model, **kwargs)  # noqa: E731
+        return self.masked.optimizer_step(self.lightning_module, step, closure)
+
+
+def _local_shape(p: torch.Tensor) -> tuple[int, ...]:
+    return tuple(p._local_tensor.shape) if hasattr(p, "_local_tensor") else tuple(p.shape)

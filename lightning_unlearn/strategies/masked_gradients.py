@@ -1,0 +1,370 @@
+"""One forward+backward that yields the exact per-sample masked gradient Σ_k m^{g(k)} ⊙ ∇ℓ_k (Lacuna Algorithm 1).
+
+Groups are disjoint, so the gradient is ``G_neutral + Σ_g m^g ⊙ G_g`` where ``G_g`` sums the gradients of the
+samples of group ``g``. Each supported module's forward is replaced (only inside :meth:`MaskedGradients.batch`)
+by a custom autograd function whose backward computes these per-group sums directly:
+
+- ``nn.Linear``: ``G_g = δ_gᵀ x_g`` over the rows of group ``g`` — the weight-gradient matmul split by sample
+  group, the same FLOPs as the unmasked ``δᵀ x``; ``grad_input = δ W`` as usual.
+- ``nn.Embedding``: ``embedding_dense_backward`` on each group's rows.
+- RMSNorm-style scales (``weight * x``): the weight enters as a per-sample expanded view ``(B, 1…, H)``, whose
+  gradient is the per-sample gradient (``B·H`` numbers), reduced per group.
+
+Masks are decoded on the fly from the packed uint32 source of truth, ``(packed & bit) != 0`` (no per-group masks
+are stored). A group with no element in a parameter costs nothing there, so parameters outside θ_mask only pay
+for the neutral rows. This module imports torch only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lightning_unlearn.masks import MAX_GROUPS, NEUTRAL_GROUP, canonical_name
+
+_BITS = [torch.tensor(1 << g, dtype=torch.uint32) for g in range(MAX_GROUPS)]
+
+
+def resolve_param_masks(module: nn.Module, packed: Mapping[str, torch.Tensor]) -> dict[nn.Parameter, str]:
+    """Map every trainable parameter of ``module`` to the key of its mask in ``packed``.
+
+    A parameter named ``a.b.model.layers.0.q_proj.weight`` matches the key ``model.layers.0.q_proj.weight``
+    (canonical names, dot-boundary suffix), so masks sampled on the bare HF model apply to a LightningModule that
+    holds it, through peft or FSDP wrapping. Tied parameters are resolved once.
+
+    Raises:
+        ValueError: a trainable parameter has no mask, or matches several.
+    """
+    out: dict[nn.Parameter, str] = {}
+    keys = list(packed)
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if not p.requires_grad or p in out:
+            continue
+        cname = canonical_name(name)
+        if cname in packed:
+            out[p] = cname
+            continue
+        hits = [k for k in keys if cname.endswith("." + k)]
+        if not hits:
+            raise ValueError(
+                f"trainable parameter {name!r} has no packed mask. Sample the masks on this model "
+                "(masks.sample_masks) or freeze the parameter (requires_grad=False)."
+            )
+        if len(hits) > 1:
+            raise ValueError(f"trainable parameter {name!r} matches several masks {hits}; mask names are ambiguous.")
+        out[p] = hits[0]
+    return out
+
+
+def groups_in_mask(packed: torch.Tensor) -> frozenset[int]:
+    """The group ids with at least one element in this packed tensor (from its few distinct values)."""
+    values = torch.unique(packed.reshape(-1).view(torch.int32)).tolist()
+    found = 0
+    for v in values:
+        found |= v & 0xFFFFFFFF
+    return frozenset(g for g in range(MAX_GROUPS) if found >> g & 1)
+
+
+def decode(packed: torch.Tensor, group: int) -> torch.Tensor:
+    """Bool mask of ``group`` (no validation; the hot path)."""
+    bit = _BITS[group]
+    if bit.device != packed.device:
+        bit = bit.to(packed.device)
+    return (packed & bit) != 0
+
+
+@dataclass
+class SampleGroups:
+    """A batch's ``group_ids`` split into sample-index tensors.
+
+    Attributes:
+        batch_size: B.
+        neutral: indices of neutral samples, ``None`` if there are none; ``all_neutral`` marks the trivial case.
+        groups: ``(group id, indices)`` for each group present, ascending.
+    """
+
+    batch_size: int
+    neutral: torch.Tensor | None
+    groups: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+
+    @property
+    def all_neutral(self) -> bool:
+        return not self.groups
+
+    @classmethod
+    def from_group_ids(cls, group_ids: torch.Tensor) -> SampleGroups:
+        group_ids = torch.as_tensor(group_ids).reshape(-1).to("cpu", torch.long)
+        if group_ids.numel() and (int(group_ids.min()) < NEUTRAL_GROUP or int(group_ids.max()) >= MAX_GROUPS):
+            raise ValueError(
+                f"group_ids must lie in -1..{MAX_GROUPS - 1} (-1 = neutral), got values "
+                f"{sorted(set(group_ids.tolist()))}."
+            )
+        neutral = (group_ids == NEUTRAL_GROUP).nonzero().reshape(-1)
+        groups = [(g, (group_ids == g).nonzero().reshape(-1)) for g in sorted(set(group_ids.tolist()) - {-1})]
+        return cls(int(group_ids.numel()), neutral if neutral.numel() else None, groups)
+
+
+class _Route:
+    """What a patched module's backward needs: the batch's sample groups and one parameter's mask."""
+
+    __slots__ = ("groups", "packed", "present")
+
+    def __init__(self, groups: SampleGroups, packed: torch.Tensor, present: frozenset[int]) -> None:
+        self.groups = groups
+        self.packed = packed
+        self.present = present
+
+    def combine(self, part) -> torch.Tensor | None:
+        """``part(idx)`` -> gradient summed over the samples ``idx``; returns G_neutral + Σ_g m^g ⊙ G_g."""
+        grad = part(self.groups.neutral) if self.groups.neutral is not None else None
+        for g, idx in self.groups.groups:
+            if g not in self.present:
+                continue  # m^g is zero on this parameter: group g contributes nothing
+            contribution = part(idx).mul_(decode(self.packed, g))
+            grad = contribution if grad is None else grad.add_(contribution)
+        return grad
+
+
+def _zeros_if_none(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(like) if grad is None else grad
+
+
+class _MaskedLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, weight_route, bias_route):
+        ctx.save_for_backward(x, weight)
+        ctx.routes = (weight_route, bias_route)
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight = ctx.saved_tensors
+        weight_route, bias_route = ctx.routes
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad_out.matmul(weight)
+        b = weight_route.groups.batch_size
+        d_out, d_in = weight.shape
+        go = grad_out.reshape(b, -1, d_out)
+        if ctx.needs_input_grad[1]:
+            xs = x.reshape(b, -1, d_in)
+
+            def part(idx):
+                return go.index_select(0, idx).reshape(-1, d_out).t().matmul(xs.index_select(0, idx).reshape(-1, d_in))
+
+            grad_w = _zeros_if_none(weight_route.combine(part), weight)
+        if ctx.needs_input_grad[2]:
+            grad_b = _zeros_if_none(bias_route.combine(lambda idx: go.index_select(0, idx).sum((0, 1))), weight[:, 0])
+        return grad_x, grad_w, grad_b, None, None
+
+
+class _MaskedEmbedding(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ids, weight, padding_idx, route):
+        ctx.save_for_backward(ids)
+        ctx.num_weights = weight.shape[0]
+        ctx.padding_idx = -1 if padding_idx is None else padding_idx
+        ctx.route = route
+        return F.embedding(ids, weight, padding_idx)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (ids,) = ctx.saved_tensors
+        route = ctx.route
+        b = route.groups.batch_size
+        go = grad_out.reshape(b, -1, grad_out.shape[-1])
+        ids2 = ids.reshape(b, -1)
+
+        def part(idx):
+            return torch.ops.aten.embedding_dense_backward(
+                go.index_select(0, idx), ids2.index_select(0, idx), ctx.num_weights, ctx.padding_idx, False
+            )
+
+        grad = route.combine(part)
+        if grad is None:
+            grad = grad_out.new_zeros((ctx.num_weights, grad_out.shape[-1]))
+        return None, grad, None, None
+
+
+class _PerSampleScale(torch.autograd.Function):
+    """``weight`` (shape S) as a ``(B, 1, …, S)`` expanded view; backward reduces the per-sample grads by group."""
+
+    @staticmethod
+    def forward(ctx, weight, shape, route):
+        ctx.route = route
+        return weight.expand(shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        route = ctx.route
+        per_sample = grad.reshape(route.groups.batch_size, *route.packed.shape)
+        out = route.combine(lambda idx: per_sample.index_select(0, idx).sum(0))
+        return (grad.new_zeros(route.packed.shape) if out is None else out), None, None
+
+
+def _is_scale_norm(module: nn.Module) -> bool:
+    # RMSNorm-style modules compute ``self.weight * normalized(x)``: the weight broadcasts over leading dims.
+    params = dict(module.named_parameters(recurse=False))
+    return "rmsnorm" in type(module).__name__.lower() and set(params) == {"weight"} and params["weight"].dim() == 1
+
+
+class MaskedGradients:
+    """Exact per-sample masked gradients in one forward+backward for a model's trainable parameters.
+
+    Build once per (model, masks); use :meth:`batch` around each step's forward (backward may run after it).
+
+    Args:
+        model: the module whose trainable parameters get masked gradients (e.g. the LightningModule).
+        packed_masks: ``{canonical name: uint32 tensor of the parameter's shape}``.
+
+    Attributes:
+        unsupported: names of trainable parameters owned by modules this engine cannot split per sample; when
+            non-empty, :attr:`one_pass` is False and callers use :func:`lockstep_masked_backward` instead.
+    """
+
+    def __init__(self, model: nn.Module, packed_masks: Mapping[str, torch.Tensor]) -> None:
+        self.model = model
+        self.packed_masks = packed_masks
+        keys = resolve_param_masks(model, packed_masks)
+        self._mask: dict[nn.Parameter, torch.Tensor] = {}
+        self._present: dict[nn.Parameter, frozenset[int]] = {}
+        for p, k in keys.items():
+            mask = packed_masks[k].to(p.device)
+            if tuple(mask.shape) != tuple(p.shape):
+                raise ValueError(
+                    f"mask {k!r} has shape {tuple(mask.shape)} but the parameter has {tuple(p.shape)}; "
+                    "the masks were made for another model."
+                )
+            self._mask[p] = mask
+            self._present[p] = groups_in_mask(mask)
+        handled: set[nn.Parameter] = set()
+        self._modules: list[tuple[str, nn.Module]] = []
+        for mod in model.modules():
+            own = [p for p in mod.parameters(recurse=False) if p.requires_grad]
+            if not own:
+                continue
+            kind = None
+            if isinstance(mod, nn.Linear) and type(mod).forward is nn.Linear.forward:
+                kind = "linear"
+            elif (
+                isinstance(mod, nn.Embedding)
+                and type(mod).forward is nn.Embedding.forward
+                and mod.max_norm is None
+                and not mod.scale_grad_by_freq
+                and not mod.sparse
+            ):
+                kind = "embedding"
+            elif _is_scale_norm(mod):
+                kind = "scale"
+            if kind is not None:
+                self._modules.append((kind, mod))
+                handled.update(own)
+        self.unsupported = sorted(
+            canonical_name(n) for n, p in model.named_parameters() if p in keys and p not in handled
+        )
+
+    @property
+    def one_pass(self) -> bool:
+        return not self.unsupported
+
+    def param_masks(self) -> dict[nn.Parameter, torch.Tensor]:
+        """``{parameter: its packed uint32 mask}`` for every trainable parameter."""
+        return dict(self._mask)
+
+    def _route(self, p: nn.Parameter | None, groups: SampleGroups) -> _Route | None:
+        if p is None or not p.requires_grad:
+            return None
+        return _Route(groups, self._mask[p], self._present[p])
+
+    @contextlib.contextmanager
+    def batch(self, group_ids: torch.Tensor | None) -> Iterator[None]:
+        """Inside this context, forwards of the model record per-sample masked backward rules for ``group_ids``.
+
+        A ``None`` or all-neutral ``group_ids`` is a no-op (plain autograd).
+        """
+        if group_ids is None:
+            yield
+            return
+        groups = SampleGroups.from_group_ids(group_ids)
+        if groups.all_neutral:
+            yield
+            return
+        if not self.one_pass:
+            raise RuntimeError(
+                f"parameters {self.unsupported[:3]} belong to modules without a one-pass masked-gradient rule; "
+                "use lockstep_masked_backward for this model."
+            )
+        patched = []
+        try:
+            for kind, mod in self._modules:
+                mod.forward = self._patched_forward(kind, mod, groups)
+                patched.append(mod)
+            yield
+        finally:
+            for mod in patched:
+                del mod.forward
+
+    def _patched_forward(self, kind: str, mod: nn.Module, groups: SampleGroups):
+        if kind == "linear":
+            w_route = self._route(mod.weight, groups)
+            b_route = self._route(mod.bias, groups)
+
+            def linear(x):
+                if w_route is None and b_route is None:
+                    return F.linear(x, mod.weight, mod.bias)
+                _check_sample_major(x, groups, mod)
+                return _MaskedLinear.apply(x, mod.weight, mod.bias, w_route or b_route, b_route)
+
+            return linear
+        if kind == "embedding":
+            route = self._route(mod.weight, groups)
+
+            def embedding(ids):
+                _check_sample_major(ids, groups, mod)
+                return _MaskedEmbedding.apply(ids, mod.weight, mod.padding_idx, route)
+
+            return embedding
+        route = self._route(mod.weight, groups)
+        original = type(mod).forward
+
+        def scale(x, *args, **kwargs):
+            weight = mod._parameters.pop("weight")
+            try:
+                shape = (groups.batch_size,) + (1,) * (x.dim() - 1 - weight.dim()) + tuple(weight.shape)
+                _check_sample_major(x, groups, mod)
+                mod.weight = _PerSampleScale.apply(weight, shape, route)
+                return original(mod, x, *args, **kwargs)
+            finally:
+                del mod.weight
+                mod._parameters["weight"] = weight
+
+        return scale
+
+
+def _check_sample_major(x: torch.Tensor, groups: SampleGroups, mod: nn.Module) -> None:
+    if x.dim() == 0 or x.shape[0] % groups.batch_size:
+        raise RuntimeError(
+            f"{type(mod).__name__} got an input of shape {tuple(x.shape)}, whose leading dimension is not the batch "
+            f"size {groups.batch_size} (or a multiple of it); per-sample masking needs sample-major activations."
+        )
+
+
+@contextlib.contextmanager
+def masked_gradients(
+    model: nn.Module, packed_masks: Mapping[str, torch.Tensor] | None, group_ids: torch.Tensor | None
+) -> Iterator[None]:
+    """Convenience: ``with masked_gradients(model, masks, batch["group_ids"]): loss = step(); loss.backward()``.
+
+    No-op when ``packed_masks`` or ``group_ids`` is ``None``. Builds a :class:`MaskedGradients` each call; keep one
+    engine per model in loops.
+    """
+    if packed_masks is None or group_ids is None:
+        yield
+        return
+    with MaskedGradients(model, packed_masks).batch(group_ids):
+        yield
