@@ -3,8 +3,10 @@
 from lightning_unlearn.objectives.ga import GradientAscent
 from lightning_unlearn.objectives.ga_retain import GARetain
 from lightning_unlearn.objectives.gd import GradientDifference
+from lightning_unlearn.objectives.memflex import MemFlex
 from lightning_unlearn.objectives.npo import NPO
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
+from lightning_unlearn.objectives.oracle_grad import OracleGrad
 from lightning_unlearn.objectives.simnpo import SimNPO
 from lightning_unlearn.objectives.unlearning_module import UnlearningModule
 
@@ -12,8 +14,10 @@ __all__ = [
     "GARetain",
     "GradientAscent",
     "GradientDifference",
+    "MemFlex",
     "NPO",
     "OptimizerConfig",
+    "OracleGrad",
     "SimNPO",
     "UnlearningModule",
 ]

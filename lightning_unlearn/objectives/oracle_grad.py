@@ -1,0 +1,157 @@
+"""OracleGrad (Lacuna Sec. 4.1): gradient difference whose every update stays inside the forget mask m^F.
+
+L = γ·(−NLL̄(forget)) + α·NLL̄(retain) (Lacuna 1B: γ 5, α 1, lr 1e-4), with m^F the union of the forget groups
+(ids 0-2, the paper's G_1-G_3) of the ground-truth packed masks.
+
+- Full fine-tuning: the module exposes ``packed_masks`` and ``restrict_update_groups`` and a masked strategy
+  (``lightning_unlearn.strategies.Masked{SingleDevice,DDP,FSDP}Strategy``) restricts every optimizer update
+  (gradient, momentum, weight decay) to m^F; weights outside it stay bit-for-bit unchanged.
+- LoRA: an adapter cannot be restricted element-wise, so each adapted linear layer computes
+  ``W x + (m^F ⊙ s·B A) x``: the effective weight change is confined to m^F by construction. Such a delta is not a
+  standard peft adapter, so instead of ``adapter-step=N`` each checkpoint writes the merged model
+  (``W + m^F ⊙ s·B A``) as ``merged-step=N``, reloadable with ``from_pretrained``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import types
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lightning_unlearn.losses import gd_loss, normalized_nll
+from lightning_unlearn.masks import canonical_name, group_mask, load_masks, validate_masks
+from lightning_unlearn.models import AdapterConfig, unwrap_peft
+from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
+from lightning_unlearn.objectives.unlearning_module import UnlearningModule
+
+FORGET_GROUPS = (0, 1, 2)
+
+
+class OracleGrad(UnlearningModule):
+    """Gradient difference restricted to the ground-truth forget mask.
+
+    Args:
+        model_path: local model directory (the injected model the masks belong to).
+        masks_path: packed masks file (``masks.save_masks``) sampled for this model.
+        adapter: full fine-tuning (restricted by the masked strategy) or LoRA (masked adapter delta).
+        optim: optimizer and schedule.
+        max_bad_loss: stop bound on the forget NLL (``None``: none).
+        forget_groups: group ids whose union is m^F.
+        gamma: forget weight γ.
+        alpha: retain weight α.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        masks_path: str,
+        adapter: AdapterConfig | None = None,
+        optim: OptimizerConfig | None = None,
+        max_bad_loss: float | None = None,
+        forget_groups: list[int] | None = None,
+        gamma: float = 5.0,
+        alpha: float = 1.0,
+    ) -> None:
+        super().__init__(model_path, adapter, optim, max_bad_loss)
+        self.save_hyperparameters()
+        self.gamma, self.alpha = gamma, alpha
+        self.forget_groups = list(FORGET_GROUPS if forget_groups is None else forget_groups)
+        packed, _ = load_masks(masks_path)
+        if self.adapter_config.kind == "full":
+            validate_masks(packed, self.model)
+            # Read by the masked strategies (lightning_unlearn.strategies): restricted-update mode.
+            self.packed_masks = packed
+            self.restrict_update_groups = self.forget_groups
+        else:
+            self.packed_masks = None
+            self.restrict_update_groups = None
+            self._mask_lora_layers(packed)
+
+    def _mask_lora_layers(self, packed: dict[str, torch.Tensor]) -> None:
+        layers = [(n, m) for n, m in self.model.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
+        if not layers:
+            raise ValueError(f"adapter.kind={self.adapter_config.kind!r} produced no LoRA linear layer to mask.")
+        for name, layer in layers:
+            key = canonical_name(f"{name}.base_layer.weight")
+            if key not in packed or tuple(packed[key].shape) != tuple(layer.base_layer.weight.shape):
+                raise ValueError(
+                    f"masks do not match the model: no mask of shape {tuple(layer.base_layer.weight.shape)} "
+                    f"for {key!r}. The masks file was made for another model."
+                )
+            # A buffer (not a parameter): FSDP2 keeps it whole on every rank, as the unsharded forward needs.
+            layer.register_buffer("forget_mask", group_mask(packed[key], self.forget_groups), persistent=False)
+            layer.forward = types.MethodType(_masked_lora_forward, layer)
+
+    def setup(self, stage: str) -> None:
+        if self.adapter_config.kind == "full" and not hasattr(self.trainer.strategy, "masked"):
+            raise TypeError(
+                f"OracleGrad with full fine-tuning needs a masked strategy to restrict updates to m^F, got "
+                f"{type(self.trainer.strategy).__name__}. Set trainer.strategy to "
+                "lightning_unlearn.strategies.MaskedSingleDeviceStrategy, MaskedDDPStrategy or MaskedFSDPStrategy."
+            )
+
+    def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        f_logps, f_len, _ = self.sequence_logps(batch["forget"])
+        r_logps, r_len, _ = self.sequence_logps(batch["retain"])
+        loss = gd_loss(f_logps, f_len, r_logps, r_len, self.gamma, self.alpha)
+        return loss, {
+            "forget_nll": normalized_nll(f_logps, f_len).mean().detach(),
+            "retain_nll": normalized_nll(r_logps, r_len).mean().detach(),
+        }
+
+    def adapter_dir(self) -> Path:
+        return super().adapter_dir().with_name(f"merged-step={self.global_step}")
+
+    def save_adapter(self, directory: str | os.PathLike) -> None:
+        """Write the merged model ``W + m^F ⊙ s·B A`` (collective under FSDP; rank 0 writes)."""
+        if self._sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        else:
+            state = {k: v.detach() for k, v in self.model.state_dict().items()}
+        if self.global_rank != 0:
+            return
+        merged = merged_state_dict(self.model, state)
+        final = Path(directory)
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        unwrap_peft(self.model).save_pretrained(str(tmp), state_dict=merged)
+        self.tokenizer.save_pretrained(str(tmp))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+
+
+def _masked_lora_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """peft ``lora.Linear.forward`` with the weight delta s·B A multiplied by this layer's ``forget_mask``."""
+    result = self.base_layer(x, *args, **kwargs)
+    if self.disable_adapters:
+        return result
+    for name in self.active_adapters:
+        if name not in self.lora_A:
+            continue
+        delta = (self.lora_B[name].weight @ self.lora_A[name].weight) * self.scaling[name] * self.forget_mask
+        result = result + F.linear(self.lora_dropout[name](x), delta.to(x.dtype))
+    return result
+
+
+@torch.no_grad()
+def merged_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Full-model weights ``W + m^F ⊙ s·B A`` under the bare model's names, from a peft model's full state dict."""
+    merged = {canonical_name(k): v.clone() for k, v in state.items() if ".lora_" not in k}
+    for name, layer in model.named_modules():
+        if not (hasattr(layer, "lora_A") and hasattr(layer, "forget_mask")):
+            continue
+        key = canonical_name(f"{name}.base_layer.weight")
+        for adapter in layer.active_adapters:
+            a = state[f"{name}.lora_A.{adapter}.weight"].float()
+            b = state[f"{name}.lora_B.{adapter}.weight"].float()
+            delta = (b @ a) * layer.scaling[adapter] * layer.forget_mask.cpu()
+            merged[key] = (merged[key].float() + delta).to(merged[key].dtype)
+    return merged
