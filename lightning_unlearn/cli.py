@@ -12,7 +12,9 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
 
 # Non-Trainer subcommands: name -> "module:function"; the function takes the remaining argv list.
-EXTRA_COMMANDS: dict[str, str] = {}
+EXTRA_COMMANDS: dict[str, str] = {
+    "report": "lightning_unlearn.report:main",
+}
 
 
 class UnlearnCLI(LightningCLI):

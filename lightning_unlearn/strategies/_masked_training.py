@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch import LightningModule
 
-from lightning_unlearn.strategies.lockstep import lockstep_masked_backward
+from lightning_unlearn.strategies.lockstep import local_tensor, lockstep_masked_backward
 from lightning_unlearn.strategies.masked_gradients import MaskedGradients, resolve_param_masks
 from lightning_unlearn.strategies.restricted_update import RestrictedUpdate
 
@@ -48,6 +48,7 @@ class MaskedTraining:
         self._restrict: RestrictedUpdate | None = None
         self._restrict_key: tuple | None = None
         self.grads_ready = False
+        self._pending: dict[torch.nn.Parameter, torch.Tensor | None] = {}
 
     def prepare(self, module: LightningModule) -> dict[torch.nn.Parameter, torch.Tensor] | None:
         """Resolve (and under FSDP shard) the module's current ``packed_masks``; ``None`` when masking is off."""
@@ -113,11 +114,31 @@ class MaskedTraining:
                 raise RuntimeError("training_step must return the mean loss (a tensor or a dict with 'loss').")
             return loss
 
+        # Lightning zeroes gradients between training_step and backward, so the lockstep gradients wait in
+        # ``_pending`` until the strategy's backward (see ``backward_hooks_only``) installs them.
+        prior = {p: p.grad for p in masks}
+        for p in masks:
+            p.grad = None
         loss = lockstep_masked_backward(
             forward_loss, lambda t: backward(t / accumulate), batch, group_ids, masks, process_group=None
         )
+        self._pending = {p: p.grad for p in masks}
+        for p, g in prior.items():
+            p.grad = g
         self.grads_ready = True
         return loss
+
+    @torch.no_grad()
+    def install_pending(self) -> None:
+        """Add the lockstep gradients onto whatever ``.grad`` holds now (nothing, after Lightning's zero_grad)."""
+        for p, g in self._pending.items():
+            if g is None:
+                continue
+            if p.grad is None:
+                p.grad = g
+            else:
+                local_tensor(p.grad).add_(local_tensor(g))
+        self._pending = {}
 
     def restriction(self, module: LightningModule) -> RestrictedUpdate | None:
         groups = getattr(module, "restrict_update_groups", None)
@@ -166,6 +187,7 @@ def local_device(p: torch.Tensor) -> torch.device:
 def backward_hooks_only(strategy: Any, closure_loss: torch.Tensor) -> torch.Tensor:
     """A strategy's backward without the backward itself (lockstep already ran it pass by pass): hooks only."""
     strategy.pre_backward(closure_loss)
+    strategy.masked.install_pending()
     closure_loss = strategy.precision_plugin.pre_backward(closure_loss, strategy.lightning_module)
     closure_loss = strategy.precision_plugin.post_backward(closure_loss, strategy.lightning_module)
     strategy.post_backward(closure_loss)
