@@ -99,7 +99,9 @@ class MaskedLM(LightningModule):
         return DataLoader(RankSlices(self.batches, self.trainer.global_rank, world), batch_size=per_rank)
 
 
-def reference_training(model, batches: list[dict], packed_masks: dict | None, lr: float = 0.5) -> dict[str, torch.Tensor]:
+def reference_training(
+    model, batches: list[dict], packed_masks: dict | None, lr: float = 0.5
+) -> dict[str, torch.Tensor]:
     """Paper Algorithm 1 with plain SGD: per-sample backward, mask, sum, mean; returns the final state dict."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     for b in batches:

@@ -48,7 +48,10 @@ def test_lockstep_matches_microbatch_reference(setup):
     model, masks, batch, ref = setup
     engine = MaskedGradients(model, masks)
     loss = lockstep_masked_backward(
-        lambda sub: per_sample_mean_loss(model, sub), torch.Tensor.backward, batch, batch["group_ids"],
+        lambda sub: per_sample_mean_loss(model, sub),
+        torch.Tensor.backward,
+        batch,
+        batch["group_ids"],
         engine.param_masks(),
     )
     assert _gap(_grads(model), ref) <= 1e-6

@@ -34,8 +34,15 @@ def problem(tiny_dir):
 
 def _trainer(strategy, steps: int = 3) -> Trainer:
     return Trainer(
-        accelerator="cpu", devices=1, strategy=strategy, max_steps=steps, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
+        accelerator="cpu",
+        devices=1,
+        strategy=strategy,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
     )
 
 
@@ -74,7 +81,12 @@ def _check_restricted(before: dict, after: dict, masks: dict) -> None:
 
 def test_restricted_update_keeps_out_of_mask_parameters_bit_for_bit(tiny_dir, problem):
     module = MaskedLM(
-        str(tiny_dir), problem["batches"], problem["masks"], optimizer="adamw", lr=0.01, restrict_update_groups=[0, 1, 2]
+        str(tiny_dir),
+        problem["batches"],
+        problem["masks"],
+        optimizer="adamw",
+        lr=0.01,
+        restrict_update_groups=[0, 1, 2],
     )
     before = _params(module)
     _trainer(MaskedSingleDeviceStrategy()).fit(module)
