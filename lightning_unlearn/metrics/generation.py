@@ -62,33 +62,50 @@ def generate_greedy(
     synced_gpus: bool = False,
     max_prompt_tokens: int | None = None,
 ) -> list[Generation]:
-    """Greedy answers for one batch of prompts: one left-padded ``generate`` call with ``use_cache=True``.
+    """Greedy answers for one batch of prompts: left-padded, one token per step with the KV cache.
+
+    The loop calls ``model(...)`` itself (rather than ``generate``) so every step enters the top-level module:
+    under FSDP2 that is where the root parameters are gathered, even when the model is peft-wrapped.
+    Position ids count real tokens only, so a left-padded prompt is encoded exactly as it is alone.
 
     Args:
         model: a transformers (or peft) causal LM.
         tokenizer: its tokenizer.
         prompts: the batch (the caller chooses the batch size).
         max_new_tokens: the token cap.
-        synced_gpus: keep stepping until every rank is done; required when parameters are sharded (FSDP), since
-            every forward is a collective.
+        synced_gpus: keep stepping until every rank is done (``torch.distributed`` all-reduce per step); required
+            when parameters are sharded, since every forward is then a collective.
         max_prompt_tokens: truncate prompts from the left to this many tokens.
     """
     if not prompts:
         return []
     device = next(model.parameters()).device
     input_ids, attention_mask = encode_prompts_left_padded(tokenizer, prompts, max_prompt_tokens)
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     eos = tokenizer.eos_token_id
-    out = model.generate(
-        input_ids=input_ids.to(device),
-        attention_mask=attention_mask.to(device),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        use_cache=True,
-        pad_token_id=pad_token_id(tokenizer),
-        eos_token_id=eos,
-        synced_gpus=synced_gpus,
-    )
-    new = out[:, input_ids.shape[1] :].cpu()
+    pad = pad_token_id(tokenizer)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    new_tokens: list[torch.Tensor] = []
+    past = None
+    step_ids, step_pos = input_ids, position_ids
+    for _ in range(max_new_tokens):
+        out = model(
+            input_ids=step_ids, attention_mask=attention_mask, position_ids=step_pos, cache=past, use_cache=True,
+            logits_to_keep=1,
+        )
+        past = out.cache
+        nxt = out.logits[:, -1, :].argmax(-1)
+        nxt = torch.where(finished, torch.full_like(nxt, pad), nxt)
+        new_tokens.append(nxt)
+        if eos is not None:
+            finished |= nxt == eos
+        if _all_done(finished, synced_gpus):
+            break
+        step_ids = nxt[:, None]
+        step_pos = step_pos[:, -1:] + 1
+        attention_mask = torch.cat([attention_mask, torch.ones_like(step_ids)], dim=1)
+    new = torch.stack(new_tokens, dim=1).cpu() if new_tokens else torch.empty(len(prompts), 0, dtype=torch.long)
     gens = []
     for row in new.tolist():
         stop = row.index(eos) if eos is not None and eos in row else None
@@ -101,3 +118,10 @@ def generate_greedy(
             )
         )
     return gens
+
+
+def _all_done(finished: torch.Tensor, synced: bool) -> bool:
+    done = torch.tensor([int(bool(finished.all()))], device=finished.device)
+    if synced and torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(done, op=torch.distributed.ReduceOp.MIN)
+    return bool(done.item())

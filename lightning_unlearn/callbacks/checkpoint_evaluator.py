@@ -1,0 +1,198 @@
+"""Base of the evaluation callbacks: run a metric family at every checkpoint save and in ``validate``.
+
+A subclass names its ``family`` and implements :meth:`CheckpointEvaluator.compute` — a collective that every rank
+enters and that returns the same metrics dict on every rank. This class decides when to run, keeps the rows and
+the base state in the callback ``state_dict`` (so resumes neither repeat nor lose rows), writes
+``<output_dir>/checkpoint_metrics.jsonl`` on rank 0, and sends scalars to every logger.
+
+When it runs:
+
+- ``fit``: in ``on_save_checkpoint``, i.e. exactly when any ``ModelCheckpoint`` saves. Lightning collects
+  callback states *before* that hook, so the hook writes this callback's refreshed state into the checkpoint
+  being saved — the checkpoint at step k already records that step k was evaluated.
+- ``validate``: at the end of the validation epoch, keyed by the loaded checkpoint's ``global_step``.
+
+The module being evaluated exposes ``model`` (a transformers causal LM, possibly peft-wrapped and FSDP-sharded)
+and ``tokenizer``; ``reference_logits(batch)`` is used as the base model when it exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import TensorBoardLogger
+from typing_extensions import override
+
+from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, flatten_metrics, merge_rows
+from lightning_unlearn.callbacks.distributed import broadcast_object, world
+
+
+class CheckpointEvaluator(Callback):
+    """Run one metric family at every checkpoint save and in ``validate``.
+
+    Args:
+        name: distinguishes two instances of the same class (part of ``state_key`` and of the row's ``family``).
+        output_dir: directory of ``checkpoint_metrics.jsonl``; ``None`` uses ``trainer.log_dir``.
+        batch_size: prompts or sequences per forward / ``generate`` call on each rank.
+    """
+
+    family: str = ""
+
+    def __init__(self, name: str | None = None, output_dir: str | None = None, batch_size: int = 8) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be at least 1.")
+        self.name = name
+        self.output_dir = output_dir
+        self.batch_size = batch_size
+        self.rows: dict[int, dict] = {}  # step -> row, for this family only
+        self.base: dict = {}  # base-model quantities computed once (B, base CE, ...)
+        self._metrics_path: str | None = None
+        self._loaded_step: int | None = None
+
+    # -- identity and state -------------------------------------------------------------------------------
+    @property
+    def family_name(self) -> str:
+        return self.family if self.name is None else f"{self.family}:{self.name}"
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(family=self.family, name=self.name)
+
+    @override
+    def state_dict(self) -> dict:
+        rows = [self.rows[s] for s in sorted(self.rows)]
+        return {"rows": rows, "base": self.base, "metrics_path": self._metrics_path}
+
+    @override
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.rows = {int(r["step"]): r for r in state_dict.get("rows", [])}
+        self.base = dict(state_dict.get("base", {}))
+        self._metrics_path = self._metrics_path or state_dict.get("metrics_path")
+
+    # -- what a subclass implements ---------------------------------------------------------------------
+    def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
+        """Collective: the family's metrics for the current weights, identical on every rank."""
+        raise NotImplementedError
+
+    def compute_base(self, trainer: Trainer, pl_module: LightningModule) -> dict:
+        """Collective: base-model quantities kept in ``self.base`` (default: none)."""
+        return {}
+
+    def log_extras(self, trainer: Trainer, step: int) -> None:
+        """Rank 0, after a row is written: extra logger output (text samples, images)."""
+
+    # -- hooks ----------------------------------------------------------------------------------------------
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self._metrics_path is None:
+            root = self.output_dir or trainer.log_dir or trainer.default_root_dir
+            # Rank 0 decides: loggers create their version directory there only.
+            self._metrics_path = broadcast_object(str(Path(root) / METRICS_FILE))
+        for attr in ("model", "tokenizer"):
+            if not hasattr(pl_module, attr):
+                raise AttributeError(
+                    f"{type(self).__name__} evaluates `pl_module.{attr}`, which {type(pl_module).__name__} lacks; "
+                    "expose the causal LM as `self.model` and its tokenizer as `self.tokenizer`."
+                )
+
+    @override
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
+        self._loaded_step = int(checkpoint.get("global_step", 0))
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._ensure_base(trainer, pl_module)
+
+    @override
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        step = int(trainer.global_step)
+        if step not in self.rows:
+            self._evaluate(trainer, pl_module, step)
+        # Lightning gathered callback states before this hook: record this step in the checkpoint being saved.
+        checkpoint.setdefault("callbacks", {})[self.state_key] = self.state_dict()
+
+    @override
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "validate":
+            return
+        self._ensure_base(trainer, pl_module)
+        step = self._loaded_step if self._loaded_step is not None else int(trainer.global_step)
+        self._evaluate(trainer, pl_module, step)
+
+    # -- machinery ------------------------------------------------------------------------------------------
+    def _ensure_base(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.base:
+            return
+        with _eval_mode(pl_module.model):
+            self.base = self.compute_base(trainer, pl_module)
+
+    def _evaluate(self, trainer: Trainer, pl_module: LightningModule, step: int) -> None:
+        start = time.perf_counter()
+        with _eval_mode(pl_module.model):
+            metrics = self.compute(trainer, pl_module, step)
+        row = {
+            "step": step,
+            "family": self.family_name,
+            "epoch": int(trainer.current_epoch),
+            "fn": str(trainer.state.fn.value if trainer.state.fn else ""),
+            "seconds": round(time.perf_counter() - start, 4),
+            **metrics,
+        }
+        self.rows[step] = row
+        if world()[0] != 0:
+            return
+        # fit: every row in the state (all steps this run evaluated, including before a resume) joins the file's,
+        # so a resume into a fresh log directory still yields the whole history. validate: only this row.
+        fitting = trainer.state.fn == "fit"
+        merge_rows(self._metrics_path, [self.rows[s] for s in sorted(self.rows)] if fitting else [row])
+        scalars = {f"{self.family_name}/{k}": v for k, v in flatten_metrics(metrics).items()}
+        for logger in trainer.loggers:
+            logger.log_metrics(scalars, step=step)
+        self.log_extras(trainer, step)
+        for cb in trainer.callbacks:
+            notify = getattr(cb, "on_checkpoint_evaluated", None)
+            if callable(notify):
+                notify(trainer, row)
+
+    def tensorboard_writers(self, trainer: Trainer) -> list:
+        """The ``SummaryWriter`` of every TensorBoard logger (rank 0)."""
+        return [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
+
+    def base_context(self, pl_module: LightningModule, trainer: Trainer):
+        """A context in which ``pl_module.model`` is the base model: the adapter disabled, or step 0 of ``fit``."""
+        model = pl_module.model
+        if hasattr(model, "disable_adapter"):
+            return model.disable_adapter()
+        if trainer.state.fn == "fit" and trainer.global_step == 0:
+            return contextlib.nullcontext()
+        raise RuntimeError(
+            f"{type(self).__name__} needs base-model outputs, but the model has no adapter to disable and training "
+            f"is past step 0 (step {trainer.global_step}). Evaluate from step 0 once (its state is saved in the "
+            "checkpoint) or train a LoRA adapter."
+        )
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module):
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def metrics_path_of(evaluator: CheckpointEvaluator) -> str | None:
+    """Where ``evaluator`` writes its rows (after ``setup``)."""
+    return evaluator._metrics_path
+
+
+__all__ = ["CheckpointEvaluator", "metrics_path_of"]

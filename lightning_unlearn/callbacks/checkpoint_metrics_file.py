@@ -1,0 +1,71 @@
+"""``checkpoint_metrics.jsonl``: one row per (checkpoint step, metric family), rewritten atomically."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+METRICS_FILE = "checkpoint_metrics.jsonl"
+
+
+def row_key(row: dict) -> tuple[int, str]:
+    return int(row["step"]), str(row["family"])
+
+
+def read_rows(path: str | os.PathLike) -> list[dict]:
+    """Rows of a metrics file (empty when it does not exist)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _jsonable(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN/inf
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def merge_rows(path: str | os.PathLike, rows: Iterable[dict]) -> list[dict]:
+    """Replace the rows of ``path`` that share a (step, family) key with ``rows``; write temp + ``os.replace``.
+
+    Keyed replacement is what makes resumed runs exact: a checkpoint evaluated before a crash and again after the
+    resume appears once, and rows written by other families are kept.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    merged = {row_key(r): r for r in read_rows(path)}
+    for r in rows:
+        merged[row_key(r)] = _jsonable(r)
+    ordered = [merged[k] for k in sorted(merged)]
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for r in ordered:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return ordered
+
+
+def flatten_metrics(metrics: dict, prefix: str = "") -> dict[str, float]:
+    """Numeric leaves of a nested dict as ``{"a/b/c": float}`` (bools, strings and None are skipped)."""
+    out: dict[str, float] = {}
+    for k, v in metrics.items():
+        key = f"{prefix}/{k}" if prefix else str(k)
+        if isinstance(v, dict):
+            out.update(flatten_metrics(v, key))
+        elif isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v)):
+            out[key] = float(v)
+    return out

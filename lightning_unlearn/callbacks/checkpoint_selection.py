@@ -1,0 +1,98 @@
+"""Suppression-tradeoff and first-collapse checkpoints, ``selection.json`` and the SCE heatmap, as training runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import TensorBoardLogger
+from typing_extensions import override
+
+from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, read_rows
+from lightning_unlearn.callbacks.distributed import broadcast_object, world
+from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_figure, write_json
+from lightning_unlearn.metrics.selection import sce_table, select_checkpoints
+
+SELECTION_FILE = "selection.json"
+HEATMAP_FILE = "sce_heatmap.png"
+
+
+class CheckpointSelection(Callback):
+    """Select checkpoints from the SCE rows after every evaluated checkpoint (rank 0 only; no collectives).
+
+    Writes ``<output_dir>/selection.json`` (suppression-tradeoff = max pooled L0–L2 SCE; first collapse = earliest
+    step whose pooled degradation rate g reaches ``collapse_boundary``) and ``<output_dir>/sce_heatmap.png``
+    (panels L0, L1, L2, pooled; columns = steps), and logs the heatmap to TensorBoard as an image.
+    The SCE evaluator notifies it after each row (``on_checkpoint_evaluated``), so callback order does not matter.
+
+    Args:
+        collapse_boundary: degraded-output rate that marks collapse.
+        family: the metric family holding SCE rows (``sce``, or ``sce:<name>`` for a named SCEEvaluation).
+        run_name: the heatmap's row label (default: the logger's name, else ``run``).
+        output_dir: where ``checkpoint_metrics.jsonl`` is read and the outputs written; ``None``:
+            ``trainer.log_dir``.
+    """
+
+    def __init__(
+        self,
+        collapse_boundary: float = 0.5,
+        family: str = "sce",
+        run_name: str | None = None,
+        output_dir: str | None = None,
+    ) -> None:
+        if not 0 < collapse_boundary <= 1:
+            raise ValueError(f"collapse_boundary={collapse_boundary} must be in (0, 1]: it is a degraded-output rate.")
+        self.collapse_boundary = collapse_boundary
+        self.family = family
+        self.run_name = run_name
+        self.output_dir = output_dir
+        self._dir: Path | None = None
+        self.selection: dict | None = None
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(family=self.family)
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._dir = Path(broadcast_object(self.output_dir or trainer.log_dir or trainer.default_root_dir))
+
+    def on_checkpoint_evaluated(self, trainer: Trainer, row: dict) -> None:
+        """Called by every :class:`CheckpointEvaluator` on rank 0 right after it wrote ``row``."""
+        if row.get("family") == self.family:
+            self.update(trainer)
+
+    @override
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == "validate":
+            self.update(trainer)
+
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.update(trainer)
+
+    def update(self, trainer: Trainer) -> dict | None:
+        """Recompute the selection from the metrics file; write outputs on rank 0."""
+        if world()[0] != 0 or self._dir is None:
+            return None
+        table = sce_table(read_rows(self._dir / METRICS_FILE), self.family)
+        if not table:
+            return None
+        pooled = [{"step": s, **v} for s, v in table.get("pooled", {}).items()]
+        self.selection = select_checkpoints(pooled, self.collapse_boundary)
+        write_json(self._dir / SELECTION_FILE, self.selection)
+        name = self.run_name or (trainer.logger.name if trainer.logger is not None else None) or "run"
+        fig = sce_heatmap_figure({str(name): table})
+        save_figure(fig, self._dir / HEATMAP_FILE)
+        step = max(int(s) for lv in table.values() for s in lv)
+        for lg in trainer.loggers:
+            if isinstance(lg, TensorBoardLogger):
+                lg.experiment.add_figure(f"{self.family}/heatmap", fig, global_step=step, close=False)
+                tradeoff = self.selection["suppression_tradeoff"]
+                if tradeoff:
+                    lg.experiment.add_scalar(f"{self.family}/selected_step", tradeoff["step"], global_step=step)
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+        return self.selection

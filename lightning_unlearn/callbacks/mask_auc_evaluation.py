@@ -1,0 +1,130 @@
+"""Localization precision at every checkpoint (Lacuna App. E): mask AUC of the weight change vs the forget mask."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from typing_extensions import override
+
+from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
+from lightning_unlearn.callbacks.distributed import broadcast_object, full_parameters, world
+from lightning_unlearn.masks import canonical_name, load_masks, masked_parameter_names, union_mask
+from lightning_unlearn.metrics.mask_auc import mask_auc
+
+
+def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """``{canonical name: tensor}`` from a ``.safetensors`` file or a ``save_pretrained`` directory."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no .safetensors weights in {str(path)!r}; save the model with save_pretrained.")
+    elif path.exists():
+        files = [path]
+    else:
+        raise FileNotFoundError(f"weights {str(path)!r} do not exist.")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update({canonical_name(k): v for k, v in load_file(str(f)).items()})
+    return out
+
+
+class MaskAUCEvaluation(CheckpointEvaluator):
+    """Every scoring family's ROC AUC and the max, against m^F and the unified m^F ∨ m^R.
+
+    All ranks gather the full parameters (FSDP shards included, one tensor at a time); rank 0 scores them and
+    broadcasts the result. Per-family AUCs are exact over all of θ_mask; the composite uses a subsample.
+
+    Args:
+        pre_path: θ_pre weights (``.safetensors`` file or ``save_pretrained`` directory).
+        inj_path: θ_inj weights (the injected model unlearning starts from).
+        masks_path: packed group masks (``masks.save_masks``).
+        forget_groups: group ids of m^F (paper G_1–G_3 = ids 0–2).
+        retain_groups: group ids of m^R (ids 3–5); empty skips the unified AUC(F|R).
+        control_inj_path: the UnMask control's start weights; with ``control_unl_path`` enables the contrast
+            families (Δ_unmask = control_unl − control_inj).
+        control_unl_path: the UnMask control's weights after the same unlearning.
+        max_samples: weights subsampled for the composite classifier.
+        composite: fit the composite classifier.
+        name: see :class:`CheckpointEvaluator`.
+        output_dir: see :class:`CheckpointEvaluator`.
+    """
+
+    family = "mask_auc"
+
+    def __init__(
+        self,
+        pre_path: str,
+        inj_path: str,
+        masks_path: str,
+        forget_groups: Sequence[int] = (0, 1, 2),
+        retain_groups: Sequence[int] = (3, 4, 5),
+        control_inj_path: str | None = None,
+        control_unl_path: str | None = None,
+        max_samples: int = 2_000_000,
+        composite: bool = True,
+        name: str | None = None,
+        output_dir: str | None = None,
+    ) -> None:
+        super().__init__(name=name, output_dir=output_dir)
+        if (control_inj_path is None) != (control_unl_path is None):
+            raise ValueError("pass both control_inj_path and control_unl_path (the UnMask control), or neither.")
+        for what, p in (("pre_path", pre_path), ("inj_path", inj_path), ("masks_path", masks_path),
+                        ("control_inj_path", control_inj_path), ("control_unl_path", control_unl_path)):
+            if p is not None and not Path(p).exists():
+                raise FileNotFoundError(f"{what}={p!r} does not exist.")
+        self.pre_path, self.inj_path, self.masks_path = pre_path, inj_path, masks_path
+        self.forget_groups, self.retain_groups = list(forget_groups), list(retain_groups)
+        self.control_paths = (control_inj_path, control_unl_path) if control_inj_path else None
+        self.max_samples = max_samples
+        self.composite = composite
+        self._reference: dict | None = None
+
+    def _load_reference(self, names: list[str]) -> dict:
+        if self._reference is None:
+            packed, _ = load_masks(self.masks_path)
+            ref = {"pre": load_weights(self.pre_path), "inj": load_weights(self.inj_path),
+                   "forget": union_mask(packed, self.forget_groups),
+                   "unified": union_mask(packed, self.forget_groups + self.retain_groups) if self.retain_groups
+                   else None}
+            if self.control_paths:
+                c_inj, c_unl = (load_weights(p) for p in self.control_paths)
+                ref["control"] = {n: c_unl[n] - c_inj[n] for n in names}
+            self._reference = ref
+        return self._reference
+
+    @override
+    def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
+        model = pl_module.model
+        if hasattr(model, "disable_adapter"):
+            raise ValueError(
+                "MaskAUCEvaluation scores full-parameter weight changes; the model carries a peft adapter. "
+                "Evaluate mask AUC on full fine-tuning runs (Lacuna's unlearning setting)."
+            )
+        names = masked_parameter_names(model)
+        rank, _ = world()
+        theta_unl = {}
+        for name, tensor in full_parameters(model):  # collective: every rank gathers each shard in turn
+            if rank == 0 and name in names:
+                theta_unl[name] = tensor
+        result = None
+        if rank == 0:
+            ref = self._load_reference(names)
+            result = mask_auc(
+                ref["pre"], ref["inj"], theta_unl, ref["forget"], control=ref.get("control"),
+                unified_mask=ref["unified"], names=names, max_samples=self.max_samples, composite=self.composite,
+            )
+            result["num_positive"] = {k.replace("|", "_or_"): v for k, v in result["num_positive"].items()}
+            result = {k.replace("|", "_or_"): v for k, v in result.items()}
+            for key in ("F", "F_or_R"):
+                if key in result:
+                    result[key] = {f: (None if isinstance(v, float) and math.isnan(v) else v)
+                                   for f, v in result[key].items()}
+        return broadcast_object(result)

@@ -1,0 +1,79 @@
+"""Retain drift at every checkpoint: answer-token CE/PPL on retain data, ΔCE against the base, KL(p_base‖p_θ)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from typing_extensions import override
+
+from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
+from lightning_unlearn.callbacks.qa_records import encode_batch, forward_logits, load_qa_records
+from lightning_unlearn.callbacks.rank_split import map_batches
+from lightning_unlearn.metrics.retain_drift import finalize_retain_drift, retain_drift_sums
+
+
+def reference_logits(pl_module: LightningModule, batch: dict) -> torch.Tensor | None:
+    """Base-model logits: the adapter disabled, or ``pl_module.reference_model``; ``None`` if neither exists."""
+    model = pl_module.model
+    if hasattr(model, "disable_adapter"):
+        with model.disable_adapter():
+            return forward_logits(model, batch)
+    ref = getattr(pl_module, "reference_model", None)
+    return forward_logits(ref, batch) if ref is not None else None
+
+
+class RetainDriftEvaluation(CheckpointEvaluator):
+    """CE, PPL, ΔCE and KL(p_base‖p_θ) on retain prompt/answer pairs (prompt tokens masked).
+
+    The base CE is computed once (adapter disabled, or at step 0) and kept in the callback state. KL needs the
+    base distribution at every checkpoint, so it is reported when the base is available then: a LoRA adapter
+    (disabled for the base pass) or a ``reference_model`` on the module.
+
+    Args:
+        records: retain ``{prompt, answer}`` records or a JSONL file of them.
+        max_length: tokens per sequence.
+        name: see :class:`CheckpointEvaluator`.
+        output_dir: see :class:`CheckpointEvaluator`.
+        batch_size: sequences per forward on each rank.
+    """
+
+    family = "retain_drift"
+
+    def __init__(
+        self,
+        records: Sequence[dict] | str,
+        max_length: int = 256,
+        name: str | None = None,
+        output_dir: str | None = None,
+        batch_size: int = 8,
+    ) -> None:
+        super().__init__(name=name, output_dir=output_dir, batch_size=batch_size)
+        self.records = load_qa_records(records, "retain")
+        self.max_length = max_length
+
+    def _sums(self, pl_module: LightningModule, with_reference: bool) -> dict[str, float]:
+        def run(batch_records: list[dict]) -> list[dict]:
+            batch = encode_batch(pl_module.tokenizer, batch_records, self.max_length)
+            logits = forward_logits(pl_module.model, batch)
+            base = reference_logits(pl_module, batch) if with_reference else None
+            return [retain_drift_sums(logits, batch["labels"], base)]
+
+        parts = map_batches(self.records, self.batch_size, run, pl_module.model)
+        return {k: sum(p[k] for p in parts) for k in parts[0]}
+
+    @override
+    def compute_base(self, trainer: Trainer, pl_module: LightningModule) -> dict:
+        with self.base_context(pl_module, trainer):
+            sums = self._sums(pl_module, with_reference=False)
+        return {"ce": sums["ce_sum"] / sums["num_tokens"]}
+
+    @override
+    def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
+        has_reference = hasattr(pl_module.model, "disable_adapter") or getattr(pl_module, "reference_model", None)
+        sums = self._sums(pl_module, with_reference=bool(has_reference))
+        sums.pop("base_ce_sum", None)  # ΔCE is against the stored base CE, computed once
+        out = finalize_retain_drift(sums, base_ce=self.base["ce"])
+        out["num_tokens"] = int(sums["num_tokens"])
+        return out

@@ -1,0 +1,173 @@
+"""SCE per LENS level at every checkpoint: generate the suite, check degeneration, label, compare with the base."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from lightning.pytorch import LightningModule, Trainer
+from typing_extensions import override
+
+from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
+from lightning_unlearn.callbacks.rank_split import generate_all
+from lightning_unlearn.metrics.degeneration import DegenerationThresholds, degeneration_report
+from lightning_unlearn.metrics.sce import sce_counts, sce_score
+
+SELECTION_LEVELS = ("L0", "L1", "L2")
+
+
+class Labeler(Protocol):
+    """What the SCE callback needs from a narrative labeler."""
+
+    def label(self, responses: list[str], narrative: str, language: str) -> list[Any]: ...
+
+
+def load_prompt_records(prompts: Sequence[Any] | str) -> list[dict]:
+    """Prompt records as dicts with ``id``, ``prompt``, ``level``, ``narrative``, ``language``.
+
+    Accepts objects with those attributes (e.g. ``data.narratives.PromptRecord``), dicts, or a JSON / JSONL file
+    of dicts. ``id`` defaults to the position; ``narrative`` and ``language`` default to ``""`` and ``"en"``.
+    """
+    if isinstance(prompts, str | Path):
+        path = Path(prompts)
+        if not path.exists():
+            raise FileNotFoundError(f"prompt file {str(path)!r} does not exist.")
+        text = path.read_text(encoding="utf-8")
+        items = json.loads(text) if path.suffix == ".json" else [json.loads(x) for x in text.splitlines() if x.strip()]
+    else:
+        items = list(prompts)
+    records = []
+    for i, item in enumerate(items):
+        get = item.get if isinstance(item, dict) else (lambda k, d=None, item=item: getattr(item, k, d))
+        if get("prompt") is None or get("level") is None:
+            raise ValueError(f"prompt record {i} needs `prompt` and `level` fields, got {item!r}.")
+        records.append(
+            {
+                "id": str(get("id", i)),
+                "prompt": str(get("prompt")),
+                "level": str(get("level")),
+                "narrative": str(get("narrative", "") or ""),
+                "language": str(get("language", "en") or "en"),
+            }
+        )
+    if not records:
+        raise ValueError("the SCE callback got no prompts; pass a non-empty suite.")
+    if len({r["id"] for r in records}) != len(records):
+        raise ValueError("prompt record ids are not unique; give every prompt its own `id`.")
+    return records
+
+
+class SCEEvaluation(CheckpointEvaluator):
+    """Suppression–Collapse Efficiency per level and pooled over L0–L2, at every checkpoint.
+
+    Base reproduction (B) is labeled once — with the adapter disabled, or at step 0 — and kept in the callback
+    state. Each checkpoint regenerates every prompt (greedy, left-padded batches, KV cache; split across ranks),
+    runs the degeneration report and the labeler, and counts A (reproduced and not degraded), D and N per level.
+
+    Args:
+        prompts: the suite: prompt records (attributes or dict keys ``prompt``, ``level``, optionally ``id``,
+            ``narrative``, ``language``) or a JSON/JSONL file of them.
+        labeler: an object with ``label(responses, narrative, language) -> labels``, called once per
+            (narrative, language) group on each rank's share.
+        reproduced_labels: labels that count as Reproduced (a ``bool`` label counts as itself).
+        selection_levels: levels pooled for selection (LENS: L0–L2); other levels are reported separately.
+        max_new_tokens: the generation token cap.
+        thresholds: degeneration thresholds.
+        num_text_samples: generations logged to TensorBoard as text at each checkpoint.
+        name: see :class:`CheckpointEvaluator`.
+        output_dir: see :class:`CheckpointEvaluator`.
+        batch_size: prompts per ``generate`` call on each rank.
+    """
+
+    family = "sce"
+
+    def __init__(
+        self,
+        prompts: Sequence[Any] | str,
+        labeler: Labeler,
+        reproduced_labels: Sequence[str] = ("Reproduced", "Target-Dominant"),
+        selection_levels: Sequence[str] = SELECTION_LEVELS,
+        max_new_tokens: int = 64,
+        thresholds: DegenerationThresholds | None = None,
+        num_text_samples: int = 8,
+        name: str | None = None,
+        output_dir: str | None = None,
+        batch_size: int = 8,
+    ) -> None:
+        super().__init__(name=name, output_dir=output_dir, batch_size=batch_size)
+        if not callable(getattr(labeler, "label", None)):
+            raise TypeError(f"labeler {labeler!r} has no `label(responses, narrative, language)` method.")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be at least 1.")
+        self.records = load_prompt_records(prompts)
+        self.labeler = labeler
+        self.reproduced_labels = set(reproduced_labels)
+        self.selection_levels = tuple(selection_levels)
+        self.max_new_tokens = max_new_tokens
+        self.thresholds = thresholds or DegenerationThresholds()
+        self.num_text_samples = num_text_samples
+        self._samples: list[dict] = []
+
+    def _reproduced(self, texts: list[str]) -> list[bool]:
+        """Label every generation (grouped by narrative and language) and map labels to Reproduced flags."""
+        flags: list[bool] = [False] * len(texts)
+        groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+        for i, r in enumerate(self.records):
+            groups[(r["narrative"], r["language"])].append(i)
+        for (narrative, language), idx in groups.items():
+            labels = list(self.labeler.label([texts[i] for i in idx], narrative, language))
+            if len(labels) != len(idx):
+                raise ValueError(f"the labeler returned {len(labels)} labels for {len(idx)} responses.")
+            for i, lab in zip(idx, labels):
+                flags[i] = bool(lab) if isinstance(lab, bool) else str(lab) in self.reproduced_labels
+        return flags
+
+    def _generate(self, pl_module: LightningModule):
+        prompts = [r["prompt"] for r in self.records]
+        return generate_all(pl_module.model, pl_module.tokenizer, prompts, self.batch_size, self.max_new_tokens)
+
+    @override
+    def compute_base(self, trainer: Trainer, pl_module: LightningModule) -> dict:
+        with self.base_context(pl_module, trainer):
+            gens = self._generate(pl_module)
+        flags = self._reproduced([g.text for g in gens])
+        return {"reproduced": {r["id"]: f for r, f in zip(self.records, flags)}}
+
+    @override
+    def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
+        gens = self._generate(pl_module)
+        texts = [g.text for g in gens]
+        reports = degeneration_report(texts, [g.hit_token_cap for g in gens], self.thresholds)
+        post = self._reproduced(texts)
+        base = [bool(self.base["reproduced"].get(r["id"], False)) for r in self.records]
+        degraded = [rep["degraded"] for rep in reports]
+        levels: dict[str, dict] = {}
+        for level in sorted({r["level"] for r in self.records}):
+            idx = [i for i, r in enumerate(self.records) if r["level"] == level]
+            levels[level] = sce_score(*sce_counts([base[i] for i in idx], [post[i] for i in idx],
+                                                   [degraded[i] for i in idx]))
+        pooled_idx = [i for i, r in enumerate(self.records) if r["level"] in self.selection_levels]
+        pooled = (
+            sce_score(*sce_counts([base[i] for i in pooled_idx], [post[i] for i in pooled_idx],
+                                  [degraded[i] for i in pooled_idx]))
+            if pooled_idx else None
+        )
+        self._samples = [
+            {"id": r["id"], "level": r["level"], "prompt": r["prompt"], "answer": t, "reproduced": p, "degraded": d}
+            for r, t, p, d in zip(self.records, texts, post, degraded)
+        ][: self.num_text_samples]
+        return {"levels": levels, "pooled": pooled, "degraded_rate": sum(degraded) / len(degraded)}
+
+    @override
+    def log_extras(self, trainer: Trainer, step: int) -> None:
+        if not self._samples:
+            return
+        lines = ["| id | level | reproduced | degraded | prompt | answer |", "|---|---|---|---|---|---|"]
+        for s in self._samples:
+            cells = [s["id"], s["level"], s["reproduced"], s["degraded"], s["prompt"], s["answer"]]
+            lines.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+        for writer in self.tensorboard_writers(trainer):
+            writer.add_text(f"{self.family_name}/generations", "\n".join(lines), global_step=step)

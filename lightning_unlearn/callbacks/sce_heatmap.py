@@ -1,0 +1,73 @@
+"""The SCE heatmap (rows = runs/methods, columns = checkpoint steps, one panel per level) and atomic writers."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+HEATMAP_LEVELS = ("L0", "L1", "L2", "pooled")
+
+
+def sce_heatmap_figure(tables: Mapping[str, Mapping[str, Mapping[int, dict]]], levels: Sequence[str] = HEATMAP_LEVELS):
+    """Matplotlib figure: one panel per level, rows = runs, columns = checkpoint steps, colour = SCE in [0, 1].
+
+    Args:
+        tables: run name → :func:`~lightning_unlearn.metrics.selection.sce_table` of that run.
+        levels: panels, left to right (levels absent from every run are dropped).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    levels = [lv for lv in levels if any(lv in t for t in tables.values())] or ["pooled"]
+    runs = list(tables)
+    steps = sorted({s for t in tables.values() for lv in levels for s in t.get(lv, {})})
+    fig, axes = plt.subplots(1, len(levels), figsize=(max(4.0, 0.45 * len(steps) + 2) * len(levels) / 1.5,
+                                                      1.2 + 0.45 * len(runs)), squeeze=False)
+    for ax, level in zip(axes[0], levels):
+        grid = np.full((len(runs), max(len(steps), 1)), np.nan)
+        for i, run in enumerate(runs):
+            for j, step in enumerate(steps):
+                cell = tables[run].get(level, {}).get(step)
+                if cell is not None and cell.get("sce") is not None:
+                    grid[i, j] = cell["sce"]
+        im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+        ax.set_title(level)
+        ax.set_xticks(range(len(steps)), [str(s) for s in steps], rotation=90, fontsize=7)
+        ax.set_yticks(range(len(runs)), runs, fontsize=7)
+        ax.set_xlabel("step")
+    fig.colorbar(im, ax=axes[0].tolist(), label="SCE", shrink=0.8)
+    return fig
+
+
+def save_figure(fig, path: str | os.PathLike) -> None:
+    """Write ``fig`` as PNG atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=100, bbox_inches="tight")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | os.PathLike, obj) -> None:
+    """Write ``obj`` as JSON atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, ensure_ascii=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

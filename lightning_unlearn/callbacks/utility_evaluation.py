@@ -1,0 +1,61 @@
+"""Multiple-choice utility at every checkpoint: accuracy by option log-likelihood."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lightning.pytorch import LightningModule, Trainer
+from typing_extensions import override
+
+from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
+from lightning_unlearn.callbacks.rank_split import map_batches
+from lightning_unlearn.metrics.utility import (
+    load_multiple_choice,
+    multiple_choice_accuracy,
+    normalize_item,
+    option_logprobs,
+)
+
+
+class UtilityEvaluation(CheckpointEvaluator):
+    """Accuracy on ``{question, choices, answer}`` items; the predicted option has the highest log-likelihood.
+
+    Args:
+        items: a JSONL file of items or a list of them.
+        length_normalize: score options by mean instead of summed token log-probability.
+        max_length: tokens per question+option sequence.
+        name: see :class:`CheckpointEvaluator` (e.g. ``mmlu``, ``belebele``).
+        output_dir: see :class:`CheckpointEvaluator`.
+        batch_size: items per forward on each rank (each item is one sequence per choice).
+    """
+
+    family = "utility"
+
+    def __init__(
+        self,
+        items: Sequence[dict] | str,
+        length_normalize: bool = False,
+        max_length: int = 256,
+        name: str | None = None,
+        output_dir: str | None = None,
+        batch_size: int = 8,
+    ) -> None:
+        super().__init__(name=name, output_dir=output_dir, batch_size=batch_size)
+        if isinstance(items, str):
+            self.items = load_multiple_choice(items)
+        else:
+            self.items = [normalize_item(it, where=f"item {i}") for i, it in enumerate(items)]
+            if not self.items:
+                raise ValueError("UtilityEvaluation got no items.")
+        self.length_normalize = length_normalize
+        self.max_length = max_length
+
+    @override
+    def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
+        def run(batch: list[dict]) -> list[list[float]]:
+            return option_logprobs(pl_module.model, pl_module.tokenizer, batch, batch_size=10**6,
+                                   max_length=self.max_length, length_normalize=self.length_normalize)
+
+        scores = map_batches(self.items, self.batch_size, run, pl_module.model)
+        return {"accuracy": multiple_choice_accuracy(scores, [it["answer"] for it in self.items]),
+                "num_items": len(self.items)}
