@@ -69,6 +69,7 @@ class MemFlex(UnlearningModule):
         self.log("train/memflex_selected_tensors", float(len(self.selected)), rank_zero_only=True)
 
     def on_before_optimizer_step(self, optimizer) -> None:
+        super().on_before_optimizer_step(optimizer)
         keep = set(self.selected or ())
         for name, param in self.model.named_parameters():
             if param.requires_grad and name not in keep:

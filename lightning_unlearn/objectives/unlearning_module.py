@@ -81,6 +81,7 @@ class UnlearningModule(LightningModule):
             self.strict_loading = False
         self.model = apply_adapter(base, self.adapter_config)
         self.stop_reason: str | None = None
+        self._skip_update = False
         self._sharded = False
 
     # -- model ------------------------------------------------------------------------------------------------
@@ -115,7 +116,7 @@ class UnlearningModule(LightningModule):
         """The objective: ``(loss, logs)``; ``logs["forget_nll"]`` (mean NLL̄ of the forget batch) is required."""
         raise NotImplementedError
 
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor | None:
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss, logs = self.unlearning_loss(batch)
         forget_nll = float(logs["forget_nll"])
         reason = None
@@ -132,7 +133,10 @@ class UnlearningModule(LightningModule):
                     f"{self.stop_reason}. This update was skipped; the last saved checkpoint holds good weights."
                 )
             self.trainer.should_stop = True
-            return None
+            # Distributed Lightning cannot skip a step (returning None): back-propagate an exact zero instead and
+            # drop every gradient in on_before_optimizer_step, so the optimizer leaves all weights as they were.
+            self._skip_update = True
+            return torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0) * 0.0
         self.log("train/loss", loss.detach(), prog_bar=True)
         self.log_dict({f"train/{k}": v.detach().float() for k, v in logs.items()})
         return loss
@@ -146,6 +150,11 @@ class UnlearningModule(LightningModule):
         )
 
     # -- optimisation -----------------------------------------------------------------------------------------
+    def on_before_optimizer_step(self, optimizer) -> None:
+        if self._skip_update:
+            for param in self.model.parameters():
+                param.grad = None  # AdamW skips parameters without a gradient: no step, no decay, no momentum
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 

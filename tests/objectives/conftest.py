@@ -10,6 +10,7 @@ import torch
 
 from lightning_unlearn.data.collate import encode_prompt_answer, pad_batch
 from lightning_unlearn.losses import nll_loss, sequence_logprobs
+from lightning_unlearn.masks import sample_masks, save_masks
 from lightning_unlearn.models import TinyLlamaConfig, build_tiny_llama, train_bpe_tokenizer
 
 NAMES = ["Alice Smith", "Bob Jones", "Carol White", "Dan Brown", "Eve Black", "Frank Green", "Gina Gray", "Hal Stone"]
@@ -55,9 +56,11 @@ def testbed(tmp_path_factory):
         loss.backward()
         opt.step()
     model.save_pretrained(model_dir)
+    # Ground-truth group masks for OracleGrad: 6 groups of 10% of θ_mask (blocks 0-1 of the 4).
+    save_masks(root / "masks.safetensors", sample_masks(model, num_groups=6, coverage=0.1, seed=0))
     write_jsonl(root / "forget.jsonl", FORGET)
     write_jsonl(root / "retain.jsonl", RETAIN)
     return SimpleNamespace(
         root=root, model_dir=str(model_dir), forget=str(root / "forget.jsonl"), retain=str(root / "retain.jsonl"),
-        tokenizer=tok, final_loss=float(loss),
+        masks=str(root / "masks.safetensors"), tokenizer=tok, final_loss=float(loss.detach()),
     )

@@ -1,0 +1,119 @@
+"""Run unlearning objectives with a real Lightning Trainer on 2 CPU processes (gloo); one rank per launch.
+
+Launched by ``test_distributed.py`` twice with ``LOCAL_RANK=0/1`` (Lightning then creates no processes itself), so
+several ``Trainer.fit`` calls share one process group. Usage::
+
+    python distributed_run.py SPEC.json
+
+SPEC: ``{"model_dir", "forget", "retain", "masks", "out", "cases": [{"name", "objective", "adapter", "strategy",
+"lr", "max_steps", "max_bad_loss", "checkpoint_every"}]}``. Rank 0 writes ``out/results.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import warnings
+
+import torch
+
+torch.set_num_threads(1)
+warnings.filterwarnings("ignore")
+
+from lightning.pytorch import Trainer  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy  # noqa: E402
+
+from lightning_unlearn.data.collate import encode_prompt_answer, pad_batch  # noqa: E402
+from lightning_unlearn.data.unlearning import ForgetRetainDataModule, load_pairs  # noqa: E402
+from lightning_unlearn.losses import nll_loss, sequence_logprobs  # noqa: E402
+from lightning_unlearn.masks import load_masks, union_mask  # noqa: E402
+from lightning_unlearn.models import AdapterConfig, load_causal_lm  # noqa: E402
+from lightning_unlearn.objectives import NPO, GradientAscent, OracleGrad, SimNPO  # noqa: E402
+from lightning_unlearn.objectives.optimizer_config import OptimizerConfig  # noqa: E402
+from lightning_unlearn.strategies import MaskedDDPStrategy, MaskedFSDPStrategy  # noqa: E402
+
+OBJECTIVES = {"npo": NPO, "simnpo": SimNPO, "oracle_grad": OracleGrad, "ga": GradientAscent}
+
+
+def make_strategy(kind: str, masked: bool):
+    if kind == "ddp":
+        return MaskedDDPStrategy(process_group_backend="gloo") if masked else DDPStrategy(process_group_backend="gloo")
+    if masked:
+        return MaskedFSDPStrategy(data_parallel_size=2, process_group_backend="gloo")
+    return ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1, process_group_backend="gloo")
+
+
+@torch.no_grad()
+def mean_nll(model, tokenizer, rows) -> float:
+    batch = pad_batch([encode_prompt_answer(tokenizer, r["prompt"], r["answer"], 64) for r in rows],
+                      tokenizer.pad_token_id)
+    model.eval()
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return float(nll_loss(*sequence_logprobs(logits, batch["labels"])))
+
+
+def full_state(module) -> dict[str, torch.Tensor]:
+    if module._sharded:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(module.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.detach().cpu() for k, v in module.model.state_dict().items()}
+
+
+def run_case(spec: dict, case: dict) -> dict:
+    cls = OBJECTIVES[case["objective"]]
+    adapter = AdapterConfig(kind=case["adapter"], dropout=0.0)
+    optim = OptimizerConfig(lr=case["lr"])
+    extra = {"masks_path": spec["masks"]} if cls is OracleGrad else {}
+    module = cls(spec["model_dir"], adapter=adapter, optim=optim, max_bad_loss=case.get("max_bad_loss"), **extra)
+    dm = ForgetRetainDataModule(spec["model_dir"], spec["forget"], spec["retain"], batch_size=2)
+    callbacks = []
+    ckpt_dir = os.path.join(spec["out"], case["name"])
+    if case.get("checkpoint_every"):
+        callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=case["checkpoint_every"], save_top_k=-1))
+    trainer = Trainer(
+        accelerator="cpu", devices=2, strategy=make_strategy(case["strategy"], cls is OracleGrad),
+        max_steps=case.get("max_steps", 20), limit_val_batches=0, num_sanity_val_steps=0, logger=False,
+        enable_checkpointing=bool(callbacks), callbacks=callbacks, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=ckpt_dir,
+    )
+    trainer.fit(module, dm)
+    forget, retain = load_pairs(spec["forget"]), load_pairs(spec["retain"])
+    result = {
+        "global_step": trainer.global_step,
+        "stop_reason": module.stop_reason,
+        "forget_nll": mean_nll(module.model, module.tokenizer, forget),
+        "retain_nll": mean_nll(module.model, module.tokenizer, retain),
+        "world_size": trainer.world_size,
+        "sharded": module._sharded,
+    }
+    if cls is OracleGrad and case["adapter"] == "full":
+        state = full_state(module)
+        if trainer.global_rank == 0:
+            packed, _ = load_masks(spec["masks"])
+            forget_mask = union_mask(packed, [0, 1, 2])
+            start = load_causal_lm(spec["model_dir"]).state_dict()
+            result["outside_unchanged"] = all(
+                torch.equal(state[k][~forget_mask[k]], v[~forget_mask[k]]) for k, v in start.items()
+            )
+            result["inside_changed"] = sum(int((state[k] != v).sum()) for k, v in start.items())
+    return result
+
+
+def main() -> None:
+    spec = json.load(open(sys.argv[1]))
+    results = {}
+    for case in spec["cases"]:
+        start = time.perf_counter()
+        results[case["name"]] = run_case(spec, case)
+        results[case["name"]]["seconds"] = round(time.perf_counter() - start, 2)
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        with open(os.path.join(spec["out"], "results.json"), "w") as fh:
+            json.dump(results, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

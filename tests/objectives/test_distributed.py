@@ -1,0 +1,123 @@
+"""NPO, SimNPO and OracleGrad with a real Lightning Trainer on 2 CPU processes (gloo): DDP and FSDP2, LoRA and full
+fine-tuning, in ONE launch of two ranks (see ``distributed_run.py``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import FORGET, RETAIN, mean_nll
+from peft import PeftModel
+
+from lightning_unlearn.models import load_causal_lm
+
+RUNNER = Path(__file__).with_name("distributed_run.py")
+LR = {"lora": 1e-2, "full": 1e-3}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(spec_path: Path, out: Path, timeout: float = 300) -> dict:
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(
+            os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0",
+            LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1",
+            TOKENIZERS_PARALLELISM="false",
+        )
+        log = open(out / f"rank{rank}.log", "w")
+        procs.append(subprocess.Popen([sys.executable, str(RUNNER), str(spec_path)], env=env, stdout=log, stderr=log))
+    try:
+        codes = [p.wait(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    if codes != [0, 0]:
+        raise AssertionError(f"ranks exited with {codes}:\n" + (out / "rank0.log").read_text()[-4000:])
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def distributed_results(testbed, tmp_path_factory):
+    out = tmp_path_factory.mktemp("distributed")
+    cases = [
+        {"name": f"{obj}_{adapter}_{strategy}", "objective": obj, "adapter": adapter, "strategy": strategy,
+         "lr": LR[adapter]}
+        for strategy in ("ddp", "fsdp")
+        for obj in ("npo", "simnpo", "oracle_grad")
+        for adapter in ("lora", "full")
+    ]
+    for case in cases:
+        if case["name"] in ("npo_lora_fsdp", "oracle_grad_lora_ddp"):
+            case["checkpoint_every"] = 10
+    # Stop rule across ranks: the forget NLL passes max_bad_loss within a few GA steps.
+    cases.append({"name": "ga_stop_ddp", "objective": "ga", "adapter": "full", "strategy": "ddp", "lr": 1e-2,
+                  "max_bad_loss": 2.0, "checkpoint_every": 1})
+    spec = {"model_dir": testbed.model_dir, "forget": testbed.forget, "retain": testbed.retain,
+            "masks": testbed.masks, "out": str(out), "cases": cases}
+    spec_path = out / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    return out, launch(spec_path, out)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_forget_nll_rises_more_than_retain_under_ddp_and_fsdp(testbed, distributed_results):
+    _, results = distributed_results
+    start = load_causal_lm(testbed.model_dir)
+    f0, r0 = mean_nll(start, testbed.tokenizer, FORGET), mean_nll(start, testbed.tokenizer, RETAIN)
+    for name, res in results.items():
+        if name.startswith("ga_stop"):
+            continue
+        assert res["world_size"] == 2 and res["global_step"] == 20, (name, res)
+        assert res["sharded"] == name.endswith("fsdp"), name
+        assert res["forget_nll"] - f0 > res["retain_nll"] - r0, (name, res, f0, r0)
+        assert res["forget_nll"] - f0 > 0.5, (name, res, f0)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_oracle_grad_full_leaves_weights_outside_forget_mask_unchanged(distributed_results):
+    _, results = distributed_results
+    for strategy in ("ddp", "fsdp"):
+        res = results[f"oracle_grad_full_{strategy}"]
+        assert res["outside_unchanged"] is True, strategy
+        assert res["inside_changed"] > 0, strategy
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_lora_checkpoints_write_reloadable_adapters(testbed, distributed_results):
+    out, _ = distributed_results
+    for step in (10, 20):
+        adapter = out / "npo_lora_fsdp" / f"adapter-step={step}"
+        model = PeftModel.from_pretrained(load_causal_lm(testbed.model_dir), str(adapter))
+        assert any("lora_B" in n and p.abs().sum() > 0 for n, p in model.named_parameters())
+        assert (out / "npo_lora_fsdp" / f"epoch={step - 1}-step={step}.ckpt").exists()
+        merged = load_causal_lm(out / "oracle_grad_lora_ddp" / f"merged-step={step}")
+        assert mean_nll(merged, testbed.tokenizer, FORGET) > mean_nll(
+            load_causal_lm(testbed.model_dir), testbed.tokenizer, FORGET
+        )
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_stop_rule_stops_every_rank_and_keeps_good_checkpoints(distributed_results):
+    out, results = distributed_results
+    res = results["ga_stop_ddp"]
+    assert res["stop_reason"] is not None and "max_bad_loss" in res["stop_reason"]
+    assert res["global_step"] < 20
+    log = (out / "rank0.log").read_text() + (out / "rank1.log").read_text()
+    assert log.count("stopping GradientAscent") == 1
+    assert any((out / "ga_stop_ddp").glob("*.ckpt"))
