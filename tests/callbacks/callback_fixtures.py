@@ -59,6 +59,7 @@ class TinyCausalLM(LightningModule):
         self.tokenizer = load_tokenizer(model_path)
         model = load_causal_lm(model_path)
         if lora:
+            torch.manual_seed(0)  # lora_A's init draws from the global RNG; fix it so every process builds the same
             model = apply_adapter(model, AdapterConfig(kind="lora", r=4, alpha=8, dropout=0.0))
             if lora_init_scale:
                 g = torch.Generator().manual_seed(0)

@@ -1,0 +1,64 @@
+"""Evaluate one checkpoint with the evaluation callbacks under ``trainer.validate``; one rank per launch.
+
+Launched by ``test_distributed_agreement.py`` with ``LOCAL_RANK=0/1`` and ``WORLD_SIZE=2`` (FSDP2 via
+``ModelParallelStrategy``, gloo), or in-process with one device for the reference. Usage::
+
+    python fsdp_eval_run.py SPEC.json
+
+SPEC: ``{"lora_dir", "unl_dir", "pre_dir", "inj_dir", "masks", "out", "devices"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+
+import torch
+
+torch.set_num_threads(1)
+warnings.filterwarnings("ignore")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from callback_fixtures import PROMPTS, StubLabeler, TinyCausalLM, mc_items, qa_loader, qa_records  # noqa: E402
+from lightning.pytorch import Trainer  # noqa: E402
+from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
+
+from lightning_unlearn.callbacks import (  # noqa: E402
+    MaskAUCEvaluation,
+    MemorizationEvaluation,
+    RetainDriftEvaluation,
+    SCEEvaluation,
+    UtilityEvaluation,
+)
+
+
+def _trainer(devices: int, callbacks: list) -> Trainer:
+    strategy = (
+        ModelParallelStrategy(data_parallel_size=devices, tensor_parallel_size=1, process_group_backend="gloo")
+        if devices > 1 else "auto"
+    )
+    return Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False, callbacks=callbacks,
+                   enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+
+
+def run(spec: dict) -> None:
+    out, devices = spec["out"], int(spec["devices"])
+    lora = TinyCausalLM(spec["lora_dir"], lora=True, lora_init_scale=0.3)
+    generation_callbacks = [
+        # batch_size 3 over 6 prompts: two ranks get one batch each; uneven splits are covered by memorization.
+        SCEEvaluation(PROMPTS, StubLabeler(), max_new_tokens=8, batch_size=3, output_dir=out),
+        RetainDriftEvaluation(qa_records(), batch_size=1, output_dir=out),
+        MemorizationEvaluation({"forget": qa_records()[:3], "retain": qa_records()[3:]}, max_new_tokens=6,
+                               batch_size=2, output_dir=out),
+        UtilityEvaluation(mc_items(), batch_size=2, output_dir=out),
+    ]
+    _trainer(devices, generation_callbacks).validate(lora, qa_loader(lora.tokenizer))
+    full = TinyCausalLM(spec["unl_dir"])
+    auc = MaskAUCEvaluation(spec["pre_dir"], spec["inj_dir"], spec["masks"], max_samples=2000, output_dir=out)
+    _trainer(devices, [auc]).validate(full, qa_loader(full.tokenizer))
+
+
+if __name__ == "__main__":
+    run(json.loads(open(sys.argv[1]).read()))

@@ -1,0 +1,106 @@
+"""FSDP2 on 2 CPU processes gives the same checkpoint metrics as one process (≤1e-4)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_unlearn.callbacks.checkpoint_metrics_file import flatten_metrics, read_rows
+from lightning_unlearn.masks import sample_masks, save_masks, union_mask
+from lightning_unlearn.models import load_causal_lm, load_tokenizer
+
+RUNNER = Path(__file__).with_name("fsdp_eval_run.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_model(model, tokenizer, path: Path) -> str:
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def weights(tiny_dir, tmp_path_factory):
+    """θ_pre (the tiny model), θ_inj (dense injection, 3× on the masks) and θ_unl (reverses the forget part)."""
+    root = tmp_path_factory.mktemp("agreement")
+    tok = load_tokenizer(tiny_dir)
+    model = load_causal_lm(tiny_dir)
+    packed = sample_masks(model, num_groups=6, coverage=0.05, seed=0)
+    save_masks(root / "masks.safetensors", packed)
+    forget, any_group = union_mask(packed, [0, 1, 2]), union_mask(packed, range(6))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        deltas = {}
+        for name, p in model.named_parameters():
+            deltas[name] = torch.randn(p.shape, generator=g) * 0.01 * (1 + 2 * any_group[name].float())
+            p.add_(deltas[name])
+        inj = _write_model(model, tok, root / "inj")
+        for name, p in model.named_parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 1e-3 - 0.8 * deltas[name] * forget[name].float())
+        unl = _write_model(model, tok, root / "unl")
+    return {"lora_dir": str(tiny_dir), "unl_dir": unl, "pre_dir": str(tiny_dir), "inj_dir": inj,
+            "masks": str(root / "masks.safetensors"), "root": root}
+
+
+def _spec(weights, out: Path, devices: int) -> Path:
+    spec = {k: v for k, v in weights.items() if k != "root"} | {"out": str(out), "devices": devices}
+    path = out.with_suffix(".json")
+    path.write_text(json.dumps(spec))
+    return path
+
+
+@pytest.mark.multiprocess
+def test_fsdp_two_processes_match_one_process(weights):
+    root = weights["root"]
+    one, two = root / "one", root / "two"
+    for d in (one, two):
+        shutil.rmtree(d, ignore_errors=True)
+    port, procs, logs = _free_port(), [], []
+    spec_two = _spec(weights, two, 2)
+    for rank in range(2):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0",
+                   LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1",
+                   TOKENIZERS_PARALLELISM="false")
+        logs.append(open(root / f"rank{rank}.log", "w"))
+        procs.append(subprocess.Popen([sys.executable, str(RUNNER), str(spec_two)], env=env, stdout=logs[-1],
+                                      stderr=logs[-1]))
+    # The one-process reference runs here while the two ranks work.
+    sys.path.insert(0, str(RUNNER.parent))
+    from fsdp_eval_run import run
+
+    run(json.loads(_spec(weights, one, 1).read_text()))
+    try:
+        codes = [p.wait(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for f in logs:
+            f.close()
+    assert codes == [0, 0], (root / "rank0.log").read_text()[-4000:]
+
+    rows_one = {r["family"]: r for r in read_rows(one / "checkpoint_metrics.jsonl")}
+    rows_two = {r["family"]: r for r in read_rows(two / "checkpoint_metrics.jsonl")}
+    assert set(rows_one) == set(rows_two) == {"sce", "retain_drift", "memorization", "utility", "mask_auc"}
+    for family, row in rows_one.items():
+        a = flatten_metrics({k: v for k, v in row.items() if k not in ("seconds", "epoch", "step")})
+        b = flatten_metrics({k: v for k, v in rows_two[family].items() if k not in ("seconds", "epoch", "step")})
+        assert a.keys() == b.keys(), family
+        for key in a:
+            assert abs(a[key] - b[key]) <= 1e-4, (family, key, a[key], b[key])
+    # The values are not trivial: the adapter moved the model, and unlearning reversed the forget mask.
+    assert rows_one["retain_drift"]["kl"] > 1e-4
+    assert rows_one["mask_auc"]["F"]["max"] > 0.9
