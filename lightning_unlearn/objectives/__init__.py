@@ -1,5 +1,6 @@
 """Unlearning objectives as LightningModules; each file states one loss (formulas in ``lightning_unlearn.losses``)."""
 
+from lightning_unlearn.objectives.alphaedit import AlphaEdit
 from lightning_unlearn.objectives.ga import GradientAscent
 from lightning_unlearn.objectives.ga_retain import GARetain
 from lightning_unlearn.objectives.gd import GradientDifference
@@ -11,6 +12,7 @@ from lightning_unlearn.objectives.simnpo import SimNPO
 from lightning_unlearn.objectives.unlearning_module import UnlearningModule
 
 __all__ = [
+    "AlphaEdit",
     "GARetain",
     "GradientAscent",
     "GradientDifference",
