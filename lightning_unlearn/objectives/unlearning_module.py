@@ -14,6 +14,7 @@ applies ``fully_shard`` to every transformer block and then to the whole network
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -69,8 +70,9 @@ class UnlearningModule(LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.adapter_config = adapter or AdapterConfig()
-        self.optim_config = optim or OptimizerConfig()
+        # Checkpoints store both configs as plain dicts (loadable with weights_only=True); accept them back.
+        self.adapter_config = AdapterConfig(**adapter) if isinstance(adapter, dict) else adapter or AdapterConfig()
+        self.optim_config = OptimizerConfig(**optim) if isinstance(optim, dict) else optim or OptimizerConfig()
         self.max_bad_loss = max_bad_loss
         base = load_causal_lm(model_path)
         self.tokenizer = load_tokenizer(model_path)
@@ -169,6 +171,11 @@ class UnlearningModule(LightningModule):
 
     # -- checkpoints ------------------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        hparams = checkpoint.get("hyper_parameters")
+        if hparams is not None:
+            checkpoint["hyper_parameters"] = {
+                k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in hparams.items()
+            }
         state = checkpoint.get("state_dict", {})
         for key in [k for k in state if k.startswith("reference_model.")]:
             del state[key]

@@ -64,3 +64,35 @@ def testbed(tmp_path_factory):
         root=root, model_dir=str(model_dir), forget=str(root / "forget.jsonl"), retain=str(root / "retain.jsonl"),
         masks=str(root / "masks.safetensors"), tokenizer=tok, final_loss=float(loss.detach()),
     )
+
+
+def fit(module, testbed, max_steps: int = 20, strategy="auto", datamodule_kwargs: dict | None = None, **trainer_kwargs):
+    """Train ``module`` on the testbed's forget/retain pairs in this process; returns the Trainer."""
+    from lightning.pytorch import Trainer
+
+    from lightning_unlearn.data.unlearning import ForgetRetainDataModule
+
+    dm = ForgetRetainDataModule(
+        testbed.model_dir, testbed.forget, testbed.retain, batch_size=2, **(datamodule_kwargs or {})
+    )
+    defaults = dict(
+        accelerator="cpu", devices=1, strategy=strategy, max_steps=max_steps, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+        num_sanity_val_steps=0, default_root_dir=str(testbed.root),
+    )
+    defaults.update(trainer_kwargs)
+    trainer = Trainer(**defaults)
+    trainer.fit(module, dm)
+    return trainer
+
+
+def nll_change(model, testbed) -> tuple[float, float]:
+    """(Δ forget NLL, Δ retain NLL) of ``model`` against the testbed's start model."""
+    from lightning_unlearn.models import load_causal_lm
+
+    start = load_causal_lm(testbed.model_dir)
+    tok = testbed.tokenizer
+    return (
+        mean_nll(model, tok, FORGET) - mean_nll(start, tok, FORGET),
+        mean_nll(model, tok, RETAIN) - mean_nll(start, tok, RETAIN),
+    )
