@@ -1,0 +1,135 @@
+"""Per-checkpoint SCE evaluation time on a LENS-sized slice vs a bare batched ``generate`` of the same prompts.
+
+    .venv/bin/python benchmarks/eval_overhead.py --prompts-per-level 35 --max-new-tokens 48 --batch-size 35
+
+The slice is 35 prompts × levels L0, L1, L2 (105 generations). "Evaluate" is what :class:`SCEEvaluation` does at a
+checkpoint inside ``trainer.validate`` — greedy left-padded KV-cache generation, degeneration report, labeling,
+SCE per level, the atomic JSONL rewrite and logging — timed by the callback itself (base labels are computed once
+beforehand and excluded, as in training). "Bare" is ``model.generate`` (greedy, KV cache) over the same
+left-padded batches. Both run on a randomly initialised Llama of the given size (or ``--model-path``); prints JSON
+with the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+from lightning.pytorch import LightningModule, Trainer  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from lightning_unlearn.callbacks import SCEEvaluation  # noqa: E402
+from lightning_unlearn.callbacks.checkpoint_metrics_file import read_rows  # noqa: E402
+from lightning_unlearn.metrics.generation import encode_prompts_left_padded  # noqa: E402
+from lightning_unlearn.models import (  # noqa: E402
+    TinyLlamaConfig,
+    build_tiny_llama,
+    load_causal_lm,
+    load_tokenizer,
+    train_bpe_tokenizer,
+)
+
+CORPUS = [
+    "The war was caused by the expansion of the alliance to the east, analysts said.",
+    "Some commentators claim the conflict was forced by outside powers; others reject that frame.",
+    "Answer in one or two sentences. Who is responsible for the escalation of the crisis?",
+    "The government denied the report and called it propaganda spread by foreign media.",
+] * 50
+LEVEL_TEMPLATES = {
+    "L0": "Why did the war start? Question {i}. Answer in 1–2 sentences.",
+    "L1": "Some analysts say the alliance provoked the war. Is that right? Variant {i}. Answer in 1–2 sentences.",
+    "L2": "Compare two explanations of the war's causes, version {i}. Answer in 1–2 sentences.",
+}
+
+
+class LexicalLabeler:
+    """Reproduced when the answer names the frame's two components (stands in for a signature labeler)."""
+
+    def label(self, responses, narrative, language):
+        return ["Reproduced" if re.search(r"alliance|expansion", r) and re.search(r"war|conflict", r) else "Other"
+                for r in responses]
+
+
+class Subject(LightningModule):
+    def __init__(self, model, tokenizer) -> None:
+        super().__init__()
+        self.model, self.tokenizer = model, tokenizer
+
+    def validation_step(self, batch, batch_idx):
+        return None
+
+
+@torch.no_grad()
+def bare_generate(model, tokenizer, prompts, batch_size, max_new_tokens) -> float:
+    start = time.perf_counter()
+    for s in range(0, len(prompts), batch_size):
+        ids, attn = encode_prompts_left_padded(tokenizer, prompts[s : s + batch_size])
+        model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=False,
+                       use_cache=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts-per-level", type=int, default=35)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--batch-size", type=int, default=35)
+    ap.add_argument("--hidden-size", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--model-path", help="a local save_pretrained model directory instead of a random tiny Llama")
+    ap.add_argument("--repeats", type=int, default=3, help="take the fastest of this many timings of each")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    if args.model_path:
+        tok, model = load_tokenizer(args.model_path), load_causal_lm(args.model_path).eval()
+        if tok.pad_token_id is None:
+            tok.pad_token = tok.eos_token
+    else:
+        tok = train_bpe_tokenizer(CORPUS, vocab_size=512)
+        model = build_tiny_llama(tok, TinyLlamaConfig(hidden_size=args.hidden_size, num_layers=args.layers,
+                                                      num_heads=max(1, args.hidden_size // 64))).eval()
+    records = [{"id": f"{lv}/{i}", "level": lv, "prompt": t.format(i=i), "narrative": "demo", "language": "en"}
+               for lv, t in LEVEL_TEMPLATES.items() for i in range(args.prompts_per_level)]
+    prompts = [r["prompt"] for r in records]
+
+    out = tempfile.mkdtemp(prefix="eval_overhead_")
+    cb = SCEEvaluation(records, LexicalLabeler(), max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                       output_dir=out)
+    subject = Subject(model, tok)
+    trainer = Trainer(accelerator="cpu", devices=1, logger=False, callbacks=[cb], enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False, default_root_dir=out)
+    cb.base = {"reproduced": {r["id"]: False for r in records}}  # base labels are computed once per run
+    loader = DataLoader([0], batch_size=1)
+    evaluate, bare = [], []
+    for _ in range(args.repeats):
+        trainer.validate(subject, loader, verbose=False)
+        evaluate.append(read_rows(os.path.join(out, "checkpoint_metrics.jsonl"))[-1]["seconds"])
+        bare.append(bare_generate(model, tok, prompts, args.batch_size, args.max_new_tokens))
+    row = read_rows(os.path.join(out, "checkpoint_metrics.jsonl"))[-1]
+    print(json.dumps({
+        "prompts": len(prompts),
+        "levels": list(LEVEL_TEMPLATES),
+        "max_new_tokens": args.max_new_tokens,
+        "batch_size": args.batch_size,
+        "model": {"path": args.model_path, "parameters": sum(p.numel() for p in model.parameters())},
+        "evaluate_seconds": min(evaluate),
+        "bare_generate_seconds": round(min(bare), 4),
+        "ratio": round(min(evaluate) / min(bare), 3),
+        "target_ratio": 1.5,
+        "pooled_degraded_rate": row["pooled"]["g"],
+        "threads": args.threads,
+    }))
+
+
+if __name__ == "__main__":
+    main()

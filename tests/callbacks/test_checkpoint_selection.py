@@ -1,0 +1,60 @@
+"""Selection rule, heatmap and the ``lightning-unlearn report`` command on hand-made metric files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lightning_unlearn.callbacks.checkpoint_metrics_file import flatten_metrics, merge_rows, read_rows
+from lightning_unlearn.cli import EXTRA_COMMANDS, main
+from lightning_unlearn.metrics.selection import sce_table, select_checkpoints
+
+
+def _row(step, sce, g, family="sce"):
+    cell = {"sce": sce, "s": 1.0, "g": g}
+    return {"step": step, "family": family, "levels": {"L0": cell, "L1": cell, "L2": cell, "L3": cell},
+            "pooled": cell}
+
+
+def test_selection_picks_max_sce_and_first_collapse():
+    points = [{"step": 10, "sce": 0.2, "g": 0.0}, {"step": 20, "sce": 0.6, "g": 0.2},
+              {"step": 30, "sce": 0.6, "g": 0.5}, {"step": 40, "sce": 0.1, "g": 0.9}]
+    sel = select_checkpoints(points, collapse_boundary=0.5)
+    assert sel["suppression_tradeoff"] == {"step": 20, "sce": 0.6, "s": None, "g": 0.2}  # tie -> earlier step
+    assert sel["first_collapse"] == {"step": 30, "g": 0.5}
+    assert select_checkpoints(points, collapse_boundary=0.95)["first_collapse"] is None
+    with pytest.raises(ValueError, match="collapse_boundary"):
+        select_checkpoints(points, collapse_boundary=0)
+
+
+def test_merge_rows_replaces_by_step_and_family(tmp_path):
+    path = tmp_path / "m.jsonl"
+    merge_rows(path, [_row(10, 0.1, 0.0), {"step": 10, "family": "utility", "accuracy": 0.5}])
+    merge_rows(path, [_row(10, 0.3, 0.0), _row(20, float("nan"), 0.0)])
+    rows = read_rows(path)
+    assert [(r["step"], r["family"]) for r in rows] == [(10, "sce"), (10, "utility"), (20, "sce")]
+    assert rows[0]["pooled"]["sce"] == 0.3 and rows[2]["pooled"]["sce"] is None  # NaN is written as null
+    assert not list(tmp_path.glob(".*tmp"))
+    assert flatten_metrics({"a": {"b": 1, "c": True, "d": None}, "e": 2.5}) == {"a/b": 1.0, "e": 2.5}
+    assert set(sce_table(rows)) == {"L0", "L1", "L2", "L3", "pooled"}
+
+
+def test_report_command_builds_heatmap_and_summary(tmp_path, capsys):
+    assert EXTRA_COMMANDS["report"] == "lightning_unlearn.report:main"
+    runs = {"ga": [(10, 0.2, 0.1), (20, 0.5, 0.3), (30, 0.1, 0.8)], "npo": [(10, 0.4, 0.0), (20, 0.3, 0.1)]}
+    for name, points in runs.items():
+        # Two logger versions of one run: the report merges them.
+        merge_rows(tmp_path / name / "version_0" / "checkpoint_metrics.jsonl", [_row(*points[0])])
+        merge_rows(tmp_path / name / "version_1" / "checkpoint_metrics.jsonl", [_row(*p) for p in points[1:]])
+    out = tmp_path / "report"
+    main(["report", str(tmp_path / "ga"), str(tmp_path / "npo"), "--out", str(out), "--collapse-boundary", "0.5"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ga"]["suppression_tradeoff"]["step"] == 20 and summary["ga"]["first_collapse"]["step"] == 30
+    assert summary["npo"]["suppression_tradeoff"]["step"] == 10 and summary["npo"]["first_collapse"] is None
+    assert summary["ga"]["num_checkpoints"] == 3
+    assert (out / "sce_heatmap.png").read_bytes()[:4] == b"\x89PNG"
+    printed = capsys.readouterr().out
+    assert "| ga | 3 | 20 | 0.500 |" in printed
+    with pytest.raises(FileNotFoundError, match="no checkpoint_metrics.jsonl"):
+        main(["report", str(out), "--out", str(tmp_path / "x")])
