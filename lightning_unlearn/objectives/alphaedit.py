@@ -170,7 +170,7 @@ class AlphaEdit(LightningModule):
         for layer in self.layers:
             u, s, _ = torch.linalg.svd(sums[layer] / max(counts, 1))
             null = u[:, s < self.nullspace_threshold]
-            projectors[layer] = (null @ null.T).float()
+            projectors[layer] = null @ null.T  # float64
         return projectors
 
     def target_values(self, forget: dict, positions: torch.Tensor, retain: dict) -> tuple[torch.Tensor, float]:
@@ -244,11 +244,14 @@ class AlphaEdit(LightningModule):
     @torch.no_grad()
     def _edit(self, layer: int, keys: torch.Tensor, residual: torch.Tensor) -> None:
         weight = self._down_proj(layer).weight  # (d, d_ff)
-        projector = self.projectors[layer].to(weight.device)
+        projector = self.projectors[layer].to(weight.device, torch.float64)
+        keys, residual = keys.double(), residual.double()
         previous = self.previous_keys.get(layer, torch.zeros_like(projector))
-        eye = torch.eye(projector.shape[0], device=weight.device)
+        eye = torch.eye(projector.shape[0], device=weight.device, dtype=torch.float64)
         lhs = projector @ (keys @ keys.T + previous) + self.l2 * eye
         update = torch.linalg.solve(lhs, projector @ keys @ residual)  # (d_ff, d)
+        # The exact solution already lies in range(P); projecting again removes round-off that a small l2 amplifies.
+        update = projector @ update
         weight.add_(update.T.to(weight.dtype))
         self.previous_keys[layer] = previous + keys @ keys.T
 
