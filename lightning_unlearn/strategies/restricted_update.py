@@ -16,6 +16,7 @@ from torch import nn
 
 from lightning_unlearn.masks import group_bits
 from lightning_unlearn.strategies.lockstep import local_tensor
+from lightning_unlearn.strategies.masked_gradients import decode_union
 
 
 class RestrictedUpdate:
@@ -30,7 +31,7 @@ class RestrictedUpdate:
 
     def __init__(self, param_masks: Mapping[nn.Parameter, torch.Tensor], groups: Iterable[int]) -> None:
         self.groups = sorted(set(groups))
-        self._bits = torch.tensor(group_bits(self.groups), dtype=torch.uint32)
+        group_bits(self.groups)  # validates the ids
         self._masks = dict(param_masks)
         self._saved: dict[nn.Parameter, torch.Tensor] = {}
         # Plain parameters with no element in the mask are skipped by the optimizer altogether.
@@ -39,7 +40,7 @@ class RestrictedUpdate:
         }
 
     def _allowed(self, packed: torch.Tensor) -> torch.Tensor:
-        return (packed & self._bits.to(packed.device)) != 0
+        return decode_union(packed, self.groups)
 
     @torch.no_grad()
     def mask_grads(self) -> None:
