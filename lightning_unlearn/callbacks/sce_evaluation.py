@@ -17,6 +17,7 @@ from lightning_unlearn.metrics.degeneration import DegenerationThresholds, degen
 from lightning_unlearn.metrics.sce import sce_counts, sce_score
 
 SELECTION_LEVELS = ("L0", "L1", "L2")
+DEGENERATION_FLAGS = ("empty", "unfinished", "char_loop", "bracket_loop", "ngram_loop")
 
 
 class Labeler(Protocol):
@@ -159,7 +160,10 @@ class SCEEvaluation(CheckpointEvaluator):
             {"id": r["id"], "level": r["level"], "prompt": r["prompt"], "answer": t, "reproduced": p, "degraded": d}
             for r, t, p, d in zip(self.records, texts, post, degraded)
         ][: self.num_text_samples]
-        return {"levels": levels, "pooled": pooled, "degraded_rate": sum(degraded) / len(degraded)}
+        n = len(reports)
+        degeneration = {flag: sum(rep[flag] for rep in reports) / n for flag in DEGENERATION_FLAGS}
+        degeneration["mean_score"] = sum(rep["score"] for rep in reports) / n
+        return {"levels": levels, "pooled": pooled, "degraded_rate": sum(degraded) / n, "degeneration": degeneration}
 
     @override
     def log_extras(self, trainer: Trainer, step: int) -> None:

@@ -5,7 +5,8 @@ Launched by ``test_distributed_agreement.py`` with ``LOCAL_RANK=0/1`` and ``WORL
 
     python fsdp_eval_run.py SPEC.json
 
-SPEC: ``{"lora_dir", "unl_dir", "pre_dir", "inj_dir", "masks", "out", "devices"}``.
+SPEC: ``{"lora_dir", "unl_dir", "pre_dir", "inj_dir", "masks", "out", "devices"}``; with ``"mode": "fit"`` the ranks
+instead train the LoRA module for 4 steps with a checkpoint every 2, evaluating at each save.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from callback_fixtures import PROMPTS, StubLabeler, TinyCausalLM, mc_items, qa_loader, qa_records  # noqa: E402
 from lightning.pytorch import Trainer  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
 
 from lightning_unlearn.callbacks import (  # noqa: E402
@@ -34,13 +36,13 @@ from lightning_unlearn.callbacks import (  # noqa: E402
 )
 
 
-def _trainer(devices: int, callbacks: list) -> Trainer:
+def _trainer(devices: int, callbacks: list, **kwargs) -> Trainer:
     strategy = (
         ModelParallelStrategy(data_parallel_size=devices, tensor_parallel_size=1, process_group_backend="gloo")
         if devices > 1 else "auto"
     )
     return Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False, callbacks=callbacks,
-                   enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+                   enable_progress_bar=False, enable_model_summary=False, **kwargs)
 
 
 def run(spec: dict) -> None:
@@ -54,11 +56,24 @@ def run(spec: dict) -> None:
                                batch_size=2, output_dir=out),
         UtilityEvaluation(mc_items(), batch_size=2, output_dir=out),
     ]
-    _trainer(devices, generation_callbacks).validate(lora, qa_loader(lora.tokenizer))
+    _trainer(devices, generation_callbacks, enable_checkpointing=False).validate(lora, qa_loader(lora.tokenizer))
     full = TinyCausalLM(spec["unl_dir"])
     auc = MaskAUCEvaluation(spec["pre_dir"], spec["inj_dir"], spec["masks"], max_samples=2000, output_dir=out)
-    _trainer(devices, [auc]).validate(full, qa_loader(full.tokenizer))
+    _trainer(devices, [auc], enable_checkpointing=False).validate(full, qa_loader(full.tokenizer))
+
+
+def fit(spec: dict) -> None:
+    out, devices = spec["out"], int(spec["devices"])
+    module = TinyCausalLM(spec["lora_dir"], lora=True, lr=1.0)
+    callbacks = [
+        ModelCheckpoint(dirpath=os.path.join(out, "ckpt"), filename="{step}", every_n_train_steps=2, save_top_k=-1),
+        SCEEvaluation(PROMPTS, StubLabeler(), max_new_tokens=6, batch_size=4, output_dir=out),
+        RetainDriftEvaluation(qa_records(), batch_size=3, output_dir=out),
+    ]
+    trainer = _trainer(devices, callbacks, max_steps=4, limit_val_batches=0, num_sanity_val_steps=0)
+    trainer.fit(module, qa_loader(module.tokenizer))
 
 
 if __name__ == "__main__":
-    run(json.loads(open(sys.argv[1]).read()))
+    spec = json.loads(open(sys.argv[1]).read())
+    fit(spec) if spec.get("mode") == "fit" else run(spec)

@@ -55,33 +55,26 @@ def weights(tiny_dir, tmp_path_factory):
             "masks": str(root / "masks.safetensors"), "root": root}
 
 
-def _spec(weights, out: Path, devices: int) -> Path:
-    spec = {k: v for k, v in weights.items() if k != "root"} | {"out": str(out), "devices": devices}
+def _spec(weights, out: Path, devices: int, mode: str = "validate") -> Path:
+    spec = {k: v for k, v in weights.items() if k != "root"} | {"out": str(out), "devices": devices, "mode": mode}
     path = out.with_suffix(".json")
     path.write_text(json.dumps(spec))
     return path
 
 
-@pytest.mark.multiprocess
-def test_fsdp_two_processes_match_one_process(weights):
-    root = weights["root"]
-    one, two = root / "one", root / "two"
-    for d in (one, two):
-        shutil.rmtree(d, ignore_errors=True)
+def _launch_two(spec: Path, root: Path) -> tuple[list, list]:
     port, procs, logs = _free_port(), [], []
-    spec_two = _spec(weights, two, 2)
     for rank in range(2):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0",
                    LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1",
                    TOKENIZERS_PARALLELISM="false")
         logs.append(open(root / f"rank{rank}.log", "w"))
-        procs.append(subprocess.Popen([sys.executable, str(RUNNER), str(spec_two)], env=env, stdout=logs[-1],
+        procs.append(subprocess.Popen([sys.executable, str(RUNNER), str(spec)], env=env, stdout=logs[-1],
                                       stderr=logs[-1]))
-    # The one-process reference runs here while the two ranks work.
-    sys.path.insert(0, str(RUNNER.parent))
-    from fsdp_eval_run import run
+    return procs, logs
 
-    run(json.loads(_spec(weights, one, 1).read_text()))
+
+def _wait(procs: list, logs: list, root: Path) -> None:
     try:
         codes = [p.wait(timeout=120) for p in procs]
     finally:
@@ -91,6 +84,21 @@ def test_fsdp_two_processes_match_one_process(weights):
         for f in logs:
             f.close()
     assert codes == [0, 0], (root / "rank0.log").read_text()[-4000:]
+
+
+@pytest.mark.multiprocess
+def test_fsdp_two_processes_match_one_process(weights):
+    root = weights["root"]
+    one, two = root / "one", root / "two"
+    for d in (one, two):
+        shutil.rmtree(d, ignore_errors=True)
+    procs, logs = _launch_two(_spec(weights, two, 2), root)
+    # The one-process reference runs here while the two ranks work.
+    sys.path.insert(0, str(RUNNER.parent))
+    from fsdp_eval_run import run
+
+    run(json.loads(_spec(weights, one, 1).read_text()))
+    _wait(procs, logs, root)
 
     rows_one = {r["family"]: r for r in read_rows(one / "checkpoint_metrics.jsonl")}
     rows_two = {r["family"]: r for r in read_rows(two / "checkpoint_metrics.jsonl")}
@@ -104,3 +112,16 @@ def test_fsdp_two_processes_match_one_process(weights):
     # The values are not trivial: the adapter moved the model, and unlearning reversed the forget mask.
     assert rows_one["retain_drift"]["kl"] > 1e-4
     assert rows_one["mask_auc"]["F"]["max"] > 0.9
+
+
+@pytest.mark.multiprocess
+def test_fsdp_fit_evaluates_every_checkpoint_once(weights):
+    root = weights["root"]
+    out = root / "fit"
+    shutil.rmtree(out, ignore_errors=True)
+    _wait(*_launch_two(_spec(weights, out, 2, mode="fit"), root), root)
+    rows = read_rows(out / "checkpoint_metrics.jsonl")
+    assert sorted((r["step"], r["family"]) for r in rows) == [
+        (2, "retain_drift"), (2, "sce"), (4, "retain_drift"), (4, "sce")]
+    drift = [r for r in rows if r["family"] == "retain_drift"]
+    assert drift[0]["base_ce"] == drift[1]["base_ce"] and drift[1]["kl"] > 0
