@@ -21,9 +21,13 @@ DEGENERATION_FLAGS = ("empty", "unfinished", "char_loop", "bracket_loop", "ngram
 
 
 class Labeler(Protocol):
-    """What the SCE callback needs from a narrative labeler."""
+    """What the SCE callback needs from a narrative labeler: ``label(responses, narrative, language) -> labels``.
 
-    def label(self, responses: list[str], narrative: str, language: str) -> list[Any]: ...
+    Parameters are typed ``Any`` so that any implementation's annotations satisfy the protocol when a YAML config
+    names the labeler by ``class_path`` (jsonargparse checks protocol signatures).
+    """
+
+    def label(self, responses: Any, narrative: Any, language: Any) -> Any: ...
 
 
 def load_prompt_records(prompts: Sequence[Any] | str) -> list[dict]:
