@@ -23,7 +23,7 @@ torch.set_num_threads(1)
 warnings.filterwarnings("ignore")
 
 from lightning.pytorch import Trainer  # noqa: E402
-from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy  # noqa: E402
 
 from lightning_unlearn.data.collate import encode_prompt_answer, pad_batch  # noqa: E402
@@ -55,6 +55,25 @@ def mean_nll(model, tokenizer, rows) -> float:
     return float(nll_loss(*sequence_logprobs(logits, batch["labels"])))
 
 
+class RecordBatches(Callback):
+    """Remembers the token ids of every forget and retain row this rank trains on."""
+
+    def __init__(self) -> None:
+        self.rows = {"forget": [], "retain": []}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        for key in self.rows:
+            self.rows[key].append(sorted(tuple(r[m.bool()].tolist()) for r, m in
+                                         zip(batch[key]["input_ids"], batch[key]["attention_mask"])))
+
+
+def same_rows_across_ranks(rows: list) -> int:
+    """Steps at which both ranks trained on exactly the same rows."""
+    gathered = [None, None]
+    torch.distributed.all_gather_object(gathered, rows)
+    return sum(a == b for a, b in zip(*gathered))
+
+
 def full_state(module) -> dict[str, torch.Tensor]:
     if module._sharded:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -70,14 +89,15 @@ def run_case(spec: dict, case: dict) -> dict:
     extra = {"masks_path": spec["masks"]} if cls is OracleGrad else {}
     module = cls(spec["model_dir"], adapter=adapter, optim=optim, max_bad_loss=case.get("max_bad_loss"), **extra)
     dm = ForgetRetainDataModule(spec["model_dir"], spec["forget"], spec["retain"], batch_size=2)
-    callbacks = []
+    recorder = RecordBatches()
+    callbacks = [recorder]
     ckpt_dir = os.path.join(spec["out"], case["name"])
     if case.get("checkpoint_every"):
         callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=case["checkpoint_every"], save_top_k=-1))
     trainer = Trainer(
         accelerator="cpu", devices=2, strategy=make_strategy(case["strategy"], cls is OracleGrad),
         max_steps=case.get("max_steps", 20), limit_val_batches=0, num_sanity_val_steps=0, logger=False,
-        enable_checkpointing=bool(callbacks), callbacks=callbacks, enable_progress_bar=False,
+        enable_checkpointing=case.get("checkpoint_every") is not None, callbacks=callbacks, enable_progress_bar=False,
         enable_model_summary=False, default_root_dir=ckpt_dir,
     )
     trainer.fit(module, dm)
@@ -89,6 +109,8 @@ def run_case(spec: dict, case: dict) -> dict:
         "retain_nll": mean_nll(module.model, module.tokenizer, retain),
         "world_size": trainer.world_size,
         "sharded": module._sharded,
+        "steps_with_same_forget_rows": same_rows_across_ranks(recorder.rows["forget"]),
+        "steps_with_same_retain_rows": same_rows_across_ranks(recorder.rows["retain"]),
     }
     if cls is OracleGrad and case["adapter"] == "full":
         state = full_state(module)

@@ -84,6 +84,8 @@ def test_forget_nll_rises_more_than_retain_under_ddp_and_fsdp(testbed, distribut
         assert res["sharded"] == name.endswith("fsdp"), name
         assert res["forget_nll"] - f0 > res["retain_nll"] - r0, (name, res, f0, r0)
         assert res["forget_nll"] - f0 > 0.5, (name, res, f0)
+        # Each rank trains on its own shard of forget AND retain pairs at every step.
+        assert res["steps_with_same_forget_rows"] == 0 and res["steps_with_same_retain_rows"] == 0, (name, res)
 
 
 @pytest.mark.multiprocess
