@@ -44,6 +44,7 @@ class MaskedTraining:
         self._local_shape = local_shape or (lambda p: tuple(p.shape))
         self._source: Mapping[str, torch.Tensor] | None = None
         self._engine: MaskedGradients | None = None
+        self._engine_checked = False
         self._param_masks: dict[torch.nn.Parameter, torch.Tensor] = {}
         self._restrict: RestrictedUpdate | None = None
         self._restrict_key: tuple | None = None
@@ -72,20 +73,27 @@ class MaskedTraining:
                 )
             masks[p] = mask
         self._param_masks = masks
-        self._engine = None
-        use_engine = self.masking != "lockstep" and self._shard is None
-        if use_engine:
-            engine = MaskedGradients(module, packed)
-            if engine.one_pass:
-                self._engine = engine
-            elif self.masking == "one_pass":
-                raise ValueError(
-                    f"masking='one_pass' cannot split the gradients of {engine.unsupported[:3]} per sample; "
-                    "use masking='auto' or 'lockstep'."
-                )
+        self._engine = None  # built on the first batch with group_ids (restricted-only runs never need it)
+        self._engine_checked = False
         self._source = packed
         self._restrict_key = None
         return masks
+
+    def _one_pass_engine(self, module: LightningModule) -> MaskedGradients | None:
+        if self._engine_checked:
+            return self._engine
+        self._engine_checked = True
+        if self.masking == "lockstep" or self._shard is not None:
+            return None
+        engine = MaskedGradients(module, self._source)
+        if engine.one_pass:
+            self._engine = engine
+        elif self.masking == "one_pass":
+            raise ValueError(
+                f"masking='one_pass' cannot split the gradients of {engine.unsupported[:3]} per sample; "
+                "use masking='auto' or 'lockstep'."
+            )
+        return self._engine
 
     def training_step(
         self, module: LightningModule, call: Callable[..., Any], backward: Callable[[torch.Tensor], None], args, kwargs
@@ -97,8 +105,9 @@ class MaskedTraining:
         group_ids = batch.get("group_ids") if isinstance(batch, Mapping) else None
         if masks is None or group_ids is None:
             return call(*args, **kwargs)
-        if self._engine is not None:
-            with self._engine.batch(group_ids):
+        engine = self._one_pass_engine(module)
+        if engine is not None:
+            with engine.batch(group_ids):
                 return call(*args, **kwargs)
         if not module.automatic_optimization:
             raise RuntimeError(

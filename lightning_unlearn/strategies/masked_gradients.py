@@ -300,7 +300,8 @@ class MaskedGradients:
             CPU costs a few full-size elementwise passes per parameter and group.
 
     Attributes:
-        unsupported: names of trainable parameters owned by modules this engine cannot split per sample; when
+        unsupported: names of trainable parameters owned by modules this engine cannot split per sample (all of
+            them under activation checkpointing, whose recomputed forwards run outside :meth:`batch`); when
             non-empty, :attr:`one_pass` is False and callers use :func:`lockstep_masked_backward` instead.
     """
 
@@ -342,6 +343,9 @@ class MaskedGradients:
         self.unsupported = sorted(
             canonical_name(n) for n, p in model.named_parameters() if p in keys and p not in handled
         )
+        # Activation checkpointing re-runs forwards during backward, outside :meth:`batch`, with plain autograd.
+        if any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()):
+            self.unsupported = sorted(canonical_name(n) for n, p in model.named_parameters() if p in keys)
 
     @property
     def one_pass(self) -> bool:

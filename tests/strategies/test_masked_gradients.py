@@ -25,9 +25,11 @@ def setup(tiny_dir):
     return model, masks, batch, _grads(ref_model)
 
 
-def test_one_pass_matches_microbatch_reference(setup):
+@pytest.mark.parametrize("index_cache", [True, False])
+def test_one_pass_matches_microbatch_reference(setup, index_cache):
     model, masks, batch, ref = setup
-    engine = MaskedGradients(model, masks)
+    engine = MaskedGradients(model, masks, index_cache=index_cache)
+    assert (engine.cache_bytes > 0) == index_cache
     assert engine.one_pass, engine.unsupported
     with engine.batch(batch["group_ids"]):
         loss = per_sample_mean_loss(model, batch)
@@ -77,3 +79,13 @@ def test_bad_group_id_and_missing_mask_raise(setup):
     del masks["lm_head.weight"]
     with pytest.raises(ValueError, match="'lm_head.weight' has no packed mask"):
         MaskedGradients(model, masks)
+
+
+def test_activation_checkpointing_falls_back_to_lockstep(setup):
+    model, masks, _, _ = setup
+    model.gradient_checkpointing_enable()
+    engine = MaskedGradients(model, masks)
+    assert not engine.one_pass
+    with pytest.raises(RuntimeError, match="lockstep_masked_backward"):
+        with engine.batch(torch.tensor([0, -1])):
+            pass
