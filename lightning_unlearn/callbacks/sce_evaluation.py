@@ -12,8 +12,10 @@ from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
 from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
-from lightning_unlearn.callbacks.rank_split import generate_all
+from lightning_unlearn.callbacks.distributed import is_sharded, world
+from lightning_unlearn.callbacks.rank_split import map_batches
 from lightning_unlearn.metrics.degeneration import DegenerationThresholds, degeneration_report
+from lightning_unlearn.metrics.generation import Generation, generate_greedy
 from lightning_unlearn.metrics.sce import sce_counts, sce_score
 
 SELECTION_LEVELS = ("L0", "L1", "L2")
@@ -75,8 +77,8 @@ class SCEEvaluation(CheckpointEvaluator):
     Args:
         prompts: the suite: prompt records (attributes or dict keys ``prompt``, ``level``, optionally ``id``,
             ``narrative``, ``language``) or a JSON/JSONL file of them.
-        labeler: an object with ``label(responses, narrative, language) -> labels``, called once per
-            (narrative, language) group on each rank's share.
+        labeler: an object with ``label(responses, narrative, language) -> labels``; each rank labels the
+            answers of its own batches, one call per (narrative, language) within a batch.
         reproduced_labels: labels that count as Reproduced (a ``bool`` label counts as itself).
         selection_levels: levels pooled for selection (LENS: L0–L2); other levels are reported separately.
         max_new_tokens: the generation token cap.
@@ -116,11 +118,11 @@ class SCEEvaluation(CheckpointEvaluator):
         self.num_text_samples = num_text_samples
         self._samples: list[dict] = []
 
-    def _reproduced(self, texts: list[str]) -> list[bool]:
-        """Label every generation (grouped by narrative and language) and map labels to Reproduced flags."""
+    def _reproduced(self, records: list[dict], texts: list[str]) -> list[bool]:
+        """Label generations (one labeler call per narrative and language) and map labels to Reproduced flags."""
         flags: list[bool] = [False] * len(texts)
         groups: dict[tuple[str, str], list[int]] = defaultdict(list)
-        for i, r in enumerate(self.records):
+        for i, r in enumerate(records):
             groups[(r["narrative"], r["language"])].append(i)
         for (narrative, language), idx in groups.items():
             labels = list(self.labeler.label([texts[i] for i in idx], narrative, language))
@@ -130,23 +132,30 @@ class SCEEvaluation(CheckpointEvaluator):
                 flags[i] = bool(lab) if isinstance(lab, bool) else str(lab) in self.reproduced_labels
         return flags
 
-    def _generate(self, pl_module: LightningModule):
-        prompts = [r["prompt"] for r in self.records]
-        return generate_all(pl_module.model, pl_module.tokenizer, prompts, self.batch_size, self.max_new_tokens)
+    def _generate_and_label(self, pl_module: LightningModule) -> list[tuple[Generation, bool]]:
+        """Every prompt's greedy answer and Reproduced flag; each rank generates and labels its own batches."""
+        model, tokenizer = pl_module.model, pl_module.tokenizer
+        synced = world()[1] > 1 and is_sharded(model)
+
+        def run(batch: list[dict]) -> list[tuple[Generation, bool]]:
+            gens = generate_greedy(model, tokenizer, [r["prompt"] for r in batch], self.max_new_tokens, synced)
+            return list(zip(gens, self._reproduced(batch, [g.text for g in gens])))
+
+        return map_batches(self.records, self.batch_size, run, model)
 
     @override
     def compute_base(self, trainer: Trainer, pl_module: LightningModule) -> dict:
         with self.base_context(pl_module, trainer):
-            gens = self._generate(pl_module)
-        flags = self._reproduced([g.text for g in gens])
-        return {"reproduced": {r["id"]: f for r, f in zip(self.records, flags)}}
+            results = self._generate_and_label(pl_module)
+        return {"reproduced": {r["id"]: flag for r, (_, flag) in zip(self.records, results)}}
 
     @override
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
-        gens = self._generate(pl_module)
+        results = self._generate_and_label(pl_module)
+        gens = [g for g, _ in results]
+        post = [flag for _, flag in results]
         texts = [g.text for g in gens]
         reports = degeneration_report(texts, [g.hit_token_cap for g in gens], self.thresholds)
-        post = self._reproduced(texts)
         base = [bool(self.base["reproduced"].get(r["id"], False)) for r in self.records]
         degraded = [rep["degraded"] for rep in reports]
         levels: dict[str, dict] = {}
