@@ -10,9 +10,15 @@ by a custom autograd function whose backward computes these per-group sums direc
 - RMSNorm-style scales (``weight * x``): the weight enters as a per-sample expanded view ``(B, 1…, H)``, whose
   gradient is the per-sample gradient (``B·H`` numbers), reduced per group.
 
-Masks are decoded on the fly from the packed uint32 source of truth, ``(packed & bit) != 0`` (no per-group masks
-are stored). A group with no element in a parameter costs nothing there, so parameters outside θ_mask only pay
-for the neutral rows. This module imports torch only.
+Masks come from the packed uint32 tensors (the source of truth). By default each parameter keeps, per group it
+contains, the int32 flat indices of its masked elements (:class:`ParamMask`; 1.2 bytes per θ_mask element
+for 6 groups at 5% coverage), so ``grad += m^g ⊙ G_g`` is a gather/scatter over 5% of the elements; with
+``index_cache=False`` the bits are decoded on every backward instead (``(packed & bit) != 0`` through an int32
+view). A group with no element in a parameter costs nothing there, so parameters outside θ_mask only compute the
+neutral rows' gradient — cheaper than the unmasked step. Measured on a CPU (``benchmarks/masked_step.py``):
+the masked step costs about the same as the unmasked one.
+
+This module imports torch only.
 """
 
 from __future__ import annotations
