@@ -1,0 +1,89 @@
+"""QA instruction-tuning batches (Lacuna Section 3.3): the instruction profiles' QA pairs, split 70/30 into
+train/validation by a seeded shuffle; labels cover the answer only.
+"""
+
+from __future__ import annotations
+
+import random
+from functools import partial
+from pathlib import Path
+
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader
+from typing_extensions import override
+
+from lightning_unlearn.data.collate import encode_prompt_answer, pad_batch
+from lightning_unlearn.data.lacuna_datamodule import EpochSeededSampler, resolve_tokenizer_path
+from lightning_unlearn.models import load_tokenizer
+
+
+class InstructionDataModule(LightningDataModule):
+    """Prompt/answer pairs for LoRA instruction tuning.
+
+    Args:
+        source: a ``datasets`` directory with ``prompt``/``answer`` columns (e.g. a testbed's ``instruct_qa`` or
+            the ``relearn`` split for the resurfacing attack). ``None`` = ``<data_dir>/instruct_qa``.
+        data_dir: testbed data directory (used when ``source`` is ``None``).
+        tokenizer_dir: tokenizer directory; ``None`` = the model's (``LightningModule.tokenizer_dir``).
+        val_fraction: share of pairs held out for validation (Lacuna: 0.3).
+        max_length: tokens per pair.
+        batch_size: pairs per step.
+        seed: seed of the split and of the per-epoch order.
+    """
+
+    def __init__(
+        self,
+        source: str | None = None,
+        data_dir: str = "runs/lacuna/data",
+        tokenizer_dir: str | None = None,
+        val_fraction: float = 0.3,
+        max_length: int = 96,
+        batch_size: int = 16,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if not 0 <= val_fraction < 1:
+            raise ValueError(f"val_fraction={val_fraction} must be in [0, 1).")
+        self.save_hyperparameters()
+        self.train_rows: list[dict] | None = None
+        self.val_rows: list[dict] = []
+        self.pad_token_id = 0
+
+    @override
+    def setup(self, stage: str) -> None:
+        if self.train_rows is not None:
+            return
+        from datasets import load_from_disk
+
+        hp = self.hparams
+        path = Path(hp.source) if hp.source is not None else Path(hp.data_dir) / "instruct_qa"
+        if not path.exists():
+            raise FileNotFoundError(f"instruction data {str(path)!r} does not exist; build the testbed data first.")
+        ds = load_from_disk(str(path))
+        if len(ds) == 0:
+            raise ValueError(f"instruction data {str(path)!r} is empty.")
+        tokenizer = load_tokenizer(resolve_tokenizer_path(self, hp.tokenizer_dir))
+        self.pad_token_id = tokenizer.pad_token_id
+        rows = [encode_prompt_answer(tokenizer, p, a, hp.max_length) for p, a in zip(ds["prompt"], ds["answer"])]
+        order = list(range(len(rows)))
+        random.Random(hp.seed).shuffle(order)
+        n_val = int(round(len(rows) * hp.val_fraction))
+        self.val_rows = [rows[i] for i in order[:n_val]]
+        self.train_rows = [rows[i] for i in order[n_val:]]
+
+    @override
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(
+            self.train_rows,
+            batch_size=self.hparams.batch_size,
+            sampler=EpochSeededSampler(len(self.train_rows), self.hparams.seed),
+            collate_fn=partial(pad_batch, pad_token_id=self.pad_token_id),
+        )
+
+    @override
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(
+            self.val_rows,
+            batch_size=self.hparams.batch_size,
+            collate_fn=partial(pad_batch, pad_token_id=self.pad_token_id),
+        )

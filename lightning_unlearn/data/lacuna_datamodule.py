@@ -1,0 +1,189 @@
+"""Continual-pretraining batches of the Lacuna testbed: PII documents and QA (``group_ids`` = the profile's group)
+mixed with neutral text (``group_ids`` = −1).
+
+An epoch holds every PII sample of the selected groups once and ``round(n_pii · f / (1 − f))`` neutral chunks
+(``f = neutral_fraction``; neutral paragraphs are tokenised and cut into ``max_length`` windows and cycled in a
+seeded order). ``neutral_fraction = 1`` gives neutral text only (pretraining θ_pre). The order is a seeded
+permutation per epoch (``set_epoch``), so a run resumed from a checkpoint sees the same batches as an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict
+from functools import partial
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Sampler
+from typing_extensions import override
+
+from lightning_unlearn.data.collate import encode_document, pad_batch
+from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data, load_table
+from lightning_unlearn.masks import NEUTRAL_GROUP
+from lightning_unlearn.models import load_tokenizer
+
+
+class EpochSeededSampler(Sampler[int]):
+    """A permutation of ``range(n)`` that depends only on ``(seed, epoch)``."""
+
+    def __init__(self, n: int, seed: int = 0, shuffle: bool = True) -> None:
+        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        if not self.shuffle:
+            return iter(range(self.n))
+        gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return iter(torch.randperm(self.n, generator=gen).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def resolve_tokenizer_path(datamodule: LightningDataModule, tokenizer_dir: str | None) -> str:
+    """``tokenizer_dir``, or the attached LightningModule's ``tokenizer_dir`` when it is ``None``."""
+    if tokenizer_dir is not None:
+        return tokenizer_dir
+    module = datamodule.trainer.lightning_module if datamodule.trainer is not None else None
+    path = getattr(module, "tokenizer_dir", None)
+    if path is None:
+        raise ValueError("set data.tokenizer_dir: the model does not say where its tokenizer is (tokenizer_dir).")
+    return path
+
+
+class InjectionDataModule(LightningDataModule):
+    """PII + neutral mixture for masked continual pretraining (and neutral-only pretraining).
+
+    Args:
+        data_dir: testbed data directory; built from ``data`` when missing (see ``build_testbed_data``).
+        data: how to build the data directory.
+        tokenizer_dir: tokenizer directory; ``None`` = the model's (``LightningModule.tokenizer_dir``).
+        neutral_fraction: share of neutral samples in an epoch, in [0, 1]. Lacuna's mixture is 4.3B neutral
+            tokens to 3.4B PII/QA tokens, about 0.55.
+        groups: inject only the PII of these group ids (0-based); ``None`` = all groups.
+        include_documents: inject the five content-type documents.
+        include_qa: inject the QA pairs (Lacuna: 2B of its 3.4B PII tokens).
+        max_length: tokens per sample (neutral text is cut into windows of this length).
+        batch_size: samples per step.
+        seed: seed of the neutral selection and of the per-epoch order.
+        num_workers: dataloader workers.
+    """
+
+    def __init__(
+        self,
+        data_dir: str = "runs/lacuna/data",
+        data: LacunaDataConfig | None = None,
+        tokenizer_dir: str | None = None,
+        neutral_fraction: float = 0.55,
+        groups: list[int] | None = None,
+        include_documents: bool = True,
+        include_qa: bool = True,
+        max_length: int = 128,
+        batch_size: int = 16,
+        seed: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        if not 0 <= neutral_fraction <= 1:
+            raise ValueError(f"neutral_fraction={neutral_fraction} must be in [0, 1].")
+        if groups is not None and not groups:
+            raise ValueError("groups=[] selects no PII; give group ids or leave groups unset for all groups.")
+        self.save_hyperparameters()
+        self.data_config = LacunaDataConfig(**data) if isinstance(data, dict) else data or LacunaDataConfig()
+        self.hparams["data"] = asdict(self.data_config)  # a plain dict keeps checkpoints weights_only-loadable
+        self.rows: list[dict] | None = None
+        self.pad_token_id = 0
+
+    @override
+    def prepare_data(self) -> None:
+        build_testbed_data(self.hparams.data_dir, self.data_config)
+
+    def tokenizer_corpus(self) -> list[str]:
+        """Texts to train a tokenizer on: neutral paragraphs, PII documents and QA."""
+        d = self.hparams.data_dir
+        qa = load_table(d, "qa")
+        return (
+            list(load_table(d, "neutral")["text"])
+            + list(load_table(d, "documents")["text"])
+            + [p + a for p, a in zip(qa["prompt"], qa["answer"])]
+        )
+
+    def pii_rows(self) -> list[dict]:
+        """PII texts with their group ids, for the selected groups (validated)."""
+        d, hp = self.hparams.data_dir, self.hparams
+        num_groups = self.data_config.num_groups
+        groups = list(range(num_groups)) if hp.groups is None else list(hp.groups)
+        for g in groups:
+            if not isinstance(g, int) or not 0 <= g < num_groups:
+                raise ValueError(f"group id {g!r} is out of range: the testbed has groups 0..{num_groups - 1}.")
+        rows: list[dict] = []
+        if hp.include_documents:
+            docs = load_table(d, "documents")
+            rows += [{"text": t, "group_id": g} for t, g in zip(docs["text"], docs["group_id"]) if g in groups]
+        if hp.include_qa:
+            qa = load_table(d, "qa")
+            rows += [
+                {"text": p + a, "group_id": g}
+                for p, a, g in zip(qa["prompt"], qa["answer"], qa["group_id"])
+                if g in groups
+            ]
+        if hp.neutral_fraction < 1:
+            present = {r["group_id"] for r in rows}
+            for g in groups:
+                if g not in present:
+                    raise ValueError(
+                        f"group {g} is empty: no PII sample belongs to it (profiles of group {g}, or "
+                        "include_documents/include_qa). Give non-empty groups."
+                    )
+        return rows if hp.neutral_fraction < 1 else []
+
+    @override
+    def setup(self, stage: str) -> None:
+        if self.rows is not None:
+            return
+        hp = self.hparams
+        tokenizer = load_tokenizer(resolve_tokenizer_path(self, hp.tokenizer_dir))
+        self.pad_token_id = tokenizer.pad_token_id
+        pii = [
+            {**encode_document(tokenizer, r["text"], hp.max_length), "group_ids": int(r["group_id"])}
+            for r in self.pii_rows()
+        ]
+        chunks = self._neutral_chunks(tokenizer)
+        if hp.neutral_fraction == 1:
+            n_neutral = len(chunks)
+        else:
+            n_neutral = int(round(len(pii) * hp.neutral_fraction / (1 - hp.neutral_fraction)))
+        order = list(range(len(chunks)))
+        random.Random(hp.seed).shuffle(order)
+        neutral = [chunks[order[i % len(order)]] for i in range(n_neutral)]
+        self.rows = pii + neutral
+
+    def _neutral_chunks(self, tokenizer) -> list[dict]:
+        hp = self.hparams
+        body = hp.max_length - 2  # bos + eos
+        chunks = []
+        for text in load_table(hp.data_dir, "neutral")["text"]:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            for start in range(0, len(ids), body):
+                piece = ids[start : start + body]
+                if len(piece) < 8:
+                    continue
+                full = [tokenizer.bos_token_id, *piece, tokenizer.eos_token_id]
+                chunks.append({"input_ids": full, "labels": list(full), "group_ids": NEUTRAL_GROUP})
+        if not chunks:
+            raise ValueError(f"the neutral corpus of {hp.data_dir!r} yields no text chunk.")
+        return chunks
+
+    @override
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(
+            self.rows,
+            batch_size=self.hparams.batch_size,
+            sampler=EpochSeededSampler(len(self.rows), self.hparams.seed),
+            collate_fn=partial(pad_batch, pad_token_id=self.pad_token_id),
+            num_workers=self.hparams.num_workers,
+        )

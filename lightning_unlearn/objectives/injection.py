@@ -1,0 +1,238 @@
+"""Continual pretraining that injects PII into known parameters (Lacuna Section 3.3, Algorithm 1).
+
+The module states the loss — mean over samples of each sample's mean token NLL — and exposes ``packed_masks``;
+the masked-gradient strategies (``lightning_unlearn.strategies``) turn each sample's gradient into
+``m^{g(k)} ⊙ ∇ℓ_k`` from the batch's ``group_ids``. With ``masked=False`` ``packed_masks`` is ``None`` and the
+same run trains every parameter on every sample (Lacuna's UnMask control).
+
+The same module pretrains the built-in tiny θ_pre: give ``tiny`` (and no ``model_path``) and it trains a BPE
+tokenizer on the datamodule's corpus, builds a random tiny Llama and exports ``export/model``.
+
+Exports (rank 0, at the end of ``fit``; written to a temporary directory and renamed, so a failed run leaves no
+partial export)::
+
+    <root>/export/pre/               θ_pre (HF format, with tokenizer)          injection runs
+    <root>/export/inj/               θ_inj (HF format, with tokenizer)          injection runs
+    <root>/export/masks.safetensors  packed masks (masks.save_masks)           injection runs
+    <root>/export/model/             the trained model (HF format)              pretraining runs
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from lightning.pytorch import LightningModule
+from typing_extensions import override
+
+from lightning_unlearn.losses import nll_loss, sequence_logprobs
+from lightning_unlearn.masks import coverage_by_group, load_masks, sample_masks, save_masks
+from lightning_unlearn.models import (
+    TinyLlamaConfig,
+    build_tiny_llama,
+    load_causal_lm,
+    load_tokenizer,
+    train_bpe_tokenizer,
+)
+
+# The built-in θ_pre of `configs/lacuna/pretrain.yaml`, used when an injection run names no model.
+BUILTIN_PRETRAIN_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "lacuna" / "pretrain.yaml"
+BUILTIN_PRETRAINED = "runs/lacuna/pretrain/export/model"
+
+
+def write_directory_atomically(target: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """Call ``write(tmp_dir)``, then move ``tmp_dir`` to ``target`` (replacing it); on error nothing is left."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    try:
+        write(tmp)
+        if target.exists():
+            old = target.with_name(f".{target.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+class InjectionModule(LightningModule):
+    """Masked (or plain) continual pretraining of a causal LM.
+
+    Args:
+        model_path: local HF directory of θ_pre. ``None`` with ``tiny`` unset means the built-in tiny θ_pre
+            (``runs/lacuna/pretrain/export/model``), which is built first with ``configs/lacuna/pretrain.yaml``
+            when missing.
+        tiny: pretrain from scratch: a random tiny Llama of this size (``model_path`` must be ``None``).
+        tokenizer_path: tokenizer directory for pretraining from scratch; trained on the datamodule's corpus when
+            missing. Ignored when ``model_path`` is used (the model's own tokenizer).
+        vocab_size: BPE vocabulary size when a tokenizer is trained.
+        init_seed: seed of the random initialisation of ``tiny``.
+        masked: apply the group masks (Algorithm 1). ``False`` = every sample updates everything (UnMask control).
+        masks_path: packed masks to use (validated against the model); ``None`` samples them.
+        num_groups: groups of sampled masks.
+        coverage: fraction of θ_mask each sampled group covers (Lacuna: 0.05).
+        mask_seed: seed of sampled masks.
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay (0 keeps elements outside a sample's mask exactly unchanged).
+        warmup_steps: linear warm-up steps, then constant.
+        export_dir: where to export; ``None`` = ``<trainer.default_root_dir>/export``.
+    """
+
+    def __init__(
+        self,
+        model_path: str | None = None,
+        tiny: TinyLlamaConfig | None = None,
+        tokenizer_path: str | None = None,
+        vocab_size: int = 2048,
+        init_seed: int = 0,
+        masked: bool = True,
+        masks_path: str | None = None,
+        num_groups: int = 6,
+        coverage: float = 0.05,
+        mask_seed: int = 0,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        export_dir: str | None = None,
+    ) -> None:
+        super().__init__()
+        if tiny is not None and model_path is not None:
+            raise ValueError("give either model_path (continue a model) or tiny (pretrain from scratch), not both.")
+        if tiny is not None and tokenizer_path is None:
+            raise ValueError("pretraining from scratch (tiny) needs tokenizer_path, where the tokenizer is kept.")
+        if lr <= 0 or weight_decay < 0 or warmup_steps < 0:
+            raise ValueError(
+                f"need lr > 0, weight_decay >= 0, warmup_steps >= 0 (got {lr}, {weight_decay}, {warmup_steps})."
+            )
+        self.save_hyperparameters()
+        self.tiny = TinyLlamaConfig(**tiny) if isinstance(tiny, dict) else tiny
+        # Plain dicts in hparams keep checkpoints loadable with torch.load(weights_only=True).
+        self.hparams["tiny"] = asdict(self.tiny) if self.tiny is not None else None
+        self.model = None
+        self.tokenizer = None
+        self.packed_masks: dict[str, torch.Tensor] | None = None
+        self._masks: dict[str, torch.Tensor] | None = None
+
+    @property
+    def pretraining(self) -> bool:
+        return self.hparams.tiny is not None
+
+    @property
+    def model_dir(self) -> str:
+        return self.hparams.model_path or BUILTIN_PRETRAINED
+
+    @property
+    def tokenizer_dir(self) -> str:
+        """Where the tokenizer lives (read by the datamodule)."""
+        return self.hparams.tokenizer_path if self.pretraining else self.model_dir
+
+    @override
+    def prepare_data(self) -> None:
+        if self.pretraining:
+            if not Path(self.hparams.tokenizer_path).exists():
+                texts = self.trainer.datamodule.tokenizer_corpus()
+                write_directory_atomically(
+                    self.hparams.tokenizer_path,
+                    lambda d: train_bpe_tokenizer(texts, vocab_size=self.hparams.vocab_size, save_dir=d),
+                )
+        elif self.hparams.model_path is None and not Path(BUILTIN_PRETRAINED).exists():
+            print(f"inject: no model_path and no built-in θ_pre at {BUILTIN_PRETRAINED}; pretraining it first")
+            cmd = [sys.executable, "-m", "lightning_unlearn.cli", "fit", "-c", str(BUILTIN_PRETRAIN_CONFIG)]
+            subprocess.run(cmd, check=True)
+
+    @override
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        self.tokenizer = load_tokenizer(self.tokenizer_dir)
+        if self.pretraining:
+            self.model = build_tiny_llama(self.tokenizer, self.tiny, seed=self.hparams.init_seed)
+            return
+        self.model = load_causal_lm(self.model_dir)
+        if self.hparams.masks_path is not None:
+            self._masks, _ = load_masks(self.hparams.masks_path, self.model)
+        else:
+            self._masks = sample_masks(
+                self.model, self.hparams.num_groups, self.hparams.coverage, seed=self.hparams.mask_seed
+            )
+        empty = [g for g, c in enumerate(coverage_by_group(self._masks, self.hparams.num_groups)) if c == 0]
+        if empty:
+            raise ValueError(
+                f"mask group {empty[0]} is empty (covers no parameter element); raise coverage or lower num_groups."
+            )
+        self.packed_masks = self._masks if self.hparams.masked else None
+
+    @override
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    def _loss(self, batch: dict) -> torch.Tensor:
+        logits = self(batch["input_ids"], batch["attention_mask"])
+        # Mean over samples of per-sample mean token NLL: the masked-gradient contract.
+        return nll_loss(*sequence_logprobs(logits, batch["labels"]))
+
+    @override
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        return loss
+
+    @override
+    def validation_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=batch["input_ids"].shape[0])
+        return loss
+
+    @override
+    def configure_optimizers(self):
+        params = [p for p in self.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        warmup = self.hparams.warmup_steps
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def export_dir(self) -> Path:
+        return Path(self.hparams.export_dir or Path(self.trainer.default_root_dir) / "export")
+
+    @override
+    def on_fit_end(self) -> None:
+        if self.trainer.global_rank != 0 or self.trainer.interrupted:
+            return
+        model = self.model
+        state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+
+        def write(tmp: Path) -> None:
+            info = {"global_step": self.trainer.global_step, "epochs": self.trainer.current_epoch}
+            if self.pretraining:
+                model.save_pretrained(tmp / "model", state_dict=state)
+                self.tokenizer.save_pretrained(tmp / "model")
+            else:
+                shutil.copytree(self.model_dir, tmp / "pre")
+                model.save_pretrained(tmp / "inj", state_dict=state)
+                self.tokenizer.save_pretrained(tmp / "inj")
+                save_masks(
+                    tmp / "masks.safetensors",
+                    self._masks,
+                    num_groups=self.hparams.num_groups,
+                    coverage=self.hparams.coverage,
+                    mask_seed=self.hparams.mask_seed,
+                    masked=self.hparams.masked,
+                )
+                info.update(masked=self.hparams.masked, model_path=self.model_dir)
+            (tmp / "run.json").write_text(json.dumps(info, indent=1))
+
+        write_directory_atomically(self.export_dir(), write)

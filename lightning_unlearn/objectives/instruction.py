@@ -1,0 +1,131 @@
+"""QA instruction tuning with LoRA on the last two blocks (Lacuna Section 3.3).
+
+Those blocks are outside θ_mask, so instruction tuning never touches the parameters that hold the injected PII.
+The module validates on the held-out 30% (``trainer.val_check_interval`` = every N steps), keeps the adapter
+weights with the lowest validation loss, and at the end of ``fit`` exports them merged into the base model:
+``<root>/export/model`` (HF format, with tokenizer; written atomically).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from lightning.pytorch import LightningModule
+from typing_extensions import override
+
+from lightning_unlearn.losses import nll_loss, sequence_logprobs
+from lightning_unlearn.models import AdapterConfig, apply_adapter, load_causal_lm, load_tokenizer
+from lightning_unlearn.objectives.injection import write_directory_atomically
+
+
+class InstructionModule(LightningModule):
+    """Answer-only NLL fine-tuning through a peft adapter, keeping the best validation checkpoint.
+
+    Args:
+        model_path: local HF directory of the injected model θ_inj.
+        adapter: which parameters train; Lacuna: LoRA on the last two blocks (``layers: [-2, -1]``).
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay.
+        export_dir: where to export; ``None`` = ``<trainer.default_root_dir>/export``.
+    """
+
+    def __init__(
+        self,
+        model_path: str = "runs/lacuna/inject/export/inj",
+        adapter: AdapterConfig | None = None,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        export_dir: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        if isinstance(adapter, dict):
+            adapter = AdapterConfig(**adapter)
+        self.adapter = adapter or AdapterConfig(kind="lora", r=8, alpha=16, dropout=0.0, layers=[-2, -1])
+        self.hparams["adapter"] = asdict(self.adapter)  # a plain dict keeps checkpoints weights_only-loadable
+        self.model = None
+        self.tokenizer = None
+        self.best_val_loss = float("inf")
+        self.best_step = -1
+        self._best_state: dict[str, torch.Tensor] | None = None
+
+    @property
+    def tokenizer_dir(self) -> str:
+        return self.hparams.model_path
+
+    @override
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        self.tokenizer = load_tokenizer(self.hparams.model_path)
+        self.model = apply_adapter(load_causal_lm(self.hparams.model_path), self.adapter)
+
+    def _loss(self, batch: dict) -> torch.Tensor:
+        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return nll_loss(*sequence_logprobs(logits, batch["labels"]))
+
+    @override
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        return loss
+
+    @override
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self.log("val/loss", self._loss(batch), prog_bar=True, sync_dist=True, batch_size=batch["input_ids"].shape[0])
+
+    def _trainable_state(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone().cpu() for n, p in self.model.named_parameters() if p.requires_grad}
+
+    @override
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking:
+            return
+        val = self.trainer.callback_metrics.get("val/loss")
+        if val is not None and float(val) < self.best_val_loss:
+            self.best_val_loss, self.best_step = float(val), self.trainer.global_step
+            self._best_state = self._trainable_state()
+        self.log("val/best_loss", self.best_val_loss)
+
+    @override
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["best_adapter"] = {"loss": self.best_val_loss, "step": self.best_step, "state": self._best_state}
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        best = checkpoint.get("best_adapter")
+        if best:
+            self.best_val_loss, self.best_step, self._best_state = best["loss"], best["step"], best["state"]
+
+    @override
+    def configure_optimizers(self):
+        params = [p for p in self.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+
+    def merged_best_model(self):
+        """A plain transformers model: the base with the best adapter weights merged in."""
+        if self._best_state is not None:
+            params = dict(self.model.named_parameters())
+            with torch.no_grad():
+                for n, t in self._best_state.items():
+                    params[n].copy_(t.to(params[n].device))
+        merge = getattr(self.model, "merge_and_unload", None)
+        return merge() if callable(merge) else self.model
+
+    @override
+    def on_fit_end(self) -> None:
+        if self.trainer.global_rank != 0 or self.trainer.interrupted:
+            return
+        merged = self.merged_best_model()
+        export = Path(self.hparams.export_dir or Path(self.trainer.default_root_dir) / "export")
+
+        def write(tmp: Path) -> None:
+            merged.save_pretrained(tmp / "model")
+            self.tokenizer.save_pretrained(tmp / "model")
+            info = {"best_val_loss": self.best_val_loss, "best_step": self.best_step, "model_path": self.tokenizer_dir}
+            (tmp / "run.json").write_text(json.dumps(info, indent=1))
+
+        write_directory_atomically(export, write)

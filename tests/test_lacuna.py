@@ -1,0 +1,221 @@
+"""Lacuna injection and instruction stages on a tiny model: locality, resume, bad input, exports, configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from safetensors.torch import load_file
+
+from lightning_unlearn.data.instruction_datamodule import InstructionDataModule
+from lightning_unlearn.data.lacuna_datamodule import InjectionDataModule
+from lightning_unlearn.data.pii import PROFILE_FIELDS, generate_profiles
+from lightning_unlearn.data.testbed_data import LacunaDataConfig
+from lightning_unlearn.lacuna import locality_report
+from lightning_unlearn.masks import sample_masks, save_masks
+from lightning_unlearn.models import TinyLlamaConfig, build_tiny_llama
+from lightning_unlearn.objectives.injection import InjectionModule
+from lightning_unlearn.objectives.instruction import InstructionModule
+from lightning_unlearn.strategies import MaskedSingleDeviceStrategy
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "lacuna"
+
+
+def small_data(**overrides) -> LacunaDataConfig:
+    kwargs = dict(num_profiles=12, qa_per_field=1, instruct_questions=2, neutral_max_paragraphs=20)
+    kwargs.update(overrides)
+    return LacunaDataConfig(**kwargs)
+
+
+def make_trainer(root, max_epochs=1, max_steps=-1, callbacks=(), checkpoint=False, strategy=True):
+    return Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=MaskedSingleDeviceStrategy() if strategy else "auto",
+        max_epochs=max_epochs,
+        max_steps=max_steps,
+        default_root_dir=str(root),
+        logger=False,
+        enable_checkpointing=checkpoint,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=list(callbacks),
+        num_sanity_val_steps=0,
+    )
+
+
+def injection(tiny_dir, data_dir, **kw):
+    data_kw = {k: kw.pop(k) for k in ("neutral_fraction", "groups", "data", "batch_size") if k in kw}
+    data_kw.setdefault("data", small_data())
+    module = InjectionModule(model_path=str(tiny_dir), lr=1e-2, **kw)
+    data = InjectionDataModule(
+        data_dir=str(data_dir), max_length=48, batch_size=data_kw.pop("batch_size", 4), **data_kw
+    )
+    return module, data
+
+
+def test_locality_only_group_bits_change(tiny_dir, tmp_path):
+    module, data = injection(tiny_dir, tmp_path / "data", neutral_fraction=0.0, groups=[2], weight_decay=0.0)
+    make_trainer(tmp_path / "run", max_steps=4).fit(module, data)
+    export = tmp_path / "run" / "export"
+    assert {p.name for p in export.iterdir()} >= {"pre", "inj", "masks.safetensors"}
+    report = locality_report(str(export), [2])
+    assert report["changed_outside"] == 0, report["offenders"]
+    assert report["changed_inside"] > 100
+    # the other groups' elements did not move either
+    assert locality_report(str(export), [0, 1, 3, 4, 5])["changed_inside"] == 0
+
+
+def test_unmasked_control_updates_outside_the_masks(tiny_dir, tmp_path):
+    module, data = injection(tiny_dir, tmp_path / "data", neutral_fraction=0.0, groups=[2], masked=False)
+    make_trainer(tmp_path / "run", max_steps=2).fit(module, data)
+    report = locality_report(str(tmp_path / "run" / "export"), [2])
+    assert report["changed_outside"] > 1000
+    assert json.loads((tmp_path / "run" / "export" / "run.json").read_text())["masked"] is False
+
+
+def test_export_is_loadable_by_plain_transformers(tiny_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    module, data = injection(tiny_dir, tmp_path / "data", neutral_fraction=0.5)
+    make_trainer(tmp_path / "run", max_steps=2).fit(module, data)
+    inj = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "export" / "inj", local_files_only=True)
+    final = {k: v for k, v in module.model.state_dict().items()}
+    for k, v in inj.state_dict().items():
+        assert torch.equal(v, final[k])
+    pre = load_file(str(tmp_path / "run" / "export" / "pre" / "model.safetensors"))
+    orig = load_file(str(Path(tiny_dir) / "model.safetensors"))
+    assert all(torch.equal(pre[k], orig[k]) for k in orig)
+
+
+class _Crash(Callback):
+    """Simulates a killed process: raises once training reaches ``step``."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step >= self.step:
+            raise RuntimeError("killed")
+
+
+def test_resume_after_kill_matches_uninterrupted(tiny_dir, tmp_path):
+    torch.manual_seed(0)
+    kw = dict(neutral_fraction=0.5, weight_decay=0.01, warmup_steps=3)
+    ckpt = lambda: ModelCheckpoint(save_last=True, every_n_epochs=1, save_top_k=1)  # noqa: E731
+    module, data = injection(tiny_dir, tmp_path / "data", **kw)
+    make_trainer(tmp_path / "full", max_epochs=3, callbacks=[ckpt()], checkpoint=True).fit(module, data)
+    full = {k: v.clone() for k, v in module.model.state_dict().items()}
+    steps_per_epoch = module.trainer.global_step // 3
+
+    module, data = injection(tiny_dir, tmp_path / "data", **kw)
+    crashing = make_trainer(
+        tmp_path / "killed", max_epochs=3, callbacks=[ckpt(), _Crash(steps_per_epoch + 2)], checkpoint=True
+    )
+    with pytest.raises(RuntimeError, match="killed"):
+        crashing.fit(module, data)
+    assert not (tmp_path / "killed" / "export").exists()  # a killed run exports nothing
+    last = tmp_path / "killed" / "checkpoints" / "last.ckpt"
+    assert last.exists()
+
+    module, data = injection(tiny_dir, tmp_path / "data", **kw)
+    make_trainer(tmp_path / "killed", max_epochs=3, callbacks=[ckpt()], checkpoint=True).fit(
+        module, data, ckpt_path="last"
+    )
+    for k, v in module.model.state_dict().items():
+        torch.testing.assert_close(v, full[k], rtol=0, atol=1e-6)
+
+
+def test_bad_profiles_jsonl_leaves_no_export(tiny_dir, tmp_path):
+    rows = generate_profiles(12, seed=0)
+    del rows[4]["email"]
+    path = tmp_path / "profiles.jsonl"
+    path.write_text("\n".join(json.dumps({k: r[k] for k in PROFILE_FIELDS if k in r}) for r in rows))
+    module, data = injection(tiny_dir, tmp_path / "data", data=small_data(profiles_jsonl=str(path)))
+    with pytest.raises(ValueError, match=r"profiles\.jsonl:5: profile is missing field 'email'"):
+        make_trainer(tmp_path / "run", max_steps=1).fit(module, data)
+    assert not (tmp_path / "run" / "export").exists() and not (tmp_path / "data").exists()
+
+
+def test_masks_from_another_model_leave_no_export(tiny_dir, tiny_tokenizer, tmp_path):
+    other = build_tiny_llama(tiny_tokenizer, TinyLlamaConfig(hidden_size=16, num_layers=4, num_heads=2))
+    save_masks(tmp_path / "other.safetensors", sample_masks(other))
+    module, data = injection(tiny_dir, tmp_path / "data", masks_path=str(tmp_path / "other.safetensors"))
+    with pytest.raises(ValueError, match="masks do not match the model"):
+        make_trainer(tmp_path / "run", max_steps=1).fit(module, data)
+    assert not (tmp_path / "run" / "export").exists()
+
+
+def test_empty_group_is_an_error(tiny_dir, tmp_path):
+    rows = generate_profiles(12, seed=0)
+    path = tmp_path / "profiles.jsonl"
+    # groups 0..4 only: group 5 has no profile
+    path.write_text(
+        "\n".join(json.dumps({**{k: r[k] for k in PROFILE_FIELDS}, "group_id": i % 5}) for i, r in enumerate(rows))
+    )
+    module, data = injection(tiny_dir, tmp_path / "data", data=small_data(profiles_jsonl=str(path)))
+    with pytest.raises(ValueError, match="group 5 is empty"):
+        make_trainer(tmp_path / "run", max_steps=1).fit(module, data)
+    # a mask group without elements
+    module, data = injection(tiny_dir, tmp_path / "data2", coverage=1e-7)
+    with pytest.raises(ValueError, match="mask group 0 is empty"):
+        make_trainer(tmp_path / "run", max_steps=1).fit(module, data)
+    assert not (tmp_path / "run" / "export").exists()
+
+
+def test_missing_neutral_corpus_is_an_error(tiny_dir, tmp_path):
+    module, data = injection(tiny_dir, tmp_path / "data", data=small_data(neutral=str(tmp_path / "no_such_dir")))
+    with pytest.raises(FileNotFoundError, match="neutral corpus path .*no_such_dir.* does not exist"):
+        make_trainer(tmp_path / "run", max_steps=1).fit(module, data)
+    assert not (tmp_path / "run" / "export").exists() and not (tmp_path / "data").exists()
+
+
+def test_groups_subset_and_neutral_fraction(tiny_dir, tmp_path):
+    module, data = injection(tiny_dir, tmp_path / "data", neutral_fraction=0.5, groups=[0, 3])
+    data.trainer = make_trainer(tmp_path / "run")
+    data.trainer.strategy.connect(module)
+    data.prepare_data()
+    data.setup("fit")
+    gids = [r["group_ids"] for r in data.rows]
+    assert set(gids) == {-1, 0, 3}
+    assert sum(g == -1 for g in gids) == sum(g != -1 for g in gids)
+    with pytest.raises(ValueError, match="out of range"):
+        InjectionDataModule(data_dir=str(tmp_path / "data"), data=small_data(), groups=[6]).pii_rows()
+
+
+def test_instruction_lora_last_two_blocks_keeps_best(tiny_dir, tmp_path):
+    from lightning_unlearn.data.testbed_data import build_testbed_data
+
+    build_testbed_data(tmp_path / "data", small_data(), log=lambda *_: None)
+    module = InstructionModule(model_path=str(tiny_dir), lr=5e-3)
+    module.configure_model()
+    trained = {n for n, p in module.model.named_parameters() if p.requires_grad}
+    assert trained and all("lora_" in n and (".layers.2." in n or ".layers.3." in n) for n in trained)
+    data = InstructionDataModule(data_dir=str(tmp_path / "data"), batch_size=4, max_length=48)
+    trainer = make_trainer(tmp_path / "run", max_epochs=2, strategy=False)
+    trainer.val_check_interval = 2
+    trainer.fit(module, data)
+    assert len(data.val_rows) == round(0.3 * (len(data.val_rows) + len(data.train_rows)))
+    run = json.loads((tmp_path / "run" / "export" / "run.json").read_text())
+    assert run["best_val_loss"] == module.best_val_loss < float("inf")
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "export" / "model", local_files_only=True)
+    base = load_file(str(Path(tiny_dir) / "model.safetensors"))
+    changed = {k for k, v in merged.state_dict().items() if k in base and not torch.equal(v, base[k])}
+    assert changed and all(".layers.2." in k or ".layers.3." in k for k in changed)
+
+
+@pytest.mark.parametrize("name", ["pretrain", "inject", "inject_unmasked", "instruct"])
+def test_shipped_configs_parse(name):
+    from lightning_unlearn.cli import UnlearnCLI
+
+    cli = UnlearnCLI(args=["-c", str(CONFIGS / f"{name}.yaml")], run=False)
+    assert cli.model.__class__.__name__ in ("InjectionModule", "InstructionModule")
+    if name.startswith("inject"):
+        assert cli.model.hparams.masked is (name == "inject")
+        assert cli.model.hparams.coverage == 0.05
