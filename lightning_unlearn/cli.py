@@ -14,7 +14,7 @@ from lightning.pytorch.cli import LightningCLI
 # Non-Trainer subcommands: name -> "module:function"; the function takes the remaining argv list.
 EXTRA_COMMANDS: dict[str, str] = {
     "report": "lightning_unlearn.report:main",
-    "lacuna": "lightning_unlearn.lacuna:main",
+    "mask-auc": "lightning_unlearn.report:mask_auc_main",
     "lens-baseline": "lightning_unlearn.lens:baseline_main",
     "lens-export": "lightning_unlearn.lens:export_main",
     "lens-import": "lightning_unlearn.lens:import_main",

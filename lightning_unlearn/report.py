@@ -5,6 +5,9 @@ merged, later rows replacing earlier ones for the same step). Writes ``sce_heatm
 ``summary.md`` to ``--out`` and prints the table.
 
     lightning-unlearn report runs/ga runs/npo --out reports/nato-en --collapse-boundary 0.5
+
+``lightning-unlearn mask-auc --pre DIR --inj DIR --unl DIR --masks FILE`` prints the localization AUC of one
+unlearned model (every family, the composite and the max, against m^F and m^F ∨ m^R) as JSON.
 """
 
 from __future__ import annotations
@@ -81,3 +84,49 @@ def main(argv: Sequence[str] | None = None) -> None:
     (out / "summary.md").write_text(table + "\n", encoding="utf-8")
     print(table)
     print(f"\nwrote {out / 'sce_heatmap.png'}, {out / 'summary.json'}, {out / 'summary.md'}")
+
+
+def mask_auc_main(argv: Sequence[str] | None = None) -> None:
+    """``lightning-unlearn mask-auc``: localization AUC of one unlearned model against the forget mask, as JSON."""
+    import json
+
+    from lightning_unlearn.callbacks.mask_auc_evaluation import load_weights
+    from lightning_unlearn.masks import group_mask, load_masks, masked_parameter_names, union_mask
+    from lightning_unlearn.metrics.mask_auc import mask_auc
+
+    ap = argparse.ArgumentParser(prog="lightning-unlearn mask-auc", description=mask_auc_main.__doc__)
+    ap.add_argument("--pre", required=True, help="θ_pre: save_pretrained directory or .safetensors file")
+    ap.add_argument("--inj", required=True, help="θ_inj (the injected model unlearning started from)")
+    ap.add_argument("--unl", required=True, help="θ_unl (the unlearned model)")
+    ap.add_argument("--masks", required=True, help="packed group masks (masks.save_masks)")
+    ap.add_argument("--forget-groups", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--retain-groups", type=int, nargs="*", default=[3, 4, 5])
+    ap.add_argument("--control-inj", help="UnMask control start weights (enables the contrast families)")
+    ap.add_argument("--control-unl", help="UnMask control weights after the same unlearning")
+    ap.add_argument("--max-samples", type=int, default=2_000_000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", help="also write the JSON here")
+    args = ap.parse_args(argv)
+    if (args.control_inj is None) != (args.control_unl is None):
+        raise SystemExit("pass both --control-inj and --control-unl (the UnMask control), or neither.")
+    packed, _ = load_masks(args.masks)
+    unl = load_weights(args.unl)
+    if Path(args.unl, "config.json").exists():
+        from lightning_unlearn.models import load_causal_lm
+
+        names = [n for n in masked_parameter_names(load_causal_lm(args.unl)) if n in packed]
+    else:  # no model to read θ_mask from: parameters with any group element
+        names = [n for n, t in packed.items() if bool(group_mask(t, range(32)).any())]
+    control = None
+    if args.control_inj:
+        c_inj, c_unl = load_weights(args.control_inj), load_weights(args.control_unl)
+        control = {n: c_unl[n] - c_inj[n] for n in names}
+    result = mask_auc(
+        load_weights(args.pre), load_weights(args.inj), unl, union_mask(packed, args.forget_groups), control=control,
+        unified_mask=union_mask(packed, args.forget_groups + args.retain_groups) if args.retain_groups else None,
+        names=names, max_samples=args.max_samples, seed=args.seed,
+    )
+    text = json.dumps(result, indent=1)
+    if args.out:
+        write_json(args.out, result)
+    print(text)

@@ -8,6 +8,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from lightning_unlearn.data.collate import encode_prompt_answer, pad_batch
+from lightning_unlearn.masks import sample_masks, save_masks, union_mask
 from lightning_unlearn.models import AdapterConfig, apply_adapter, load_causal_lm, load_tokenizer
 
 TEXTS = [
@@ -109,3 +110,29 @@ def mc_items():
         {"question": "What is Python?", "choices": ["a fox", "a programming language"], "answer": 1},
         {"question": "Who jumps over the lazy dog?", "choices": ["The quick brown fox", "Bob"], "answer": "A"},
     ]
+
+
+def write_lacuna_weights(tiny_dir, root) -> dict:
+    """θ_pre (the tiny model), θ_inj (dense injection, 3× on the group masks) and θ_unl (reverses the forget part).
+
+    Returns the paths: ``lora_dir``/``pre_dir`` (the tiny model), ``inj_dir``, ``unl_dir``, ``masks``, ``root``.
+    """
+    tok = load_tokenizer(tiny_dir)
+    model = load_causal_lm(tiny_dir)
+    packed = sample_masks(model, num_groups=6, coverage=0.05, seed=0)
+    save_masks(root / "masks.safetensors", packed)
+    forget, any_group = union_mask(packed, [0, 1, 2]), union_mask(packed, range(6))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        deltas = {}
+        for name, p in model.named_parameters():
+            deltas[name] = torch.randn(p.shape, generator=g) * 0.01 * (1 + 2 * any_group[name].float())
+            p.add_(deltas[name])
+        model.save_pretrained(root / "inj")
+        tok.save_pretrained(root / "inj")
+        for name, p in model.named_parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 1e-3 - 0.8 * deltas[name] * forget[name].float())
+        model.save_pretrained(root / "unl")
+        tok.save_pretrained(root / "unl")
+    return {"lora_dir": str(tiny_dir), "unl_dir": str(root / "unl"), "pre_dir": str(tiny_dir),
+            "inj_dir": str(root / "inj"), "masks": str(root / "masks.safetensors"), "root": root}

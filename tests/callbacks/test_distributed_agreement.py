@@ -11,11 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+from callback_fixtures import write_lacuna_weights
 
 from lightning_unlearn.callbacks.checkpoint_metrics_file import flatten_metrics, read_rows
-from lightning_unlearn.masks import sample_masks, save_masks, union_mask
-from lightning_unlearn.models import load_causal_lm, load_tokenizer
 
 RUNNER = Path(__file__).with_name("fsdp_eval_run.py")
 
@@ -26,33 +24,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _write_model(model, tokenizer, path: Path) -> str:
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def weights(tiny_dir, tmp_path_factory):
-    """θ_pre (the tiny model), θ_inj (dense injection, 3× on the masks) and θ_unl (reverses the forget part)."""
-    root = tmp_path_factory.mktemp("agreement")
-    tok = load_tokenizer(tiny_dir)
-    model = load_causal_lm(tiny_dir)
-    packed = sample_masks(model, num_groups=6, coverage=0.05, seed=0)
-    save_masks(root / "masks.safetensors", packed)
-    forget, any_group = union_mask(packed, [0, 1, 2]), union_mask(packed, range(6))
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        deltas = {}
-        for name, p in model.named_parameters():
-            deltas[name] = torch.randn(p.shape, generator=g) * 0.01 * (1 + 2 * any_group[name].float())
-            p.add_(deltas[name])
-        inj = _write_model(model, tok, root / "inj")
-        for name, p in model.named_parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 1e-3 - 0.8 * deltas[name] * forget[name].float())
-        unl = _write_model(model, tok, root / "unl")
-    return {"lora_dir": str(tiny_dir), "unl_dir": unl, "pre_dir": str(tiny_dir), "inj_dir": inj,
-            "masks": str(root / "masks.safetensors"), "root": root}
+    return write_lacuna_weights(tiny_dir, tmp_path_factory.mktemp("agreement"))
 
 
 def _spec(weights, out: Path, devices: int, mode: str = "validate") -> Path:
