@@ -84,8 +84,14 @@ def exact_auc(
         major = scores.reshape(-1)[~lab if minority_is_pos else lab]
         for piece in torch.split(major, chunk_size):
             piece = piece.to(minority.dtype)
-            left = torch.searchsorted(minority, piece, right=False)
             right = torch.searchsorted(minority, piece, right=True)
+            # Only values present in the minority need the left bound (ties); a second full search would double
+            # the cost for continuous scores, where ties are rare.
+            present = right > 0
+            present[present.clone()] = minority[right[present] - 1] == piece[present]
+            left = right.clone()
+            if bool(present.any()):
+                left[present] = torch.searchsorted(minority, piece[present], right=False)
             ties += int((right - left).sum())
             # minority = positives: pos > this neg is P − right; minority = negatives: neg < this pos is left.
             wins += (len(minority) * piece.numel() - int(right.sum())) if minority_is_pos else int(left.sum())
