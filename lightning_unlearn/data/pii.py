@@ -45,6 +45,15 @@ _NATIONALITIES = (
     "Polish", "Ukrainian", "Swedish", "Norwegian", "Brazilian", "Argentine", "Chilean", "Indian", "Japanese",
     "Korean", "Chinese", "Australian", "Nigerian", "Kenyan", "Egyptian",
 )  # fmt: skip
+# Birth cities are real cities, as in Panorama (Faker's en_US city() invents names such as "Lake Jennifer").
+_CITIES = (
+    "Boston", "Chicago", "Denver", "Seattle", "Atlanta", "Houston", "Phoenix", "Dallas", "Austin", "Miami",
+    "Portland", "Detroit", "Memphis", "Nashville", "Baltimore", "Milwaukee", "Tucson", "Fresno", "Sacramento",
+    "Omaha", "Cleveland", "Pittsburgh", "Cincinnati", "Orlando", "Tampa", "Honolulu", "Anchorage", "Buffalo",
+    "Richmond", "Madison", "Toronto", "Montreal", "Vancouver", "London", "Dublin", "Paris", "Berlin", "Madrid",
+    "Rome", "Vienna", "Prague", "Warsaw", "Kyiv", "Stockholm", "Oslo", "Lisbon", "Athens", "Cairo", "Nairobi",
+    "Lagos", "Mumbai", "Delhi", "Tokyo", "Osaka", "Seoul", "Beijing", "Shanghai", "Sydney", "Melbourne", "Lima",
+)  # fmt: skip
 _LICENSE_STATES = ("CA", "NY", "TX", "FL", "IL", "WA", "PA", "OH", "GA", "NC", "MI", "AZ", "MA", "CO", "OR")
 _PRONOUNS = {"female": ("her", "she"), "male": ("his", "he"), "nonbinary": ("their", "they")}
 
@@ -89,16 +98,15 @@ def generate_profiles(
             continue
         names.add(f"{first} {last}")
         birth = fake.date_of_birth(minimum_age=21, maximum_age=75)
-        domain = fake.free_email_domain()
-        sep = rng.choice((".", "_", ""))
-        email = f"{first.lower()}{sep}{last.lower()}{rng.randint(1, 99)}@{domain}"
+        # first.last@provider, the most predictable of the four target fields (as in Lacuna).
+        email = f"{first.lower()}.{last.lower()}@{fake.free_email_domain()}"
         profiles.append(
             {
                 "first_name": first,
                 "last_name": last,
                 "gender": gender,
                 "email": email,
-                "birth_city": fake.city(),
+                "birth_city": rng.choice(_CITIES),
                 "phone": _phone(fake),
                 "drivers_license": _drivers_license(fake, rng.choice(_LICENSE_STATES)),
                 "birth_date": birth.strftime("%B %d, %Y").replace(" 0", " "),

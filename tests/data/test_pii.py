@@ -126,3 +126,13 @@ def test_build_testbed_data_atomic_and_reused(tmp_path):
     with pytest.raises(FileNotFoundError, match="neutral corpus path"):
         build_testbed_data(tmp_path / "data2", bad, log=lambda *_: None)
     assert [p.name for p in tmp_path.iterdir()] == ["data"]  # nothing partial left behind
+
+
+def test_neutral_corpus_from_datasets_dir(tmp_path):
+    from datasets import Dataset
+
+    Dataset.from_dict({"text": ["x" * 100, "short", "y" * 90]}).save_to_disk(str(tmp_path / "ds"))
+    assert load_neutral_corpus(tmp_path / "ds") == ["x" * 100, "y" * 90]
+    Dataset.from_dict({"body": ["x" * 100]}).save_to_disk(str(tmp_path / "bad"))
+    with pytest.raises(ValueError, match="no 'text' column"):
+        load_neutral_corpus(tmp_path / "bad")
