@@ -21,7 +21,10 @@ Contract with the LightningModule (read by the strategies on every training step
   per-sample (needed when a step is split by group).
 - ``training_step`` must return the MEAN over samples of per-sample losses (a tensor, or a dict with ``"loss"``);
   per-sample masking rescales sub-batch means by ``n_g / B`` and DDP/FSDP average over ranks, which equals the
-  global per-sample mean only when every rank gets the same number of samples per step.
+  global per-sample mean only when every rank gets the same number of samples per step. In lockstep mode
+  ``training_step`` runs once per group pass on a sub-batch (a rank without samples of the group gets a
+  one-sample zero-weight pass), so values it logs are per sub-batch: pass ``batch_size`` to ``self.log`` and read
+  the epoch aggregates; the step's true loss is what the strategy returns to Lightning.
 - Activations of masked ``nn.Linear``/``nn.Embedding`` inputs are sample-major (leading dim ``B`` or ``B·T``).
 
 Strategies (select in YAML: ``trainer.strategy.class_path``; see ``configs/trainer/``)

@@ -3,7 +3,8 @@
 Gradients are masked before the optimizer step (so momentum never sees out-of-mask gradient), and after the step
 every out-of-mask element is restored from a snapshot taken just before it, so weight decay and any other
 optimizer term leave it bit-for-bit unchanged. Works on plain tensors and on FSDP2 DTensors (local shards with
-local mask shards). Plain parameters entirely outside the mask get ``grad = None``, which optimizers skip.
+local mask shards). Plain parameters entirely outside the mask get ``grad = None``, which optimizers skip. The
+snapshot holds one copy of every parameter (shard) with at least one element in the mask, for the step only.
 Torch only.
 """
 
