@@ -64,6 +64,7 @@ class MemFlex(UnlearningModule):
         }
 
     def on_train_start(self) -> None:
+        super().on_train_start()
         if self.selected is None:
             self.selected = self.localize()
         self.log("train/memflex_selected_tensors", float(len(self.selected)), rank_zero_only=True)

@@ -151,6 +151,9 @@ class UnlearningModule(LightningModule):
             batch_size=len(logps),
         )
 
+    def on_train_start(self) -> None:
+        self._skip_update = False  # a new fit after a stop starts updating again
+
     # -- optimisation -----------------------------------------------------------------------------------------
     def on_before_optimizer_step(self, optimizer) -> None:
         if self._skip_update:

@@ -135,6 +135,10 @@ def main() -> None:
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         with open(os.path.join(spec["out"], "results.json"), "w") as fh:
             json.dump(results, fh, indent=1)
+    # Tear the process group down explicitly: gloo threads alive at interpreter exit abort the process.
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

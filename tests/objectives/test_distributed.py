@@ -59,7 +59,7 @@ def distributed_results(testbed, tmp_path_factory):
         for adapter in ("lora", "full")
     ]
     for case in cases:
-        if case["name"] in ("npo_lora_fsdp", "oracle_grad_lora_ddp"):
+        if case["name"] in ("npo_lora_fsdp", "npo_full_fsdp", "oracle_grad_lora_ddp"):
             case["checkpoint_every"] = 10
     # Stop rule across ranks: the forget NLL passes max_bad_loss within a few GA steps.
     cases.append({"name": "ga_stop_ddp", "objective": "ga", "adapter": "full", "strategy": "ddp", "lr": 1e-2,
@@ -107,6 +107,9 @@ def test_lora_checkpoints_write_reloadable_adapters(testbed, distributed_results
         model = PeftModel.from_pretrained(load_causal_lm(testbed.model_dir), str(adapter))
         assert any("lora_B" in n and p.abs().sum() > 0 for n, p in model.named_parameters())
         assert (out / "npo_lora_fsdp" / f"epoch={step - 1}-step={step}.ckpt").exists()
+        # FSDP full fine-tuning: a sharded checkpoint directory without the frozen reference copy.
+        sharded = out / "npo_full_fsdp" / f"epoch={step - 1}-step={step}.ckpt"
+        assert (sharded / "meta.pt").exists() and not list(sharded.parent.glob("adapter-step=*"))
         merged = load_causal_lm(out / "oracle_grad_lora_ddp" / f"merged-step={step}")
         assert mean_nll(merged, testbed.tokenizer, FORGET) > mean_nll(
             load_causal_lm(testbed.model_dir), testbed.tokenizer, FORGET
