@@ -74,7 +74,9 @@ def model_prompt(tokenizer, question: str, chat_template: bool | None = None) ->
 
 
 @torch.no_grad()
-def _generate(model, tokenizer, texts: Sequence[str], max_new_tokens: int, batch_size: int) -> list[dict]:
+def _generate(
+    model, tokenizer, texts: Sequence[str], max_new_tokens: int, batch_size: int, synced_gpus: bool = False
+) -> list[dict]:
     if max_new_tokens < 1 or batch_size < 1:
         raise ValueError(f"max_new_tokens and batch_size must be positive, got {max_new_tokens}, {batch_size}.")
     # Similar lengths in a batch waste less left padding; results go back in the caller's order.
@@ -86,7 +88,8 @@ def _generate(model, tokenizer, texts: Sequence[str], max_new_tokens: int, batch
     try:
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            gens = generate_greedy(model, tokenizer, [texts[i] for i in idx], max_new_tokens=max_new_tokens)
+            batch = [texts[i] for i in idx]
+            gens = generate_greedy(model, tokenizer, batch, max_new_tokens=max_new_tokens, synced_gpus=synced_gpus)
             for i, gen in zip(idx, gens):
                 results[i] = {"answer": gen.text, "n_new_tokens": gen.num_tokens, "hit_token_cap": gen.hit_token_cap}
     finally:
@@ -123,11 +126,16 @@ def generate_for_records(
     max_new_tokens: int = 60,
     batch_size: int = 8,
     chat_template: bool | None = None,
+    synced_gpus: bool = False,
 ) -> list[dict]:
     """One row per suite record: the record's fields plus ``question`` (suite prompt), ``prompt`` (model prompt),
-    ``answer``, ``n_new_tokens`` and ``hit_token_cap`` (no EOS before the cap; a degeneration flag)."""
+    ``answer``, ``n_new_tokens`` and ``hit_token_cap`` (no EOS before the cap; a degeneration flag).
+
+    ``synced_gpus=True`` is needed when parameters are sharded (FSDP): every rank must call with the same number of
+    batches. Rows feed :func:`label_rows` directly.
+    """
     texts = [model_prompt(tokenizer, r.prompt, chat_template) for r in records]
-    gens = _generate(model, tokenizer, texts, max_new_tokens, batch_size)
+    gens = _generate(model, tokenizer, texts, max_new_tokens, batch_size, synced_gpus)
     rows = []
     for rec, text, gen in zip(records, texts, gens):
         row = rec.to_dict()
@@ -289,6 +297,9 @@ def baseline_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--chat-template", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads (0: torch's default; 1 is fastest on a busy machine)"
+    )
     parser.add_argument("--out", required=True, help="output JSONL")
     _labeler_args(parser, default=None)
     args = parser.parse_args(argv)
@@ -296,6 +307,10 @@ def baseline_main(argv: list[str] | None = None) -> None:
     # Validate everything a user can get wrong before loading a model or writing anything.
     records = load_suite(args.narrative, args.language, args.levels, args.condition)
     labeler = _labeler_from(args)
+    if args.threads < 0:
+        raise ValueError(f"--threads must be >= 0, got {args.threads}.")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from lightning_unlearn.models import load_causal_lm, load_tokenizer
 
     model_dir = _resolve_model_path(args.model)
@@ -315,6 +330,7 @@ def baseline_main(argv: list[str] | None = None) -> None:
         "max_new_tokens": args.max_new_tokens,
         "batch_size": args.batch_size,
         "decoding": "greedy",
+        "threads": torch.get_num_threads(),
         "n": len(rows),
         "generation_seconds": round(seconds, 3),
         "created": _now(),
