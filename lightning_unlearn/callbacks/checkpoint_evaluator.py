@@ -55,6 +55,11 @@ class CheckpointEvaluator(Callback):
 
     # -- identity and state -------------------------------------------------------------------------------
     @property
+    def metrics_path(self) -> str | None:
+        """Where the rows are written (known after ``setup``)."""
+        return self._metrics_path
+
+    @property
     def family_name(self) -> str:
         return self.family if self.name is None else f"{self.family}:{self.name}"
 
@@ -181,18 +186,12 @@ class CheckpointEvaluator(Callback):
 
 @contextlib.contextmanager
 def _eval_mode(model: torch.nn.Module):
-    was_training = model.training
+    # Restore each submodule's own mode: frozen parts may be in eval mode on purpose during training.
+    modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
         with torch.no_grad():
             yield
     finally:
-        model.train(was_training)
-
-
-def metrics_path_of(evaluator: CheckpointEvaluator) -> str | None:
-    """Where ``evaluator`` writes its rows (after ``setup``)."""
-    return evaluator._metrics_path
-
-
-__all__ = ["CheckpointEvaluator", "metrics_path_of"]
+        for m, training in modes:
+            m.training = training
