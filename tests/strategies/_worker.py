@@ -57,7 +57,7 @@ def main() -> None:
     module = MaskedLM(
         args.model_dir,
         data["batches"],
-        data["masks"],
+        data.pop("masks"),  # the strategy replaces them with this rank's shard; keep no other reference
         optimizer="adamw" if args.restrict else "sgd",
         lr=0.01 if args.restrict else 0.5,
         restrict_update_groups=[0, 1, 2] if args.restrict else None,

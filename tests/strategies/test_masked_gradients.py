@@ -89,3 +89,20 @@ def test_activation_checkpointing_falls_back_to_lockstep(setup):
     with pytest.raises(RuntimeError, match="lockstep_masked_backward"):
         with engine.batch(torch.tensor([0, -1])):
             pass
+
+
+def test_tied_embeddings_are_exact(tiny_tokenizer):
+    from lightning_unlearn.models import TinyLlamaConfig, build_tiny_llama
+
+    cfg = TinyLlamaConfig(hidden_size=16, num_layers=3, num_heads=2, intermediate_size=32, tie_word_embeddings=True)
+    model = build_tiny_llama(tiny_tokenizer, cfg, seed=1)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    masks = sample_masks(model, num_groups=6, coverage=0.05, seed=1)
+    batch = make_batches(model.config.vocab_size, steps=1)[0]
+    microbatch_masked_gradients(model, masks, batch, batch["group_ids"], per_sample_mean_loss)
+    ref = _grads(model)
+    model.zero_grad(set_to_none=True)
+    with MaskedGradients(model, masks).batch(batch["group_ids"]):
+        loss = per_sample_mean_loss(model, batch)
+    loss.backward()
+    assert _gap(_grads(model), ref) <= 1e-6
