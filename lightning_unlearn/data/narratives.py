@@ -104,7 +104,11 @@ class NarrativeSpec:
     hypotheses: dict[str, list[str]]
     prompts: dict[str, list[str]]
     compact_instruction: str
-    _actor_patterns: dict[str, re.Pattern] = field(default_factory=dict, repr=False, compare=False)
+    _actor_patterns: dict[str, re.Pattern] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        patterns = {name: _alias_pattern(aliases, self.language) for name, aliases in self.actors.items()}
+        object.__setattr__(self, "_actor_patterns", patterns)
 
     def actors_in(self, text: str) -> list[str]:
         """The actors (canonical names) that ``text`` names through any alias."""
@@ -224,7 +228,10 @@ def load_narrative(narrative: str, language: str, directory: str | Path | None =
         raise ValueError(f"{where}: hypotheses need non-empty lists for exactly {', '.join(HYPOTHESIS_KINDS)}.")
     if not lang["actors"] or not all(lang["actors"].values()):
         raise ValueError(f"{where}: every actor needs at least one alias.")
-    spec = NarrativeSpec(
+    instruction = lang.get("compact_instruction") or COMPACT_INSTRUCTION.get(language)
+    if instruction is None:
+        raise ValueError(f"{where}: no built-in compact instruction for {language!r}; add a `compact_instruction`.")
+    return NarrativeSpec(
         narrative=narrative,
         language=language,
         title=data.get("title", narrative),
@@ -232,10 +239,8 @@ def load_narrative(narrative: str, language: str, directory: str | Path | None =
         actors={k: list(v) for k, v in lang["actors"].items()},
         hypotheses={k: list(v) for k, v in hypotheses.items()},
         prompts={lvl: list(lang["prompts"][lvl]) for lvl in LEVELS if lvl in lang["prompts"]},
-        compact_instruction=lang.get("compact_instruction", COMPACT_INSTRUCTION[language]),
+        compact_instruction=instruction,
     )
-    spec._actor_patterns.update({name: _alias_pattern(aliases, language) for name, aliases in spec.actors.items()})
-    return spec
 
 
 def compose_prompt(text: str, condition: str, instruction: str) -> str:
