@@ -160,6 +160,12 @@ class UnlearningModule(LightningModule):
             for param in self.model.parameters():
                 param.grad = None  # AdamW skips parameters without a gradient: no step, no decay, no momentum
 
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        # AdaLoRA's rank budget: peft asks for this call after every optimizer step, while the gradients exist
+        # (Lightning zeroes them at the start of the next step).
+        if self.adapter_config.kind == "adalora" and not self._skip_update:
+            self.model.base_model.update_and_allocate(self.global_step)
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 

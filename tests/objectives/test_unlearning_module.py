@@ -65,3 +65,11 @@ def test_learning_rate_follows_the_config(testbed):
     group = trainer.optimizers[0].param_groups[0]
     assert group["lr"] == pytest.approx(3e-4) and group["weight_decay"] == 0.1
     assert all("lora_" in n for n, p in module.model.named_parameters() if p.requires_grad)
+
+
+def test_adalora_trains_and_reallocates_rank(testbed):
+    adapter = AdapterConfig(kind="adalora", r=4, dropout=0.0, total_step=6)
+    module = GradientAscent(testbed.model_dir, adapter, OptimizerConfig(lr=1e-2))
+    trainer = fit(module, testbed, max_steps=6)
+    assert trainer.global_step == 6 and module.stop_reason is None
+    assert any("lora_E" in n for n, p in module.model.named_parameters() if p.requires_grad)
