@@ -40,7 +40,7 @@ import torch
 from lightning_unlearn.data.narratives import CONDITIONS, LEVELS, PromptRecord, load_suite
 from lightning_unlearn.labelers.calibration import calibration_report, format_calibration_table
 from lightning_unlearn.labelers.manual_labels import TARGET_DOMINANT, ManualLabels
-from lightning_unlearn.labelers.narrative_label import INVALID, REPRODUCED, NarrativeLabel
+from lightning_unlearn.labelers.narrative_label import INVALID, REPRODUCED, NarrativeLabel, NarrativeLabeler
 from lightning_unlearn.labelers.nli_labeler import NLILabeler
 from lightning_unlearn.labelers.signature_labeler import SignatureLabeler
 from lightning_unlearn.metrics.generation import generate_greedy
@@ -158,7 +158,7 @@ def make_labeler(name: str, nli_path: str | None = None, **nli_options) -> Signa
     raise ValueError(f"unknown labeler {name!r}; use one of {', '.join(LABELERS)}.")
 
 
-def label_rows(rows: Sequence[dict], labeler) -> list[NarrativeLabel]:
+def label_rows(rows: Sequence[dict], labeler: NarrativeLabeler) -> list[NarrativeLabel]:
     """Labels for baseline rows (grouped by narrative × language so each suite is loaded once), in row order."""
     labels: list[NarrativeLabel | None] = [None] * len(rows)
     groups: dict[tuple[str, str], list[int]] = {}

@@ -14,6 +14,7 @@ from lightning_unlearn.labelers.narrative_label import (
     NOT_REPRODUCED,
     REPRODUCED,
     NarrativeLabel,
+    NarrativeLabeler,
     invalid_reason,
 )
 from lightning_unlearn.labelers.nli_labeler import NLILabeler
@@ -31,6 +32,7 @@ __all__ = [
     "ManualLabels",
     "NLILabeler",
     "NarrativeLabel",
+    "NarrativeLabeler",
     "SignatureLabeler",
     "calibration_report",
     "format_calibration_table",

@@ -10,7 +10,9 @@ actor of the narrative together with the endorsed frame; on L3 / L3-special prom
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from lightning_unlearn.data.narratives import NarrativeSpec
 
@@ -45,6 +47,17 @@ class NarrativeLabel:
     @property
     def reproduced(self) -> bool:
         return self.label == REPRODUCED
+
+
+class NarrativeLabeler(Protocol):
+    """What every labeler offers: one label per response, for a narrative and language.
+
+    ``levels`` (optional, one per response) switches on the L3 rule: reproduction needs entity recovery.
+    """
+
+    def label(
+        self, responses: Sequence[str], narrative: str, language: str, levels: Sequence[str] | None = None
+    ) -> list[NarrativeLabel]: ...
 
 
 def _units(text: str) -> list[str]:
