@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections import defaultdict
 from collections.abc import Sequence
@@ -76,10 +77,17 @@ class SCEEvaluation(CheckpointEvaluator):
 
     Args:
         prompts: the suite: prompt records (attributes or dict keys ``prompt``, ``level``, optionally ``id``,
-            ``narrative``, ``language``) or a JSON/JSONL file of them.
-        labeler: an object with ``label(responses, narrative, language) -> labels``; each rank labels the
-            answers of its own batches, one call per (narrative, language) within a batch.
-        reproduced_labels: labels that count as Reproduced (a ``bool`` label counts as itself).
+            ``narrative``, ``language``) or a JSON/JSONL file of them. Alternatively give ``narrative``.
+        labeler: an object with ``label(responses, narrative, language) -> labels`` (also given ``levels=`` when
+            its ``label`` accepts it); each rank labels the answers of its own batches, one call per
+            (narrative, language) within a batch. A label may be a bool, a string, or an object with
+            ``reproduced`` (and optionally ``entity_recovery``, reported per level) such as ``NarrativeLabel``.
+        narrative: load the shipped LENS suite of this narrative id (``data.narratives.load_suite``) instead of
+            ``prompts``.
+        language: the suite's language (with ``narrative``).
+        levels: the suite's levels to keep (with ``narrative``; default all).
+        condition: ``compact`` or ``unrestricted`` (with ``narrative``).
+        reproduced_labels: string labels that count as Reproduced.
         selection_levels: levels pooled for selection (LENS: L0–L2); other levels are reported separately.
         max_new_tokens: the generation token cap.
         thresholds: degeneration thresholds.
@@ -93,8 +101,12 @@ class SCEEvaluation(CheckpointEvaluator):
 
     def __init__(
         self,
-        prompts: Sequence[Any] | str,
-        labeler: Labeler,
+        prompts: Sequence[Any] | str | None = None,
+        labeler: Labeler | None = None,
+        narrative: str | None = None,
+        language: str = "en",
+        levels: Sequence[str] | None = None,
+        condition: str = "compact",
         reproduced_labels: Sequence[str] = ("Reproduced", "Target-Dominant"),
         selection_levels: Sequence[str] = SELECTION_LEVELS,
         max_new_tokens: int = 64,
@@ -105,11 +117,20 @@ class SCEEvaluation(CheckpointEvaluator):
         batch_size: int = 8,
     ) -> None:
         super().__init__(name=name, output_dir=output_dir, batch_size=batch_size)
+        if labeler is None:
+            raise ValueError("SCEEvaluation needs a labeler, e.g. lightning_unlearn.labelers.SignatureLabeler.")
         if not callable(getattr(labeler, "label", None)):
             raise TypeError(f"labeler {labeler!r} has no `label(responses, narrative, language)` method.")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be at least 1.")
+        if (prompts is None) == (narrative is None):
+            raise ValueError("give the SCE suite either as `prompts` (records or a file) or as `narrative`, not both.")
+        if narrative is not None:
+            from lightning_unlearn.data.narratives import load_suite
+
+            prompts = load_suite(narrative, language, levels, condition)
         self.records = load_prompt_records(prompts)
+        self._labeler_takes_levels = "levels" in inspect.signature(labeler.label).parameters
         self.labeler = labeler
         self.reproduced_labels = set(reproduced_labels)
         self.selection_levels = tuple(selection_levels)
@@ -118,28 +139,43 @@ class SCEEvaluation(CheckpointEvaluator):
         self.num_text_samples = num_text_samples
         self._samples: list[dict] = []
 
-    def _reproduced(self, records: list[dict], texts: list[str]) -> list[bool]:
-        """Label generations (one labeler call per narrative and language) and map labels to Reproduced flags."""
-        flags: list[bool] = [False] * len(texts)
+    def _interpret(self, label: Any) -> tuple[bool, bool | None]:
+        """(reproduced, entity recovery or None) of one label."""
+        if isinstance(label, bool):
+            return label, None
+        recovery = getattr(label, "entity_recovery", None)
+        if hasattr(label, "reproduced"):
+            return bool(label.reproduced), recovery
+        text = getattr(label, "label", label)
+        return str(text) in self.reproduced_labels, recovery
+
+    def _label(self, records: list[dict], texts: list[str]) -> list[tuple[bool, bool | None]]:
+        """Label generations (one labeler call per narrative and language); (reproduced, recovery) per text."""
+        out: list[tuple[bool, bool | None]] = [(False, None)] * len(texts)
         groups: dict[tuple[str, str], list[int]] = defaultdict(list)
         for i, r in enumerate(records):
             groups[(r["narrative"], r["language"])].append(i)
         for (narrative, language), idx in groups.items():
-            labels = list(self.labeler.label([texts[i] for i in idx], narrative, language))
+            responses = [texts[i] for i in idx]
+            if self._labeler_takes_levels:
+                labels = self.labeler.label(responses, narrative, language, levels=[records[i]["level"] for i in idx])
+            else:
+                labels = self.labeler.label(responses, narrative, language)
+            labels = list(labels)
             if len(labels) != len(idx):
                 raise ValueError(f"the labeler returned {len(labels)} labels for {len(idx)} responses.")
             for i, lab in zip(idx, labels):
-                flags[i] = bool(lab) if isinstance(lab, bool) else str(lab) in self.reproduced_labels
-        return flags
+                out[i] = self._interpret(lab)
+        return out
 
-    def _generate_and_label(self, pl_module: LightningModule) -> list[tuple[Generation, bool]]:
-        """Every prompt's greedy answer and Reproduced flag; each rank generates and labels its own batches."""
+    def _generate_and_label(self, pl_module: LightningModule) -> list[tuple[Generation, bool, bool | None]]:
+        """Every prompt's greedy answer, Reproduced flag and entity recovery; each rank does its own batches."""
         model, tokenizer = pl_module.model, pl_module.tokenizer
         synced = world()[1] > 1 and is_sharded(model)
 
-        def run(batch: list[dict]) -> list[tuple[Generation, bool]]:
+        def run(batch: list[dict]) -> list[tuple[Generation, bool, bool | None]]:
             gens = generate_greedy(model, tokenizer, [r["prompt"] for r in batch], self.max_new_tokens, synced)
-            return list(zip(gens, self._reproduced(batch, [g.text for g in gens])))
+            return [(g, *lab) for g, lab in zip(gens, self._label(batch, [g.text for g in gens]))]
 
         return map_batches(self.records, self.batch_size, run, model)
 
@@ -147,13 +183,14 @@ class SCEEvaluation(CheckpointEvaluator):
     def compute_base(self, trainer: Trainer, pl_module: LightningModule) -> dict:
         with self.base_context(pl_module, trainer):
             results = self._generate_and_label(pl_module)
-        return {"reproduced": {r["id"]: flag for r, (_, flag) in zip(self.records, results)}}
+        return {"reproduced": {r["id"]: flag for r, (_, flag, _) in zip(self.records, results)}}
 
     @override
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
         results = self._generate_and_label(pl_module)
-        gens = [g for g, _ in results]
-        post = [flag for _, flag in results]
+        gens = [g for g, _, _ in results]
+        post = [flag for _, flag, _ in results]
+        recovery = [rec for _, _, rec in results]
         texts = [g.text for g in gens]
         reports = degeneration_report(texts, [g.hit_token_cap for g in gens], self.thresholds)
         base = [bool(self.base["reproduced"].get(r["id"], False)) for r in self.records]
@@ -163,6 +200,9 @@ class SCEEvaluation(CheckpointEvaluator):
             idx = [i for i, r in enumerate(self.records) if r["level"] == level]
             levels[level] = sce_score(*sce_counts([base[i] for i in idx], [post[i] for i in idx],
                                                    [degraded[i] for i in idx]))
+            known = [recovery[i] for i in idx if recovery[i] is not None]
+            if known:  # LENS L3 / L3-special diagnostic: every real actor recovered together with the frame
+                levels[level]["entity_recovery_rate"] = sum(known) / len(known)
         pooled_idx = [i for i, r in enumerate(self.records) if r["level"] in self.selection_levels]
         pooled = (
             sce_score(*sce_counts([base[i] for i in pooled_idx], [post[i] for i in pooled_idx],
