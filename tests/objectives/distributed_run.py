@@ -6,7 +6,7 @@ several ``Trainer.fit`` calls share one process group. Usage::
     python distributed_run.py SPEC.json
 
 SPEC: ``{"model_dir", "forget", "retain", "masks", "out", "cases": [{"name", "objective", "adapter", "strategy",
-"lr", "max_steps", "max_bad_loss", "checkpoint_every"}]}``. Rank 0 writes ``out/results.json``.
+"lr", "max_steps", "max_bad_loss", "checkpoint_every", "validate"}]}``. Rank 0 writes ``out/results.json``.
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ def run_case(spec: dict, case: dict) -> dict:
         callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=case["checkpoint_every"], save_top_k=-1))
     trainer = Trainer(
         accelerator="cpu", devices=2, strategy=make_strategy(case["strategy"], cls is OracleGrad),
-        max_steps=case.get("max_steps", 20), limit_val_batches=0, num_sanity_val_steps=0, logger=False,
+        max_steps=case.get("max_steps", 20), limit_val_batches=1.0 if case.get("validate") else 0,
+        check_val_every_n_epoch=10, num_sanity_val_steps=0, logger=False,
         enable_checkpointing=case.get("checkpoint_every") is not None, callbacks=callbacks, enable_progress_bar=False,
         enable_model_summary=False, default_root_dir=ckpt_dir,
     )
@@ -109,6 +110,8 @@ def run_case(spec: dict, case: dict) -> dict:
         "retain_nll": mean_nll(module.model, module.tokenizer, retain),
         "world_size": trainer.world_size,
         "sharded": module._sharded,
+        "val_forget_nll": float(trainer.callback_metrics.get("val/forget_nll", float("nan"))),
+        "val_retain_nll": float(trainer.callback_metrics.get("val/retain_nll", float("nan"))),
         "steps_with_same_forget_rows": same_rows_across_ranks(recorder.rows["forget"]),
         "steps_with_same_retain_rows": same_rows_across_ranks(recorder.rows["retain"]),
     }

@@ -61,6 +61,8 @@ def distributed_results(testbed, tmp_path_factory):
     for case in cases:
         if case["name"] in ("npo_lora_fsdp", "npo_full_fsdp", "oracle_grad_lora_ddp"):
             case["checkpoint_every"] = 10
+        if case["name"] in ("npo_full_ddp", "simnpo_lora_fsdp"):
+            case["validate"] = True  # forget/retain NLL validation every 10 epochs (= steps here)
     # Stop rule across ranks: the forget NLL passes max_bad_loss within a few GA steps.
     cases.append({"name": "ga_stop_ddp", "objective": "ga", "adapter": "full", "strategy": "ddp", "lr": 1e-2,
                   "max_bad_loss": 2.0, "checkpoint_every": 1})
@@ -126,3 +128,14 @@ def test_stop_rule_stops_every_rank_and_keeps_good_checkpoints(distributed_resul
     log = (out / "rank0.log").read_text() + (out / "rank1.log").read_text()
     assert log.count("stopping GradientAscent") == 1
     assert any((out / "ga_stop_ddp").glob("*.ckpt"))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_validation_reports_forget_and_retain_nll_over_all_ranks(distributed_results):
+    _, results = distributed_results
+    for name in ("npo_full_ddp", "simnpo_lora_fsdp"):
+        res = results[name]
+        # The last validation ran after the last step: its rank-averaged NLLs equal the whole-set NLLs.
+        assert res["val_forget_nll"] == pytest.approx(res["forget_nll"], abs=1e-3), name
+        assert res["val_retain_nll"] == pytest.approx(res["retain_nll"], abs=1e-3), name
