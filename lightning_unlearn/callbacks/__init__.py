@@ -1,4 +1,25 @@
-"""Lightning callbacks that evaluate every checkpoint and select checkpoints."""
+"""Lightning callbacks that evaluate every checkpoint and select checkpoints.
+
+Each evaluator runs when any ``ModelCheckpoint`` saves (and in ``validate``), appends one row per (step, family) to
+``<log_dir>/checkpoint_metrics.jsonl`` and logs scalars to every logger. Add them to a run's YAML::
+
+    trainer:
+      callbacks:
+        - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+          init_args: {every_n_train_steps: 10, save_top_k: -1, filename: "{step}"}
+        - class_path: lightning_unlearn.callbacks.SCEEvaluation
+          init_args:
+            narrative: nato-forced-war
+            language: en
+            levels: [L0, L1, L2, L3, L3-special]
+            labeler: {class_path: lightning_unlearn.labelers.SignatureLabeler}
+        - class_path: lightning_unlearn.callbacks.RetainDriftEvaluation
+          init_args: {records: runs/lens/retain.jsonl}
+        - class_path: lightning_unlearn.callbacks.CheckpointSelection
+          init_args: {collapse_boundary: 0.5}
+
+Across runs: ``lightning-unlearn report RUN_DIR... --out DIR`` (heatmap + selection table).
+"""
 
 from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.callbacks.checkpoint_selection import CheckpointSelection

@@ -31,3 +31,21 @@ def test_callbacks_instantiate_from_class_path(tmp_path):
     assert type(sce.labeler).__name__ == "StubLabeler" and sce.max_new_tokens == 4
     assert isinstance(mem, MemorizationEvaluation) and mem.splits["forget"][0]["answer"] == "Springfield"
     assert isinstance(sel, CheckpointSelection) and sel.collapse_boundary == 0.4
+
+
+def test_yaml_example_in_the_package_docstring_instantiates(tmp_path):
+    import yaml
+
+    import lightning_unlearn.callbacks as callbacks
+
+    retain = tmp_path / "retain.jsonl"
+    retain.write_text(json.dumps({"prompt": "Where was Alice born?", "answer": "Springfield"}) + "\n")
+    doc = callbacks.__doc__
+    cfg = yaml.safe_load(doc[doc.index("trainer:") : doc.index("Across runs")].replace("runs/lens/retain.jsonl",
+                                                                                        str(retain)))
+    parser = ArgumentParser()
+    parser.add_argument("--callbacks", type=list[Callback])
+    built = parser.instantiate_classes(parser.parse_args(["--callbacks", json.dumps(cfg["trainer"]["callbacks"])]))
+    names = [type(c).__name__ for c in built.callbacks]
+    assert names == ["ModelCheckpoint", "SCEEvaluation", "RetainDriftEvaluation", "CheckpointSelection"]
+    assert {r["level"] for r in built.callbacks[1].records} == {"L0", "L1", "L2", "L3", "L3-special"}
