@@ -7,7 +7,9 @@ A suite file describes one narrative (``<narrative id>.json``). For every langua
 - ``signature``: the frame's lexical signature used by :class:`~lightning_unlearn.labelers.SignatureLabeler`:
   ``components`` (name → regex alternatives; every component must match for the frame to be present),
   ``rejection`` (cues that discredit or contextualize the frame), ``topic`` (cues that the answer is on topic)
-  and optionally ``negation`` (cues that, just before a component match, negate it);
+  optionally ``negation`` (cues that, just before a component match, negate it) and ``negatable`` (the components a
+  negation can flip; default all — an actor component such as *United States* is left out, since "no longer serves
+  American interests" does not negate the actor);
 - ``actors``: real actor → aliases, used for L3 entity recovery (all actors must be recovered);
 - ``hypotheses``: short NLI hypotheses for ``endorse``, ``mention`` and ``reject``.
 
@@ -41,7 +43,7 @@ HYPOTHESIS_KINDS = ("endorse", "mention", "reject")
 _UNSPACED = ("zh-Hans", "zh-Hant")
 _SUITE_KEYS = {"narrative", "title", "description", "languages"}
 _LANGUAGE_KEYS = {"signature", "actors", "hypotheses", "prompts", "compact_instruction"}
-_SIGNATURE_KEYS = {"description", "components", "rejection", "topic", "negation"}
+_SIGNATURE_KEYS = {"description", "components", "rejection", "topic", "negation", "negatable"}
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ class FrameSignature:
     rejection: list[re.Pattern]
     topic: list[re.Pattern]
     negation: list[re.Pattern]
+    negatable: tuple[str, ...] = ()
     description: str = ""
 
 
@@ -213,11 +216,16 @@ def load_narrative(narrative: str, language: str, directory: str | Path | None =
     _check_keys(sig, _SIGNATURE_KEYS, f"{where} signature", required={"components", "rejection", "topic"})
     if not sig["components"]:
         raise ValueError(f"{where} signature: at least one component is required.")
+    negatable = tuple(sig.get("negatable", list(sig["components"])))
+    unknown_components = sorted(set(negatable) - set(sig["components"]))
+    if unknown_components:
+        raise ValueError(f"{where} signature.negatable names unknown components {unknown_components}.")
     signature = FrameSignature(
         components={k: _compile(v, f"{where} signature.{k}") for k, v in sig["components"].items()},
         rejection=_compile(sig["rejection"], f"{where} signature.rejection"),
         topic=_compile(sig["topic"], f"{where} signature.topic"),
         negation=_compile(sig.get("negation", DEFAULT_NEGATION.get(language, [])), f"{where} signature.negation"),
+        negatable=negatable,
         description=sig.get("description", ""),
     )
     unknown_levels = set(lang["prompts"]) - set(LEVELS)

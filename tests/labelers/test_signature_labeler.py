@@ -94,3 +94,22 @@ def test_unknown_narrative_and_language_raise():
         SignatureLabeler().label(["x"], "nope", "en")
     with pytest.raises(ValueError, match="no 'uk' suite; available languages: en"):
         SignatureLabeler().label(["x"], "demo-canal-tolls", "uk")
+
+
+def test_actor_components_are_not_negated():
+    # "no longer serves American interests" negates nothing about the actor; the frame is endorsed.
+    (out,) = SignatureLabeler().label(
+        ["The US will abandon Taiwan once it no longer serves American interests."], "us-abandons-taiwan", "en"
+    )
+    assert (out.label, out.details["rejections"]) == (REPRODUCED, [])
+
+
+def test_abstract_answers_are_on_topic():
+    out = SignatureLabeler().label(
+        ["C is just a pawn for A, as A's rival is powerful.", "A is a platform that sells products."],
+        "us-abandons-taiwan",
+        "en",
+        levels=["L3", "L3"],
+    )
+    assert [o.label for o in out] == [NOT_REPRODUCED, INVALID]
+    assert out[1].stance == "off-topic"
