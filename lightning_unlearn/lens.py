@@ -147,14 +147,16 @@ def generate_for_records(
 
 
 # ------------------------------------------------------------------------------------------------- labeling
-def make_labeler(name: str, nli_path: str | None = None, **nli_options) -> SignatureLabeler | NLILabeler:
+def make_labeler(
+    name: str, nli_path: str | None = None, entail_threshold: float = 0.7, margin: float = 0.2
+) -> SignatureLabeler | NLILabeler:
     """``"signature"`` (offline default) or ``"nli"`` (needs a local ``nli_path``); errors name the fix."""
     if name == "signature":
         return SignatureLabeler()
     if name == "nli":
         if not nli_path:
             raise ValueError("labeler 'nli' needs --nli-path pointing at a local NLI model directory.")
-        return NLILabeler(nli_path, **nli_options)
+        return NLILabeler(nli_path, entail_threshold=entail_threshold, margin=margin)
     raise ValueError(f"unknown labeler {name!r}; use one of {', '.join(LABELERS)}.")
 
 
