@@ -4,6 +4,7 @@ import csv
 import json
 
 import pytest
+import torch
 
 from lightning_unlearn import lens
 from lightning_unlearn.cli import main as cli_main
@@ -217,3 +218,25 @@ def test_write_atomic_replaces_existing(tmp_path):
     target.write_text("old", encoding="utf-8")
     lens.write_atomic({target: "new", lens.meta_path(target): "{}"})
     assert target.read_text(encoding="utf-8") == "new" and (tmp_path / "x.meta.json").exists()
+
+
+def test_label_command_with_a_local_nli_model(tmp_path, tiny_tokenizer, capsys):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    id2label = {0: "entailment", 1: "neutral", 2: "contradiction"}
+    config = BertConfig(vocab_size=len(tiny_tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, num_labels=3, id2label=id2label, pad_token_id=tiny_tokenizer.pad_token_id)
+    model = BertForSequenceClassification(config)
+    with torch.no_grad():
+        model.classifier.weight.zero_()
+        model.classifier.bias.copy_(torch.tensor([0.0, 0.0, 6.0]))
+    nli = tmp_path / "nli"
+    model.save_pretrained(nli)
+    tiny_tokenizer.save_pretrained(nli)
+    base, _ = _fake_baseline(tmp_path)
+    out = tmp_path / "labeled.jsonl"
+    lens.label_main(["--baseline", str(base), "--labeler", "nli", "--nli-path", str(nli), "--out", str(out)])
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    # Every hypothesis is contradicted: nothing is reproduced; the empty L3 answer is Invalid.
+    assert [r["label"] for r in rows].count("Reproduced") == 0
+    assert [r["stance"] for r in rows][-1] == "empty" and {r["labeler"] for r in rows} == {"nli"}
