@@ -81,7 +81,9 @@ class UnlearningModule(LightningModule):
             self.reference_model = copy.deepcopy(base).eval().requires_grad_(False)
             # The reference is model_path again: keep it out of checkpoints and do not require it when loading.
             self.strict_loading = False
-        self.model = apply_adapter(base, self.adapter_config)
+        # from_pretrained returns eval mode and Lightning keeps module modes: train the policy in train mode
+        # (LoRA dropout on); the frozen reference stays in eval mode.
+        self.model = apply_adapter(base, self.adapter_config).train()
         self.stop_reason: str | None = None
         self._skip_update = False
         self._sharded = False

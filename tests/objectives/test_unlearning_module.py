@@ -73,3 +73,18 @@ def test_adalora_trains_and_reallocates_rank(testbed):
     trainer = fit(module, testbed, max_steps=6)
     assert trainer.global_step == 6 and module.stop_reason is None
     assert any("lora_E" in n for n, p in module.model.named_parameters() if p.requires_grad)
+
+
+def test_policy_trains_in_train_mode_and_reference_in_eval_mode(testbed):
+    from lightning_unlearn.objectives import NPO
+
+    seen = {}
+
+    class Probe(NPO):
+        def training_step(self, batch, batch_idx):
+            seen["policy"] = self.model.training
+            seen["reference"] = self.reference_model.training
+            return super().training_step(batch, batch_idx)
+
+    fit(Probe(testbed.model_dir, AdapterConfig(kind="full")), testbed, max_steps=1)
+    assert seen == {"policy": True, "reference": False}
