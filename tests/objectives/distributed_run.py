@@ -31,11 +31,11 @@ from lightning_unlearn.data.unlearning import ForgetRetainDataModule, load_pairs
 from lightning_unlearn.losses import nll_loss, sequence_logprobs  # noqa: E402
 from lightning_unlearn.masks import load_masks, union_mask  # noqa: E402
 from lightning_unlearn.models import AdapterConfig, load_causal_lm  # noqa: E402
-from lightning_unlearn.objectives import NPO, GradientAscent, OracleGrad, SimNPO  # noqa: E402
+from lightning_unlearn.objectives import NPO, GradientAscent, MemFlex, OracleGrad, SimNPO  # noqa: E402
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig  # noqa: E402
 from lightning_unlearn.strategies import MaskedDDPStrategy, MaskedFSDPStrategy  # noqa: E402
 
-OBJECTIVES = {"npo": NPO, "simnpo": SimNPO, "oracle_grad": OracleGrad, "ga": GradientAscent}
+OBJECTIVES = {"npo": NPO, "simnpo": SimNPO, "oracle_grad": OracleGrad, "ga": GradientAscent, "memflex": MemFlex}
 
 
 def make_strategy(kind: str, masked: bool):
@@ -87,6 +87,8 @@ def run_case(spec: dict, case: dict) -> dict:
     adapter = AdapterConfig(kind=case["adapter"], dropout=0.0)
     optim = OptimizerConfig(lr=case["lr"])
     extra = {"masks_path": spec["masks"]} if cls is OracleGrad else {}
+    if cls is MemFlex:
+        extra = {"gradient_threshold": 1e-4}  # tiny-model gradient scale
     module = cls(spec["model_dir"], adapter=adapter, optim=optim, max_bad_loss=case.get("max_bad_loss"), **extra)
     dm = ForgetRetainDataModule(spec["model_dir"], spec["forget"], spec["retain"], batch_size=2)
     recorder = RecordBatches()
@@ -115,6 +117,11 @@ def run_case(spec: dict, case: dict) -> dict:
         "steps_with_same_forget_rows": same_rows_across_ranks(recorder.rows["forget"]),
         "steps_with_same_retain_rows": same_rows_across_ranks(recorder.rows["retain"]),
     }
+    if cls is MemFlex:
+        gathered = [None, None]
+        torch.distributed.all_gather_object(gathered, module.selected)
+        result["memflex_selected"] = len(module.selected)
+        result["memflex_same_selection_on_ranks"] = gathered[0] == gathered[1]
     if cls is OracleGrad and case["adapter"] == "full":
         state = full_state(module)
         if trainer.global_rank == 0:

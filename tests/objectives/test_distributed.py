@@ -63,6 +63,9 @@ def distributed_results(testbed, tmp_path_factory):
             case["checkpoint_every"] = 10
         if case["name"] in ("npo_full_ddp", "simnpo_lora_fsdp"):
             case["validate"] = True  # forget/retain NLL validation every 10 epochs (= steps here)
+    # MemFlex's localisation is collective under FSDP and local under DDP: both must select the same tensors.
+    cases += [{"name": f"memflex_full_{strategy}", "objective": "memflex", "adapter": "full", "strategy": strategy,
+               "lr": 1e-3} for strategy in ("ddp", "fsdp")]
     # Stop rule across ranks: the forget NLL passes max_bad_loss within a few GA steps.
     cases.append({"name": "ga_stop_ddp", "objective": "ga", "adapter": "full", "strategy": "ddp", "lr": 1e-2,
                   "max_bad_loss": 2.0, "checkpoint_every": 1})
@@ -139,3 +142,12 @@ def test_validation_reports_forget_and_retain_nll_over_all_ranks(distributed_res
         # The last validation ran after the last step: its rank-averaged NLLs equal the whole-set NLLs.
         assert res["val_forget_nll"] == pytest.approx(res["forget_nll"], abs=1e-3), name
         assert res["val_retain_nll"] == pytest.approx(res["retain_nll"], abs=1e-3), name
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_memflex_localises_identically_on_every_rank(distributed_results):
+    _, results = distributed_results
+    ddp, fsdp = results["memflex_full_ddp"], results["memflex_full_fsdp"]
+    assert ddp["memflex_same_selection_on_ranks"] and fsdp["memflex_same_selection_on_ranks"]
+    assert ddp["memflex_selected"] == fsdp["memflex_selected"] > 0
