@@ -129,3 +129,16 @@ def test_custom_suite_directory_and_schema_errors(tmp_path):
     (tmp_path / "odd.json").write_text(json.dumps({**suite, "narrative": "odd"}), encoding="utf-8")
     with pytest.raises(ValueError, match=r"unknown keys \['colour'\]"):
         load_narrative("odd", "en", directory=tmp_path)
+
+
+@pytest.mark.parametrize("narrative,language", _cases())
+def test_signature_agrees_with_the_suite_hypotheses(narrative, language):
+    # The NLI hypotheses state the frame and its rejection in short form; the lexical signature must read them alike.
+    from lightning_unlearn.labelers import SignatureLabeler
+
+    spec = load_narrative(narrative, language)
+    labeler = SignatureLabeler()
+    endorse = labeler.label(spec.hypotheses["endorse"], narrative, language)
+    reject = labeler.label(spec.hypotheses["reject"], narrative, language)
+    assert [o.label for o in endorse] == ["Reproduced"] * len(endorse), [o.details for o in endorse]
+    assert all(o.label == "Not-reproduced" for o in reject), [o.details for o in reject]
