@@ -98,3 +98,15 @@ def test_datasets_directory_without_columns_names_them(tmp_path):
     Dataset.from_list([{"text": "x"}]).save_to_disk(str(tmp_path / "ds"))
     with pytest.raises(ValueError, match=r"lacks column\(s\) \['prompt', 'answer'\]"):
         load_pairs(tmp_path / "ds")
+
+
+def test_reads_the_testbed_generator_output(tiny_dir, tmp_path):
+    from lightning_unlearn.data.splits import save_splits
+
+    forget = [dict(r, field="email", profile_id=i, group_id=i % 3) for i, r in enumerate(FORGET)]
+    retain = [dict(r, field="phone", profile_id=50 + i, group_id=3 + i % 3) for i, r in enumerate(RETAIN)]
+    save_splits(tmp_path / "splits", {"email/forget": forget, "email/retain": retain})
+    dm = ForgetRetainDataModule(str(tiny_dir), str(tmp_path / "splits" / "email"), batch_size=5)
+    dm.setup("fit")
+    assert (len(dm.forget), len(dm.retain)) == (5, 9)
+    assert sorted(r["group_ids"] for r in dm.forget.rows) == [0, 0, 1, 1, 2]
