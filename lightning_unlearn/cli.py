@@ -20,8 +20,10 @@ EXTRA_COMMANDS: dict[str, str] = {
     "lens-import": "lightning_unlearn.lens:import_main",
     "lens-label": "lightning_unlearn.lens:label_main",
     "lens-calibrate": "lightning_unlearn.lens:calibrate_main",
+    "lens-summary": "lightning_unlearn.trajectory_summary:main",
     "smollm2": "lightning_unlearn.smollm2:main",
     "lacuna": "lightning_unlearn.lacuna:main",
+    "lacuna-localization": "lightning_unlearn.localization:main",
 }
 
 

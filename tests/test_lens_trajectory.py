@@ -1,0 +1,125 @@
+"""The LENS trajectory chain of scripts/lens_trajectory.sh, end to end on a tiny random model and the demo narrative:
+baseline → forget set → retain set → LoRA NPO fit with configs/lens/smollm2_trajectory.yaml (every checkpoint
+evaluated) → selection.json + heatmap → cross-run report → per-level summary at the selected checkpoint."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from lightning_unlearn import cli, lens, report
+from lightning_unlearn.trajectory_summary import format_summary, trajectory_summary
+from lightning_unlearn.trajectory_summary import main as summary_main
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATE = ROOT / "configs/lens/smollm2_trajectory.yaml"
+TEMPLATE_RUN = "runs/lens/smollm2/nato-forced-war-en"
+NARRATIVE = "demo-canal-tolls"
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _trajectory_config(out: Path, every: int, max_new_tokens: int) -> Path:
+    """The template with the run directory replaced (as the script does) and the sizes shrunk for a tiny model."""
+    text = TEMPLATE.read_text(encoding="utf-8")
+    assert TEMPLATE_RUN in text
+    text = text.replace(TEMPLATE_RUN, str(out))
+    text = text.replace("every_n_train_steps: 10", f"every_n_train_steps: {every}")
+    text = text.replace("max_new_tokens: 60", f"max_new_tokens: {max_new_tokens}")
+    cfg = out / "npo.trajectory.yaml"
+    cfg.write_text(text, encoding="utf-8")
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def trajectory(tiny_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("lens_trajectory")
+    model = str(tiny_dir)
+    common = ["--model", model, "--narrative", NARRATIVE, "--language", "en", "--max-new-tokens", "6",
+              "--batch-size", "64", "--threads", "1"]
+    # 1. Base answers to every level, signature-labeled.
+    lens.baseline_main([*common, "--labeler", "signature", "--out", str(out / "baseline.jsonl")])
+    # 2. Forget set. A random model reproduces no narrative, so the weak labeler would keep nothing: mark every L0
+    #    answer Target-Dominant in the annotation CSV (the strict path of the same import command).
+    lens.export_main(["--baseline", str(out / "baseline.jsonl"), "--out", str(out / "annotate.csv")])
+    with open(out / "annotate.csv", encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    with open(out / "labels.csv", "w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["id", "label"])
+        writer.writeheader()
+        writer.writerows({"id": r["id"], "label": "Target-Dominant"} for r in rows)
+    lens.import_main(["--baseline", str(out / "baseline.jsonl"), "--labels", str(out / "labels.csv"),
+                      "--out", str(out / "forget_weak.jsonl")])
+    # 3. Retain set: the base model's answers to other prompts (here the suite's L3 level).
+    lens.baseline_main([*common, "--levels", "L3", "--out", str(out / "retain.jsonl")])
+    # 4. The trajectory: the same two configs as the script, 6 steps, a checkpoint every 2.
+    cfg = _trajectory_config(out, every=2, max_new_tokens=6)
+    cli.main(["fit", "-c", str(ROOT / "configs/lens/npo.yaml"), "-c", str(cfg),
+              "--model.init_args.model_path", model, "--data.init_args.tokenizer_path", model,
+              "--trainer.max_steps", "6", "--trainer.default_root_dir", str(out),
+              "--trainer.logger.init_args.save_dir", str(out), "--trainer.logger.init_args.name", "npo"])
+    return out
+
+
+def test_trajectory_artifacts(trajectory):
+    run = trajectory / "npo" / "trajectory"
+    baseline = _rows(trajectory / "baseline.jsonl")
+    per_level = {lv: sum(r["level"] == lv for r in baseline) for lv in {r["level"] for r in baseline}}
+    assert {"L0", "L1", "L2", "L3", "L3-special"} <= set(per_level)
+
+    metrics = _rows(run / "checkpoint_metrics.jsonl")
+    assert sorted((r["step"], r["family"]) for r in metrics) == [
+        (s, f) for s in (2, 4, 6) for f in ("retain_drift", "sce")
+    ]
+    for r in metrics:
+        if r["family"] == "sce":
+            assert {lv: v["N"] for lv, v in r["levels"].items()} == per_level
+            assert r["pooled"]["N"] == per_level["L0"] + per_level["L1"] + per_level["L2"]
+            assert 0.0 <= r["degraded_rate"] <= 1.0
+        else:
+            assert r["ce"] > 0 and r["kl"] >= 0 and "delta_ce" in r
+    # The first checkpoint has moved away from the base: the adapter is trained.
+    drift = {r["step"]: r for r in metrics if r["family"] == "retain_drift"}
+    assert drift[6]["kl"] > 0
+
+    selection = json.loads((run / "selection.json").read_text())
+    assert selection["num_checkpoints"] == 3
+    assert selection["suppression_tradeoff"]["step"] in (2, 4, 6)
+    assert (run / "sce_heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for step in (2, 4, 6):
+        assert (run / "checkpoints" / f"adapter-step={step}" / "adapter_config.json").is_file()
+    assert list(run.glob("events.out.tfevents.*"))
+    forget_meta = json.loads((trajectory / "forget_weak.meta.json").read_text())
+    assert forget_meta["n_forget"] == per_level["L0"]
+
+
+def test_report_and_summary(trajectory, capsys):
+    run = trajectory / "npo"
+    report.main([str(run), "--out", str(trajectory / "report")])
+    assert (trajectory / "report" / "sce_heatmap.png").is_file()
+    assert "| npo | 3 |" in (trajectory / "report" / "summary.md").read_text()
+
+    summary = trajectory_summary(run, trajectory / "baseline.jsonl")
+    assert summary["steps"] == [2, 4, 6]
+    assert list(summary["levels"]) == ["L0", "L1", "L2", "pooled", "L3", "L3-special"]
+    pooled = summary["levels"]["pooled"]
+    assert pooled["N"] == sum(summary["levels"][lv]["N"] for lv in ("L0", "L1", "L2"))
+    assert pooled["B"] == sum(summary["levels"][lv]["B"] for lv in ("L0", "L1", "L2"))
+    assert set(summary["entity_recovery"]["before"]) == {"L3", "L3-special"}
+    assert {"ce", "delta_ce", "kl"} <= set(summary["retain_drift"])
+    text = format_summary(summary)
+    assert "suppression-tradeoff checkpoint: step" in text and "L3-special entity recovery: before" in text
+
+    summary_main([str(run / "trajectory"), "--baseline", str(trajectory / "baseline.jsonl")])
+    assert "pooled" in capsys.readouterr().out
+    assert json.loads((run / "trajectory" / "trajectory_summary.json").read_text())["steps"] == [2, 4, 6]
+
+
+def test_summary_rejects_unlabeled_baseline(trajectory):
+    with pytest.raises(ValueError, match="not labeled"):
+        trajectory_summary(trajectory / "npo", trajectory / "retain.jsonl")
