@@ -88,12 +88,14 @@ def _load_dataset_dir(p: Path, split: str | None) -> list[dict]:
 
 
 class EncodedPairs(Dataset):
-    """Tokenised prompt/answer pairs; ``group_id`` (if present) is kept as ``group_ids`` for masked strategies."""
+    """Tokenised prompt/answer pairs. ``index`` is the row's position in its set (batches carry it, e.g. to look up
+    precomputed reference log-probs); ``group_id`` (if present) is kept as ``group_ids`` for masked strategies."""
 
     def __init__(self, records: list[dict], tokenizer, max_length: int) -> None:
         self.rows = []
-        for rec in records:
+        for i, rec in enumerate(records):
             row = encode_prompt_answer(tokenizer, str(rec["prompt"]), str(rec["answer"]), max_length)
+            row["index"] = i
             if "group_id" in rec and rec["group_id"] is not None:
                 row["group_ids"] = int(rec["group_id"])
             self.rows.append(row)

@@ -3,11 +3,16 @@
 L = −(2/β)·mean log σ(−β·(log π_θ(y|x) − log π_ref(y|x))) on forget pairs, β = 0.1; π_ref is the start model
 (with LoRA: the same model with the adapter disabled). Optionally + α·NLL̄(retain) (``retain_weight``; 0 = pure NPO
 as in LENS).
+
+``reference="precomputed"`` computes log π_ref(y|x) of every forget pair once, before the first update, and looks
+it up by the batch's ``index``: no frozen copy of the model (full fine-tuning) and no reference forward per step.
+The values travel in checkpoints, so a resumed run keeps the start model's log-probs.
 """
 
 from __future__ import annotations
 
 import torch
+from lightning.pytorch.utilities import move_data_to_device
 
 from lightning_unlearn.losses import nll_loss, normalized_nll, npo_loss, sequence_logprobs
 from lightning_unlearn.models import AdapterConfig
@@ -25,6 +30,8 @@ class NPO(UnlearningModule):
         max_bad_loss: stop bound on the forget NLL (``None``: none).
         beta: inverse temperature β.
         retain_weight: weight of an added retain NLL term (0 disables it and skips the retain forward).
+        reference: ``"model"`` (reference forward every step) or ``"precomputed"`` (forget-set log-probs of the
+            start model, computed once at the start of training; needs ``ForgetRetainDataModule``).
     """
 
     needs_reference = True
@@ -37,18 +44,30 @@ class NPO(UnlearningModule):
         max_bad_loss: float | None = None,
         beta: float = 0.1,
         retain_weight: float = 0.0,
+        reference: str = "model",
     ) -> None:
+        if reference not in ("model", "precomputed"):
+            raise ValueError(f"NPO reference={reference!r} is not one of 'model', 'precomputed'.")
+        # Read by UnlearningModule.__init__ before the model exists: precomputed log-probs need no frozen copy.
+        self.needs_reference = reference == "model"
         super().__init__(model_path, adapter, optim, max_bad_loss)
         self.save_hyperparameters()
         if beta <= 0:
             raise ValueError(f"NPO beta must be positive, got {beta}.")
         self.beta = beta
         self.retain_weight = retain_weight
+        self.reference = reference
+        self.reference_logps: torch.Tensor | None = None  # (N_forget,) when precomputed
 
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         forget = batch["forget"]
         f_logps, f_len, _ = self.sequence_logps(forget)
-        ref_logps, _ = sequence_logprobs(self.reference_logits(forget), forget["labels"])
+        if self.reference == "precomputed":
+            if self.reference_logps is None or "index" not in forget:
+                raise RuntimeError("NPO(reference='precomputed') needs ForgetRetainDataModule batches (with 'index').")
+            ref_logps = self.reference_logps.to(f_logps.device)[forget["index"]]
+        else:
+            ref_logps, _ = sequence_logprobs(self.reference_logits(forget), forget["labels"])
         loss = npo_loss(f_logps, ref_logps, self.beta)
         logs = {"forget_nll": normalized_nll(f_logps, f_len).mean().detach(), "npo_loss": loss.detach()}
         if self.retain_weight:
@@ -57,3 +76,33 @@ class NPO(UnlearningModule):
             loss = loss + self.retain_weight * retain_nll
             logs["retain_nll"] = retain_nll.detach()
         return loss, logs
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        if self.reference == "precomputed" and self.reference_logps is None:
+            self.reference_logps = self._start_model_logps()
+
+    @torch.no_grad()
+    def _start_model_logps(self) -> torch.Tensor:
+        """log π(y|x) of every forget pair under the current (start) model, by row index. Collective under FSDP:
+        every rank runs the same batches."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if not hasattr(datamodule, "forget_eval_dataloader"):
+            raise TypeError("NPO(reference='precomputed') reads the forget set from ForgetRetainDataModule.")
+        was_training = self.model.training
+        self.model.eval()
+        values = torch.zeros(len(datamodule.forget_eval_dataloader().dataset), dtype=torch.float32)
+        for batch in datamodule.forget_eval_dataloader():
+            batch = move_data_to_device(batch, self.device)
+            logps, _, _ = self.sequence_logps(batch)
+            values[batch["index"].cpu()] = logps.float().cpu()
+        self.model.train(was_training)
+        return values
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self.reference_logps is not None:
+            checkpoint["npo_reference_logps"] = self.reference_logps
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.reference_logps = checkpoint.get("npo_reference_logps")

@@ -6,7 +6,7 @@ several ``Trainer.fit`` calls share one process group. Usage::
     python distributed_run.py SPEC.json
 
 SPEC: ``{"model_dir", "forget", "retain", "masks", "out", "cases": [{"name", "objective", "adapter", "strategy",
-"lr", "max_steps", "max_bad_loss", "checkpoint_every", "validate"}]}``. Rank 0 writes ``out/results.json``.
+"lr", "max_steps", "max_bad_loss", "checkpoint_every", "validate", "reference"}]}``. Rank 0 writes ``out/results.json``.
 """
 
 from __future__ import annotations
@@ -89,6 +89,8 @@ def run_case(spec: dict, case: dict) -> dict:
     extra = {"masks_path": spec["masks"]} if cls is OracleGrad else {}
     if cls is MemFlex:
         extra = {"gradient_threshold": 1e-4}  # tiny-model gradient scale
+    if case.get("reference"):
+        extra["reference"] = case["reference"]
     module = cls(spec["model_dir"], adapter=adapter, optim=optim, max_bad_loss=case.get("max_bad_loss"), **extra)
     dm = ForgetRetainDataModule(spec["model_dir"], spec["forget"], spec["retain"], batch_size=2)
     recorder = RecordBatches()

@@ -63,6 +63,9 @@ def distributed_results(testbed, tmp_path_factory):
             case["checkpoint_every"] = 10
         if case["name"] in ("npo_full_ddp", "simnpo_lora_fsdp"):
             case["validate"] = True  # forget/retain NLL validation every 10 epochs (= steps here)
+    # NPO with precomputed reference log-probs (no frozen copy): computed collectively before the first step.
+    cases += [{"name": "npo_precomputed_full_fsdp", "objective": "npo", "adapter": "full", "strategy": "fsdp",
+               "lr": 1e-3, "reference": "precomputed"}]
     # MemFlex's localisation is collective under FSDP and local under DDP: both must select the same tensors.
     cases += [{"name": f"memflex_full_{strategy}", "objective": "memflex", "adapter": "full", "strategy": strategy,
                "lr": 1e-3} for strategy in ("ddp", "fsdp")]
@@ -151,3 +154,12 @@ def test_memflex_localises_identically_on_every_rank(distributed_results):
     ddp, fsdp = results["memflex_full_ddp"], results["memflex_full_fsdp"]
     assert ddp["memflex_same_selection_on_ranks"] and fsdp["memflex_same_selection_on_ranks"]
     assert ddp["memflex_selected"] == fsdp["memflex_selected"] > 0
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_npo_precomputed_reference_matches_the_reference_copy_under_fsdp(distributed_results):
+    _, results = distributed_results
+    copy, precomputed = results["npo_full_fsdp"], results["npo_precomputed_full_fsdp"]
+    assert precomputed["forget_nll"] == pytest.approx(copy["forget_nll"], rel=1e-4)
+    assert precomputed["retain_nll"] == pytest.approx(copy["retain_nll"], rel=1e-4)

@@ -48,3 +48,23 @@ def test_npo_checkpoint_leaves_out_the_reference_copy(testbed, tmp_path):
     assert not any(k.startswith("reference_model.") for k in state)
     reloaded = NPO.load_from_checkpoint(path)
     assert all(torch.equal(p, reloaded.model.state_dict()[k]) for k, p in module.model.state_dict().items())
+
+
+def test_precomputed_reference_trains_exactly_like_the_reference_copy(testbed):
+    runs = {}
+    for reference in ("model", "precomputed"):
+        torch.manual_seed(0)
+        module = NPO(testbed.model_dir, AdapterConfig(kind="full"), OptimizerConfig(lr=1e-3), reference=reference)
+        fit(module, testbed, max_steps=5)
+        runs[reference] = module
+    assert runs["precomputed"].reference_model is None and runs["model"].reference_model is not None
+    assert runs["precomputed"].reference_logps.shape == (4,)
+    for (name, p), q in zip(runs["model"].model.named_parameters(), runs["precomputed"].model.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), name
+
+
+def test_precomputed_reference_logps_survive_a_checkpoint(testbed, tmp_path):
+    module = NPO(testbed.model_dir, AdapterConfig(kind="full"), OptimizerConfig(lr=1e-3), reference="precomputed")
+    trainer = fit(module, testbed, max_steps=2, enable_checkpointing=True, default_root_dir=str(tmp_path))
+    reloaded = NPO.load_from_checkpoint(trainer.checkpoint_callback.best_model_path)
+    assert torch.equal(reloaded.reference_logps, module.reference_logps)
