@@ -5,7 +5,8 @@ A subclass only states its loss in :meth:`UnlearningModule.unlearning_loss`. Bat
 
 Reference model (``needs_reference = True``): with a LoRA/AdaLoRA adapter it is the same network with the adapter
 disabled (peft ``disable_adapter()``), so it costs no memory; with full fine-tuning it is a frozen copy of the start
-model, sharded like the policy under FSDP and left out of checkpoints (it is ``model_path`` again).
+model, sharded like the policy under FSDP and left out of checkpoints (it is ``model_path`` again). NPO can
+precompute the reference log-probs instead (``NPO(reference="precomputed")``).
 
 Distributed: under DDP nothing is special. Under FSDP2 (Lightning ``ModelParallelStrategy``) ``configure_model``
 applies ``fully_shard`` to every transformer block and then to the whole network, for the policy and the reference.
