@@ -47,7 +47,7 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "pretrain": [
             "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "3", "--model.vocab_size", "300",
             "--model.tiny.hidden_size", "32", "--model.tiny.num_layers", "4", "--model.tiny.num_heads", "2",
-            "--model.tiny.intermediate_size", "64",
+            "--model.tiny.intermediate_size", "64", "--data.background_profiles", "6",
         ],
         "inject": ["--trainer.max_epochs", "2", "--trainer.limit_train_batches", "3"],
         "instruct": ["--trainer.max_epochs", "1", "--trainer.val_check_interval", "2"],

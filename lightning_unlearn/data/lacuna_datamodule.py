@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Sampler
 from typing_extensions import override
 
 from lightning_unlearn.data.collate import encode_document, pad_batch
+from lightning_unlearn.data.pii import background_texts
 from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data, load_table
 from lightning_unlearn.masks import NEUTRAL_GROUP
 from lightning_unlearn.models import load_tokenizer
@@ -67,6 +68,9 @@ class InjectionDataModule(LightningDataModule):
         groups: inject only the PII of these group ids (0-based); ``None`` = all groups.
         include_documents: inject the five content-type documents.
         include_qa: inject the QA pairs (Lacuna: 2B of its 3.4B PII tokens).
+        background_profiles: extra synthetic people (not in the testbed, never masked) whose documents and QA join
+            the neutral text. Pretraining the built-in tiny θ_pre on them teaches it the text genres, as a real
+            pretrained LLM knows them; leave 0 for injection.
         max_length: tokens per sample (neutral text is cut into windows of this length).
         batch_size: samples per step.
         seed: seed of the neutral selection and of the per-epoch order.
@@ -82,6 +86,7 @@ class InjectionDataModule(LightningDataModule):
         groups: list[int] | None = None,
         include_documents: bool = True,
         include_qa: bool = True,
+        background_profiles: int = 0,
         max_length: int = 128,
         batch_size: int = 16,
         seed: int = 0,
@@ -153,6 +158,10 @@ class InjectionDataModule(LightningDataModule):
             for r in self.pii_rows()
         ]
         chunks = self._neutral_chunks(tokenizer)
+        if hp.background_profiles:
+            names = {f"{p['first_name']} {p['last_name']}" for p in load_table(hp.data_dir, "profiles")}
+            background = background_texts(hp.background_profiles, self.data_config.seed + 7919, names)
+            chunks += [{**encode_document(tokenizer, t, hp.max_length), "group_ids": NEUTRAL_GROUP} for t in background]
         if hp.neutral_fraction == 1:
             n_neutral = len(chunks)
         else:

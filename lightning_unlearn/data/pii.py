@@ -269,7 +269,27 @@ def probe_qa(profile: dict, field: str, paraphrase: bool = False) -> dict:
     return qa_pair(profile, field, question, [])
 
 
+def background_texts(num_profiles: int, seed: int, exclude_names: set[str] = frozenset()) -> list[str]:
+    """Documents and QA of ``num_profiles`` extra synthetic people (seed ``seed``), never injected under a mask.
+
+    Used as non-PII text so a model pretrained from scratch knows what bios, posts and QA look like before the
+    testbed's PII is injected (a real pretrained LLM has seen such genres). People whose full name is in
+    ``exclude_names`` are dropped.
+    """
+    if num_profiles <= 0:
+        return []
+    rng = random.Random(seed)
+    texts = []
+    for p in generate_profiles(max(num_profiles, 6), seed=seed, instruct_fraction=0.0)[:num_profiles]:
+        if f"{p['first_name']} {p['last_name']}" in exclude_names:
+            continue
+        texts.extend(d["text"] for d in profile_documents(p, rng))
+        texts.extend(q["prompt"] + q["answer"] for q in profile_qa(p, rng, per_field=1))
+    return texts
+
+
 __all__ = [
+    "background_texts",
     "PROFILE_FIELDS",
     "QA_FIELDS",
     "TARGET_FIELDS",

@@ -53,11 +53,11 @@ class LacunaDataConfig:
         neutral_max_paragraphs: cap on neutral paragraphs.
     """
 
-    num_profiles: int = 240
+    num_profiles: int = 24
     seed: int = 0
     num_groups: int = 6
     instruct_fraction: float = 0.125
-    qa_per_field: int = 2
+    qa_per_field: int = 1
     docs_per_type: int = 1
     instruct_questions: int = 10
     profiles_jsonl: str | None = None
