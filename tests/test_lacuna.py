@@ -16,6 +16,7 @@ from lightning_unlearn.data.lacuna_datamodule import InjectionDataModule
 from lightning_unlearn.data.pii import PROFILE_FIELDS, generate_profiles
 from lightning_unlearn.data.testbed_data import LacunaDataConfig
 from lightning_unlearn.lacuna import locality_report
+from lightning_unlearn.lacuna import main as lacuna_main
 from lightning_unlearn.masks import sample_masks, save_masks
 from lightning_unlearn.models import TinyLlamaConfig, build_tiny_llama
 from lightning_unlearn.objectives.injection import InjectionModule
@@ -68,6 +69,9 @@ def test_locality_only_group_bits_change(tiny_dir, tmp_path):
     assert report["changed_inside"] > 100
     # the other groups' elements did not move either
     assert locality_report(str(export), [0, 1, 3, 4, 5])["changed_inside"] == 0
+    lacuna_main(["locality", "--export", str(export), "--group", "2"])  # the command-line check passes
+    with pytest.raises(SystemExit, match="changed outside groups"):
+        lacuna_main(["locality", "--export", str(export), "--group", "3"])
 
 
 def test_unmasked_control_updates_outside_the_masks(tiny_dir, tmp_path):
