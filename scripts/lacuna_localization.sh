@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Localization precision on the Lacuna testbed (Lacuna Sec. 4.3, App. E): OracleGrad (gradient difference, every
+# update restricted to the forget mask m^F) against unrestricted full-fine-tuning GA and SimNPO. Builds or reuses
+# the testbed (`lightning-unlearn lacuna run`: pretrain → masked inject + UnMask control → instruct → filter), runs
+# the three methods with `lightning-unlearn fit -c configs/lacuna/{oracle_grad,ga,simnpo}.yaml` (GA and SimNPO also
+# on the UnMask control, for the contrast families), scores each with `lightning-unlearn mask-auc` and prints the
+# AUC(F) and AUC(F|R) table. Results: <workdir>/localization/summary.json.
+#
+#   bash scripts/lacuna_localization.sh                                 # testbed runs/lacuna (built if missing)
+#   bash scripts/lacuna_localization.sh --workdir DIR --size tiny       # a tiny testbed (unfiltered splits)
+#   bash scripts/lacuna_localization.sh --epochs 200 --field phone      # any `lacuna-localization` option
+set -euo pipefail
+cd "$(dirname "$0")/.."
+workdir=runs/lacuna
+size=default
+rest=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --workdir) workdir="$2"; shift 2 ;;
+    --size) size="$2"; shift 2 ;;
+    *) rest+=("$1"); shift ;;
+  esac
+done
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+cli=.venv/bin/lightning-unlearn
+nice "$cli" lacuna run --workdir "$workdir" --size "$size"  # reuses every finished stage
+exec nice "$cli" lacuna-localization --workdir "$workdir" "${rest[@]}"
