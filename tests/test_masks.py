@@ -90,7 +90,8 @@ def test_mismatched_model_raises_naming_the_parameter(tiny_model, tiny_tokenizer
     other = build_tiny_llama(tiny_tokenizer, TinyLlamaConfig(hidden_size=48, num_layers=4, num_heads=2))
     with pytest.raises(ValueError, match=r"masks do not match the model: 'model.embed_tokens.weight' has shape"):
         load_masks(path, model=other)
-    deeper = build_tiny_llama(tiny_tokenizer, TinyLlamaConfig(hidden_size=32, num_layers=5, num_heads=2, intermediate_size=64))
+    deeper_config = TinyLlamaConfig(hidden_size=32, num_layers=5, num_heads=2, intermediate_size=64)
+    deeper = build_tiny_llama(tiny_tokenizer, deeper_config)
     with pytest.raises(ValueError, match="model.layers.4"):
         load_masks(path, model=deeper)
 
