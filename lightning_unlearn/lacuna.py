@@ -138,6 +138,9 @@ def filter_stage(model_dir: str, data_dir: str, out_dir: str, seed: int = 0, wri
     splits = build_splits(profiles, memorized, seed=seed) if write_splits else {}
     if write_splits:
         report["split_sizes"] = {name: len(rows) for name, rows in splits.items()}
+        empty = [name for name, n in report["split_sizes"].items() if n == 0 and name.endswith("forget")]
+        if empty:
+            print(f"[lacuna] warning: no memorized profile for {', '.join(empty)}; those splits are empty.")
     save_splits(out_dir, splits, {"extraction.json": json.dumps(report, indent=1)})
     return report
 
