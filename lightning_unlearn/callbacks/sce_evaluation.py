@@ -15,6 +15,7 @@ from typing_extensions import override
 from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.callbacks.distributed import is_sharded, world
 from lightning_unlearn.callbacks.rank_split import map_batches
+from lightning_unlearn.lens import model_prompt
 from lightning_unlearn.metrics.degeneration import DegenerationThresholds, degeneration_report
 from lightning_unlearn.metrics.generation import Generation, generate_greedy
 from lightning_unlearn.metrics.sce import sce_counts, sce_score
@@ -87,6 +88,11 @@ class SCEEvaluation(CheckpointEvaluator):
         language: the suite's language (with ``narrative``).
         levels: the suite's levels to keep (with ``narrative``; default all).
         condition: ``compact`` or ``unrestricted`` (with ``narrative``).
+        chat_template: with ``narrative``, render each suite prompt as :func:`lightning_unlearn.lens.model_prompt`
+            does (one user turn in the tokenizer's chat template), so generations see the same prompts as
+            ``lens-baseline`` and the forget set built from it; ``None`` = when the tokenizer has one. Prompts given
+            as ``prompts`` (e.g. a ``lens-baseline`` JSONL, whose ``prompt`` is already rendered) are used as they
+            are; ``chat_template`` must then stay ``None``.
         reproduced_labels: string labels that count as Reproduced.
         selection_levels: levels pooled for selection (LENS: L0–L2); other levels are reported separately.
         max_new_tokens: the generation token cap.
@@ -107,6 +113,7 @@ class SCEEvaluation(CheckpointEvaluator):
         language: str = "en",
         levels: Sequence[str] | None = None,
         condition: str = "compact",
+        chat_template: bool | None = None,
         reproduced_labels: Sequence[str] = ("Reproduced", "Target-Dominant"),
         selection_levels: Sequence[str] = SELECTION_LEVELS,
         max_new_tokens: int = 64,
@@ -125,10 +132,17 @@ class SCEEvaluation(CheckpointEvaluator):
             raise ValueError(f"max_new_tokens={max_new_tokens} must be at least 1.")
         if (prompts is None) == (narrative is None):
             raise ValueError("give the SCE suite either as `prompts` (records or a file) or as `narrative`, not both.")
+        if narrative is None and chat_template is not None:
+            raise ValueError(
+                "chat_template applies to a suite loaded with `narrative`; prompts given as `prompts` are used as "
+                "they are (a lens-baseline file is already rendered). Drop chat_template or pass `narrative`."
+            )
         if narrative is not None:
             from lightning_unlearn.data.narratives import load_suite
 
             prompts = load_suite(narrative, language, levels, condition)
+        self.render_prompts = narrative is not None
+        self.chat_template = chat_template
         self.records = load_prompt_records(prompts)
         self._labeler_takes_levels = "levels" in inspect.signature(labeler.label).parameters
         self.labeler = labeler
@@ -168,13 +182,21 @@ class SCEEvaluation(CheckpointEvaluator):
                 out[i] = self._interpret(lab)
         return out
 
+    def model_input(self, tokenizer: Any, record: dict) -> str:
+        """The text generated from for ``record``: the suite prompt rendered like ``lens.model_prompt`` when the
+        suite was loaded by ``narrative``, else the record's ``prompt`` unchanged."""
+        if not self.render_prompts:
+            return record["prompt"]
+        return model_prompt(tokenizer, record["prompt"], self.chat_template)
+
     def _generate_and_label(self, pl_module: LightningModule) -> list[tuple[Generation, bool, bool | None]]:
         """Every prompt's greedy answer, Reproduced flag and entity recovery; each rank does its own batches."""
         model, tokenizer = pl_module.model, pl_module.tokenizer
         synced = world()[1] > 1 and is_sharded(model)
 
         def run(batch: list[dict]) -> list[tuple[Generation, bool, bool | None]]:
-            gens = generate_greedy(model, tokenizer, [r["prompt"] for r in batch], self.max_new_tokens, synced)
+            gens = generate_greedy(model, tokenizer, [self.model_input(tokenizer, r) for r in batch],
+                                   self.max_new_tokens, synced)
             return [(g, *lab) for g, lab in zip(gens, self._label(batch, [g.text for g in gens]))]
 
         return map_batches(self.records, self.batch_size, run, model)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from callback_fixtures import TinyCausalLM, qa_loader
 from lightning.pytorch import Trainer
 
-from lightning_unlearn.callbacks import SCEEvaluation
+from lightning_unlearn.callbacks import SCEEvaluation, sce_evaluation
 from lightning_unlearn.callbacks.checkpoint_metrics_file import read_rows
+from lightning_unlearn.data.narratives import load_suite
 from lightning_unlearn.labelers import SignatureLabeler
+from lightning_unlearn.lens import model_prompt
 
 
 def test_narrative_labels_are_interpreted_with_levels():
@@ -35,3 +39,62 @@ def test_validate_with_suite_reports_levels_and_entity_recovery(tiny_dir, tmp_pa
     assert row["pooled"]["N"] == 9  # 3 prompts each at L0, L1, L2; L3 levels never pooled
     assert row["levels"]["L3-special"]["entity_recovery_rate"] == 0.0  # a random model names no actor
     assert row["pooled"]["B"] == 0 and row["pooled"]["sce"] == 0.0
+
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def _generation_inputs(module, sce, tmp_path, monkeypatch) -> list[str]:
+    """Every text the callback generated from during one validate (base + checkpoint), in call order."""
+    seen: list[str] = []
+    real = sce_evaluation.generate_greedy
+
+    def spy(model, tokenizer, prompts, *args, **kwargs):
+        seen.extend(prompts)
+        return real(model, tokenizer, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(sce_evaluation, "generate_greedy", spy)
+    trainer = Trainer(accelerator="cpu", devices=1, logger=False, callbacks=[sce], enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.validate(module, qa_loader(module.tokenizer))
+    return seen
+
+
+def test_suite_prompts_are_rendered_with_the_chat_template_like_lens(tiny_dir, tmp_path, monkeypatch):
+    module = TinyCausalLM(str(tiny_dir), lora=True, lora_init_scale=0.3)
+    module.tokenizer.chat_template = CHAT_TEMPLATE
+    sce = SCEEvaluation(narrative="demo-canal-tolls", language="en", levels=["L0"], labeler=SignatureLabeler(),
+                        max_new_tokens=2, output_dir=str(tmp_path))
+    seen = _generation_inputs(module, sce, tmp_path, monkeypatch)
+    expected = [model_prompt(module.tokenizer, r["prompt"]) for r in sce.records]
+    assert expected[0] == f"<user>{sce.records[0]['prompt']}<assistant>"
+    assert seen == expected + expected  # base (adapter off) and the checkpoint see the same rendered prompts
+    # the same rows lens-baseline writes: its `prompt` column is the callback's generation input
+    rows = [{"prompt": model_prompt(module.tokenizer, r.prompt)} for r in load_suite("demo-canal-tolls", "en", ["L0"])]
+    assert [r["prompt"] for r in rows] == expected
+
+
+def test_suite_prompts_stay_raw_without_a_template_and_baseline_prompts_untouched(tiny_dir, tmp_path, monkeypatch):
+    module = TinyCausalLM(str(tiny_dir), lora=True, lora_init_scale=0.3)
+    assert not getattr(module.tokenizer, "chat_template", None)
+    sce = SCEEvaluation(narrative="demo-canal-tolls", language="en", levels=["L0"], labeler=SignatureLabeler(),
+                        max_new_tokens=2, output_dir=str(tmp_path / "raw"))
+    assert _generation_inputs(module, sce, tmp_path / "raw", monkeypatch) == [r["prompt"] for r in sce.records] * 2
+    # forcing the template off keeps raw text even when the tokenizer has one
+    module.tokenizer.chat_template = CHAT_TEMPLATE
+    sce = SCEEvaluation(narrative="demo-canal-tolls", language="en", levels=["L0"], labeler=SignatureLabeler(),
+                        max_new_tokens=2, chat_template=False, output_dir=str(tmp_path / "off"))
+    assert _generation_inputs(module, sce, tmp_path / "off", monkeypatch) == [r["prompt"] for r in sce.records] * 2
+    # a lens-baseline file carries rendered prompts already: they are generated from as they are
+    rendered = [{"id": r["id"], "prompt": model_prompt(module.tokenizer, r["prompt"]), "level": r["level"],
+                 "narrative": r["narrative"], "language": r["language"]} for r in sce.records]
+    baseline = tmp_path / "baseline.jsonl"
+    baseline.write_text("".join(json.dumps(r) + "\n" for r in rendered), encoding="utf-8")
+    sce = SCEEvaluation(prompts=str(baseline), labeler=SignatureLabeler(), max_new_tokens=2,
+                        output_dir=str(tmp_path / "file"))
+    assert _generation_inputs(module, sce, tmp_path / "file", monkeypatch) == [r["prompt"] for r in rendered] * 2
+    with pytest.raises(ValueError, match="chat_template applies to a suite loaded with `narrative`"):
+        SCEEvaluation(prompts=str(baseline), labeler=SignatureLabeler(), chat_template=True)
