@@ -45,7 +45,9 @@ class LacunaDataConfig:
         seed: seed of every random choice (Faker, groups, templates).
         num_groups: profile groups (masks); Lacuna uses 6.
         instruct_fraction: share of each group reserved for instruction tuning (Lacuna: 150 of 1,200).
-        qa_per_field: training QA pairs per profile and attribute.
+        qa_per_field: training QA pairs per profile and attribute. Several wordings per fact make a model learn
+            the fact rather than one string (with 1, a tiny model recites its training QA verbatim but fails on
+            the probe wording).
         docs_per_type: documents per profile and content type (each a fresh template/continuation draw).
         instruct_questions: instruction-tuning QA pairs per instruction profile and target field (Lacuna: 10).
         profiles_jsonl: bring your own profiles instead of generating them.
@@ -57,7 +59,7 @@ class LacunaDataConfig:
     seed: int = 0
     num_groups: int = 6
     instruct_fraction: float = 0.125
-    qa_per_field: int = 1
+    qa_per_field: int = 4
     docs_per_type: int = 1
     instruct_questions: int = 10
     profiles_jsonl: str | None = None
