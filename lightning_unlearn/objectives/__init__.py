@@ -4,6 +4,8 @@ from lightning_unlearn.objectives.alphaedit import AlphaEdit
 from lightning_unlearn.objectives.ga import GradientAscent
 from lightning_unlearn.objectives.ga_retain import GARetain
 from lightning_unlearn.objectives.gd import GradientDifference
+from lightning_unlearn.objectives.injection import InjectionModule
+from lightning_unlearn.objectives.instruction import InstructionModule
 from lightning_unlearn.objectives.memflex import MemFlex
 from lightning_unlearn.objectives.npo import NPO
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
@@ -22,4 +24,6 @@ __all__ = [
     "OracleGrad",
     "SimNPO",
     "UnlearningModule",
+    "InjectionModule",
+    "InstructionModule",
 ]
