@@ -8,6 +8,10 @@ disabled (peft ``disable_adapter()``), so it costs no memory; with full fine-tun
 model, sharded like the policy under FSDP and left out of checkpoints (it is ``model_path`` again). NPO can
 precompute the reference log-probs instead (``NPO(reference="precomputed")``).
 
+Checkpoints with an adapter hold only the trainable tensors (and buffers) in ``state_dict``: the frozen base is
+``model_path`` again (FSDP sharded checkpoints keep every key; each rank writes its own shard).
+:meth:`UnlearningModule.load_state_dict` accepts them and refuses any other missing or unexpected key.
+
 Distributed: under DDP nothing is special. Under FSDP2 (Lightning ``ModelParallelStrategy``) ``configure_model``
 applies ``fully_shard`` to every transformer block and then to the whole network, for the policy and the reference.
 """
@@ -85,6 +89,11 @@ class UnlearningModule(LightningModule):
         # from_pretrained returns eval mode and Lightning keeps module modes: train the policy in train mode
         # (LoRA dropout on); the frozen reference stays in eval mode.
         self.model = apply_adapter(base, self.adapter_config).train()
+        if self.adapter_config.kind != "full":
+            # Adapter checkpoints hold only what training changes (the base is model_path again); load_state_dict
+            # still refuses a checkpoint that lacks a trainable tensor. Lightning's FSDP full-file loader needs
+            # non-strict loading to skip the absent frozen weights.
+            self.strict_loading = False
         self.stop_reason: str | None = None
         self._skip_update = False
         self._sharded = False
@@ -191,8 +200,32 @@ class UnlearningModule(LightningModule):
         state = checkpoint.get("state_dict", {})
         for key in [k for k in state if k.startswith("reference_model.")]:
             del state[key]
+        # Sharded (FSDP distributed) checkpoints keep every key: Lightning's sharded loader requests the module's
+        # whole state from the checkpoint, and each rank stores only its own shard anyway.
+        if self.adapter_config.kind != "full" and not any(hasattr(v, "to_local") for v in state.values()):
+            for key in self.frozen_weight_keys() & state.keys():
+                del state[key]
         if self.adapter_config.kind != "full" and self._trainer is not None:
             self.save_adapter(self.adapter_dir())
+
+    def frozen_weight_keys(self) -> set[str]:
+        """State-dict keys of the frozen parameters (with an adapter: the base model, reloaded from model_path)."""
+        return {f"model.{n}" for n, p in self.model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """With an adapter, accept checkpoints without the frozen base weights, and nothing else missing."""
+        if self.adapter_config.kind == "full":
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        result = super().load_state_dict(state_dict, strict=False, assign=assign)
+        missing = sorted(set(result.missing_keys) - self.frozen_weight_keys())
+        unexpected = sorted(k for k in result.unexpected_keys if not k.startswith("reference_model."))
+        if missing or unexpected:
+            raise RuntimeError(
+                f"the checkpoint does not match this {type(self).__name__} with adapter.kind="
+                f"{self.adapter_config.kind!r}: missing {missing[:5]}, unexpected {unexpected[:5]}. Load it with the "
+                "adapter configuration (kind, r, target modules) it was trained with."
+            )
+        return result
 
     def adapter_dir(self) -> Path:
         """``<checkpoint dir>/adapter-step=N`` for the current optimizer step."""

@@ -88,3 +88,77 @@ def test_policy_trains_in_train_mode_and_reference_in_eval_mode(testbed):
 
     fit(Probe(testbed.model_dir, AdapterConfig(kind="full")), testbed, max_steps=1)
     assert seen == {"policy": True, "reference": False}
+
+
+def _trainer(root, max_steps: int, checkpoint_every: int | None = None, **kwargs):
+    from lightning.pytorch import Trainer
+
+    callbacks = [ModelCheckpoint(dirpath=root, every_n_train_steps=checkpoint_every, save_top_k=-1)] \
+        if checkpoint_every else []
+    return Trainer(accelerator="cpu", devices=1, max_steps=max_steps, logger=False, callbacks=callbacks,
+                   enable_checkpointing=bool(checkpoint_every), enable_progress_bar=False, enable_model_summary=False,
+                   num_sanity_val_steps=0, limit_val_batches=1.0, check_val_every_n_epoch=100,
+                   default_root_dir=str(root), **kwargs)
+
+
+def _datamodule(testbed):
+    from lightning_unlearn.data.unlearning import ForgetRetainDataModule
+
+    # One batch holds the whole forget set, so every epoch sees the same batch whether or not the run resumed.
+    return ForgetRetainDataModule(testbed.model_dir, testbed.forget, testbed.retain, batch_size=4)
+
+
+def _lora(testbed):
+    return GradientAscent(testbed.model_dir, AdapterConfig(kind="lora", r=2, dropout=0.0), OptimizerConfig(lr=1e-2))
+
+
+def test_lora_checkpoints_hold_only_trainable_weights_and_resume_exactly(testbed, tmp_path):
+    full = GradientAscent(testbed.model_dir, AdapterConfig(kind="full"), OptimizerConfig(lr=1e-3))
+    _trainer(tmp_path / "full", max_steps=1, checkpoint_every=1).fit(full, _datamodule(testbed))
+    (full_ckpt,) = (tmp_path / "full").glob("*.ckpt")
+
+    straight = _lora(testbed)
+    _trainer(tmp_path / "lora", max_steps=4, checkpoint_every=2).fit(straight, _datamodule(testbed))
+    ckpt2, ckpt4 = (tmp_path / "lora" / f"epoch={s - 1}-step={s}.ckpt" for s in (2, 4))
+    state = torch.load(ckpt4, weights_only=True)["state_dict"]
+    trainable = {f"model.{n}" for n, p in straight.model.named_parameters() if p.requires_grad}
+    assert set(state) == trainable and all("lora_" in k for k in state)
+    assert not any(k.endswith("base_layer.weight") or "embed_tokens" in k for k in state)
+    base_bytes = sum(v.nbytes for v in torch.load(full_ckpt, weights_only=True)["state_dict"].values())
+    assert sum(v.nbytes for v in state.values()) * 10 < base_bytes
+    assert ckpt4.stat().st_size * 5 < full_ckpt.stat().st_size
+    assert sorted(p.name for p in (tmp_path / "lora").glob("adapter-step=*")) == ["adapter-step=2", "adapter-step=4"]
+
+    # Resume from step 2: weights and optimizer state continue as if never interrupted.
+    resumed = _lora(testbed)
+    _trainer(tmp_path / "resumed", max_steps=4, checkpoint_every=2).fit(resumed, _datamodule(testbed),
+                                                                          ckpt_path=str(ckpt2))
+    for (name, a), b in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        assert torch.allclose(a, b, atol=1e-6), name
+    moved = [n for n, p in resumed.model.named_parameters() if p.requires_grad and "lora_B" in n]
+    assert moved and all(resumed.model.get_parameter(n).abs().sum() > 0 for n in moved)
+    resumed_state = torch.load(tmp_path / "resumed" / "epoch=3-step=4.ckpt", weights_only=True)
+    straight_state = torch.load(ckpt4, weights_only=True)
+    assert resumed_state["optimizer_states"][0]["state"][0]["step"] == straight_state["optimizer_states"][0][
+        "state"][0]["step"] == 4
+
+    # validate --ckpt_path on a fresh module reproduces the trained module's metrics (not the start model's).
+    expected = _trainer(tmp_path / "v0", max_steps=4).validate(straight, _datamodule(testbed))[0]
+    start = _trainer(tmp_path / "v1", max_steps=4).validate(_lora(testbed), _datamodule(testbed))[0]
+    got = _trainer(tmp_path / "v2", max_steps=4).validate(_lora(testbed), _datamodule(testbed), ckpt_path=str(ckpt4))[0]
+    assert got == pytest.approx(expected, abs=1e-6)
+    assert got["val/forget_nll"] > start["val/forget_nll"] + 0.01
+
+
+def test_lora_checkpoint_missing_a_trainable_weight_is_refused(testbed, tmp_path):
+    module = _lora(testbed)
+    _trainer(tmp_path, max_steps=1, checkpoint_every=1).fit(module, _datamodule(testbed))
+    (path,) = tmp_path.glob("*.ckpt")
+    state = torch.load(path, weights_only=True)["state_dict"]
+    fresh = _lora(testbed)
+    fresh.load_state_dict(state)  # the base weights are absent and not needed
+    key = next(k for k in state if "lora_A" in k)
+    with pytest.raises(RuntimeError, match=r"missing \['" + key.replace(".", r"\.")):
+        fresh.load_state_dict({k: v for k, v in state.items() if k != key})
+    with pytest.raises(RuntimeError, match="unexpected"):
+        fresh.load_state_dict({**state, "model.not_a_weight": torch.zeros(1)})
