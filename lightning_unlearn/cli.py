@@ -34,16 +34,13 @@ class UnlearnCLI(LightningCLI):
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
-        kwargs.setdefault("parser_kwargs", {"parser_mode": "omegaconf"} if _has_omegaconf() else {})
         super().__init__(LightningModule, LightningDataModule, *args, **kwargs)
 
 
-def _has_omegaconf() -> bool:
-    try:
-        import omegaconf  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def _print_extra_commands() -> None:
+    print("\nOther commands (lightning-unlearn COMMAND --help):")
+    for name, target in EXTRA_COMMANDS.items():
+        print(f"  {name:<22} {target}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -55,7 +52,11 @@ def main(argv: list[str] | None = None) -> None:
         module, func = EXTRA_COMMANDS[argv[0]].split(":")
         getattr(importlib.import_module(module), func)(argv[1:])
         return
-    UnlearnCLI(args=argv if argv != sys.argv[1:] else None)
+    try:
+        UnlearnCLI(args=argv if argv != sys.argv[1:] else None)
+    finally:
+        if argv in ([], ["-h"], ["--help"]):
+            _print_extra_commands()
 
 
 if __name__ == "__main__":
