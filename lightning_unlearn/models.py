@@ -33,6 +33,9 @@ class AdapterConfig:
         layers: only these block indices get adapters (negative counts from the end, so ``[-2, -1]`` is the
             last two blocks, as in Lacuna's instruction tuning); ``None`` means all blocks.
         total_step: AdaLoRA's rank-budget schedule needs the total number of optimizer steps.
+        path: start from a saved peft adapter directory (e.g. a checkpoint's ``adapter-step=N/``) instead of a fresh
+            adapter: ``validate`` then evaluates that adapter, ``fit`` continues training it. Its
+            ``adapter_config.json`` decides rank and targets; ``kind`` must match its type.
     """
 
     kind: str = "full"
@@ -42,12 +45,17 @@ class AdapterConfig:
     target_modules: list[str] | None = None
     layers: list[int] | None = None
     total_step: int = 1000
+    path: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("full", "lora", "adalora"):
             raise ValueError(f"adapter.kind={self.kind!r} is not one of 'full', 'lora', 'adalora'.")
         if self.r <= 0:
             raise ValueError(f"adapter.r must be positive, got {self.r}.")
+        if self.path is not None and self.kind == "full":
+            raise ValueError(
+                "adapter.path names a peft adapter, but adapter.kind='full'; set kind to 'lora' or 'adalora'."
+            )
 
 
 @dataclass
@@ -196,7 +204,10 @@ def apply_adapter(model: nn.Module, adapter: AdapterConfig | None):
     """Wrap ``model`` with a peft LoRA/AdaLoRA adapter, or return it unchanged for full fine-tuning."""
     if adapter is None or adapter.kind == "full":
         return model
-    from peft import AdaLoraConfig, LoraConfig, get_peft_model
+    from peft import AdaLoraConfig, LoraConfig, PeftModel, get_peft_model
+
+    if adapter.path is not None:
+        return _load_adapter(model, adapter, PeftModel)
 
     targets = adapter.target_modules or DEFAULT_LORA_TARGETS
     layers = resolve_layers(model, adapter.layers) if adapter.layers is not None else None
@@ -214,6 +225,25 @@ def apply_adapter(model: nn.Module, adapter: AdapterConfig | None):
         common.pop("r")
         cfg = AdaLoraConfig(init_r=adapter.r, target_r=max(1, adapter.r // 2), total_step=adapter.total_step, **common)
     return get_peft_model(model, cfg)
+
+
+def _load_adapter(model: nn.Module, adapter: AdapterConfig, peft_model_cls):
+    import json
+
+    p = _require_dir(adapter.path, "adapter")
+    config_file = p / "adapter_config.json"
+    if not config_file.exists():
+        raise FileNotFoundError(
+            f"adapter path {str(p)!r} has no adapter_config.json; point at a directory written by peft's "
+            "save_pretrained (a checkpoint's adapter-step=N/)."
+        )
+    saved_type = str(json.loads(config_file.read_text()).get("peft_type", "")).lower()
+    if saved_type != adapter.kind:
+        raise ValueError(
+            f"adapter path {str(p)!r} holds a {saved_type or 'unknown'} adapter but adapter.kind={adapter.kind!r}; "
+            f"set adapter.kind={saved_type!r}."
+        )
+    return peft_model_cls.from_pretrained(model, str(p), is_trainable=True)
 
 
 def unwrap_peft(model: nn.Module) -> nn.Module:

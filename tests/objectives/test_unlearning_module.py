@@ -162,3 +162,47 @@ def test_lora_checkpoint_missing_a_trainable_weight_is_refused(testbed, tmp_path
         fresh.load_state_dict({k: v for k, v in state.items() if k != key})
     with pytest.raises(RuntimeError, match="unexpected"):
         fresh.load_state_dict({**state, "model.not_a_weight": torch.zeros(1)})
+
+
+def test_validate_from_an_adapter_directory_reproduces_the_trained_adapter(testbed, tmp_path):
+    import json
+
+    from lightning_unlearn.callbacks import RetainDriftEvaluation
+
+    trained = _lora(testbed)
+    _trainer(tmp_path / "run", max_steps=4, checkpoint_every=4).fit(trained, _datamodule(testbed))
+    adapter_dir = tmp_path / "run" / "adapter-step=4"
+    assert (adapter_dir / "adapter_config.json").exists()
+
+    def evaluate(module, name):
+        callback = RetainDriftEvaluation(records=str(testbed.retain), output_dir=str(tmp_path / name))
+        trainer = _trainer(tmp_path / name, max_steps=4)
+        trainer.callbacks.append(callback)
+        metrics = trainer.validate(module, _datamodule(testbed))[0]
+        rows = [json.loads(line) for line in (tmp_path / name / "checkpoint_metrics.jsonl").read_text().splitlines()]
+        return metrics, rows
+
+    expected, expected_rows = evaluate(trained, "from_module")
+    reloaded = GradientAscent(testbed.model_dir, AdapterConfig(kind="lora", r=2, dropout=0.0, path=str(adapter_dir)))
+    got, rows = evaluate(reloaded, "from_adapter")
+    start, _ = evaluate(_lora(testbed), "start")
+    assert got == pytest.approx(expected, abs=1e-6)
+    assert got["val/forget_nll"] > start["val/forget_nll"] + 0.01
+    assert len(rows) == len(expected_rows) == 1
+    keys = ("ce", "ppl", "base_ce", "kl")
+    assert {k: rows[0][k] for k in keys} == pytest.approx({k: expected_rows[0][k] for k in keys}, rel=1e-6)
+    assert rows[0]["ce"] > rows[0]["base_ce"]  # the reloaded adapter, not the start model, was evaluated
+
+
+def test_adapter_path_errors_name_the_problem(testbed, tmp_path):
+    with pytest.raises(FileNotFoundError, match="adapter path"):
+        _ = GradientAscent(testbed.model_dir, AdapterConfig(kind="lora", path=str(tmp_path / "missing")))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="adapter_config.json"):
+        _ = GradientAscent(testbed.model_dir, AdapterConfig(kind="lora", path=str(tmp_path / "empty")))
+    with pytest.raises(ValueError, match="kind='full'"):
+        AdapterConfig(kind="full", path=str(tmp_path))
+    module = _lora(testbed)
+    module.model.save_pretrained(tmp_path / "lora_adapter")
+    with pytest.raises(ValueError, match="set adapter.kind='lora'"):
+        _ = GradientAscent(testbed.model_dir, AdapterConfig(kind="adalora", path=str(tmp_path / "lora_adapter")))
