@@ -201,3 +201,27 @@ def backward_hooks_only(strategy: Any, closure_loss: torch.Tensor) -> torch.Tens
     closure_loss = strategy.precision_plugin.post_backward(closure_loss, strategy.lightning_module)
     strategy.post_backward(closure_loss)
     return closure_loss
+
+
+class MaskedStrategyHooks:
+    """The three Strategy hooks every masked strategy overrides, written once.
+
+    Listed before the Lightning strategy in the bases (``class MaskedDDPStrategy(MaskedStrategyHooks, DDPStrategy)``),
+    so ``super()`` here reaches that strategy's own hook. The subclass sets ``self.masked`` (a :class:`MaskedTraining`).
+    """
+
+    masked: MaskedTraining
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        backward = lambda loss: self.precision_plugin.backward(loss, self.lightning_module, None)  # noqa: E731
+        return self.masked.training_step(self.lightning_module, super().training_step, backward, args, kwargs)
+
+    def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if self.masked.grads_ready:
+            return backward_hooks_only(self, closure_loss)
+        return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+    def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
+        parent_step = super().optimizer_step
+        step = lambda c: parent_step(optimizer, c, model, **kwargs)  # noqa: E731
+        return self.masked.optimizer_step(self.lightning_module, step, closure)

@@ -8,17 +8,15 @@ per-sample mean when every rank gets the same number of samples per step (use a 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Literal
 
-import torch
 from lightning.pytorch.strategies import DDPStrategy
 from torch.distributed.constants import default_pg_timeout
-from typing_extensions import override
 
-from lightning_unlearn.strategies._masked_training import MaskedTraining, Masking, backward_hooks_only
+from lightning_unlearn.strategies._masked_training import MaskedStrategyHooks, MaskedTraining, Masking
 
 
-class MaskedDDPStrategy(DDPStrategy):
+class MaskedDDPStrategy(MaskedStrategyHooks, DDPStrategy):
     """Lightning's DDP plus the LightningModule contract of :mod:`lightning_unlearn.strategies`.
 
     Args:
@@ -45,19 +43,3 @@ class MaskedDDPStrategy(DDPStrategy):
             find_unused_parameters=find_unused_parameters,
         )
         self.masked = MaskedTraining(masking)
-
-    @override
-    def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        backward = lambda loss: self.precision_plugin.backward(loss, self.lightning_module, None)  # noqa: E731
-        return self.masked.training_step(self.lightning_module, super().training_step, backward, args, kwargs)
-
-    @override
-    def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if self.masked.grads_ready:
-            return backward_hooks_only(self, closure_loss)
-        return super().backward(closure_loss, optimizer, *args, **kwargs)
-
-    @override
-    def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
-        step = lambda c: super(MaskedDDPStrategy, self).optimizer_step(optimizer, c, model, **kwargs)  # noqa: E731
-        return self.masked.optimizer_step(self.lightning_module, step, closure)

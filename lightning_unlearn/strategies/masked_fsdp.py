@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Literal
 
 import lightning.pytorch as pl
 import torch
@@ -24,12 +24,12 @@ from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
 from lightning_unlearn.masks import shard_masks
-from lightning_unlearn.strategies._masked_training import MaskedTraining, backward_hooks_only
+from lightning_unlearn.strategies._masked_training import MaskedStrategyHooks, MaskedTraining
 
 _BLOCK = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.\d+$")
 
 
-class MaskedFSDPStrategy(ModelParallelStrategy):
+class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
     """FSDP2 data parallelism plus the LightningModule contract of :mod:`lightning_unlearn.strategies`.
 
     Args:
@@ -103,21 +103,6 @@ class MaskedFSDPStrategy(ModelParallelStrategy):
             if any(True for _ in child.parameters()):
                 fully_shard(child, mesh=mesh)
 
-    @override
-    def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        backward = lambda loss: self.precision_plugin.backward(loss, self.lightning_module, None)  # noqa: E731
-        return self.masked.training_step(self.lightning_module, super().training_step, backward, args, kwargs)
-
-    @override
-    def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if self.masked.grads_ready:
-            return backward_hooks_only(self, closure_loss)
-        return super().backward(closure_loss, optimizer, *args, **kwargs)
-
-    @override
-    def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
-        step = lambda c: super(MaskedFSDPStrategy, self).optimizer_step(optimizer, c, model, **kwargs)  # noqa: E731
-        return self.masked.optimizer_step(self.lightning_module, step, closure)
 
 
 def _local_shape(p: torch.Tensor) -> tuple[int, ...]:
