@@ -27,11 +27,11 @@ from pathlib import Path
 
 import torch
 
+from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.data.pii import probe_qa
 from lightning_unlearn.data.splits import build_splits, save_splits
 from lightning_unlearn.data.templates import TARGET_FIELDS
 from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data, load_table
-from lightning_unlearn.objectives.injection import write_directory_atomically
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "lacuna"
 

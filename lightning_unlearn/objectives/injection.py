@@ -20,12 +20,9 @@ partial export)::
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -33,6 +30,7 @@ import torch
 from lightning.pytorch import LightningModule
 from typing_extensions import override
 
+from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.losses import nll_loss, sequence_logprobs
 from lightning_unlearn.masks import coverage_by_group, load_masks, sample_masks, save_masks
 from lightning_unlearn.models import (
@@ -46,27 +44,6 @@ from lightning_unlearn.models import (
 # The built-in θ_pre of `configs/lacuna/pretrain.yaml`, used when an injection run names no model.
 BUILTIN_PRETRAIN_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "lacuna" / "pretrain.yaml"
 BUILTIN_PRETRAINED = "runs/lacuna/pretrain/export/model"
-
-
-def write_directory_atomically(target: str | os.PathLike, write: Callable[[Path], None]) -> Path:
-    """Call ``write(tmp_dir)``, then move ``tmp_dir`` to ``target`` (replacing it); on error nothing is left."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
-    try:
-        write(tmp)
-        if target.exists():
-            old = target.with_name(f".{target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(target, old)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return target
 
 
 class InjectionModule(LightningModule):

@@ -16,9 +16,9 @@ import torch
 from lightning.pytorch import LightningModule
 from typing_extensions import override
 
+from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.losses import nll_loss, sequence_logprobs
 from lightning_unlearn.models import AdapterConfig, apply_adapter, load_causal_lm, load_tokenizer
-from lightning_unlearn.objectives.injection import write_directory_atomically
 
 
 class InstructionModule(LightningModule):
