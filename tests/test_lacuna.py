@@ -223,3 +223,24 @@ def test_shipped_configs_parse(name):
     if name.startswith("inject"):
         assert cli.model.hparams.masked is (name == "inject")
         assert cli.model.hparams.coverage == 0.05
+
+
+class _LrLog(Callback):
+    def __init__(self) -> None:
+        self.lrs: list[float] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+
+def test_linear_schedule_decays_to_zero_at_the_last_step(tiny_dir, tmp_path):
+    log = _LrLog()
+    module, data = injection(tiny_dir, tmp_path / "data", warmup_steps=2, schedule="linear")
+    make_trainer(tmp_path / "run", max_steps=6, callbacks=[log]).fit(module, data)
+    # warm-up 1/2, 2/2 of lr 1e-2, then 1 - (s - 2) / 4 for s = 2..5
+    assert log.lrs == pytest.approx([5e-3, 1e-2, 1e-2, 7.5e-3, 5e-3, 2.5e-3])
+
+
+def test_unknown_schedule_is_refused(tiny_dir):
+    with pytest.raises(ValueError, match="schedule='cosine' is not one of"):
+        InjectionModule(model_path=str(tiny_dir), schedule="cosine")

@@ -40,6 +40,7 @@ from lightning_unlearn.models import (
     load_tokenizer,
     train_bpe_tokenizer,
 )
+from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 
 # The built-in θ_pre of `configs/lacuna/pretrain.yaml`, used when an injection run names no model.
 BUILTIN_PRETRAIN_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "lacuna" / "pretrain.yaml"
@@ -65,7 +66,9 @@ class InjectionModule(LightningModule):
         mask_seed: seed of sampled masks.
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay (0 keeps elements outside a sample's mask exactly unchanged).
-        warmup_steps: linear warm-up steps, then constant.
+        warmup_steps: linear warm-up steps.
+        schedule: after warm-up, ``"constant"`` keeps ``lr``; ``"linear"`` decays it to 0 at the run's last
+            optimizer step (``trainer.estimated_stepping_batches``).
         export_dir: where to export; ``None`` = ``<trainer.default_root_dir>/export``.
     """
 
@@ -84,6 +87,7 @@ class InjectionModule(LightningModule):
         lr: float = 1e-3,
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
+        schedule: str = "constant",
         export_dir: str | None = None,
     ) -> None:
         super().__init__()
@@ -91,10 +95,12 @@ class InjectionModule(LightningModule):
             raise ValueError("give either model_path (continue a model) or tiny (pretrain from scratch), not both.")
         if tiny is not None and tokenizer_path is None:
             raise ValueError("pretraining from scratch (tiny) needs tokenizer_path, where the tokenizer is kept.")
-        if lr <= 0 or weight_decay < 0 or warmup_steps < 0:
-            raise ValueError(
-                f"need lr > 0, weight_decay >= 0, warmup_steps >= 0 (got {lr}, {weight_decay}, {warmup_steps})."
-            )
+        if weight_decay < 0:
+            raise ValueError(f"need weight_decay >= 0 (got {weight_decay}).")
+        # Validates lr, warmup_steps and schedule with the same messages as the unlearning objectives.
+        self.optim_config = OptimizerConfig(
+            lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, schedule=schedule
+        )
         self.save_hyperparameters()
         self.tiny = TinyLlamaConfig(**tiny) if isinstance(tiny, dict) else tiny
         # Plain dicts in hparams keep checkpoints loadable with torch.load(weights_only=True).
@@ -176,10 +182,11 @@ class InjectionModule(LightningModule):
 
     @override
     def configure_optimizers(self):
+        cfg = self.optim_config
         params = [p for p in self.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
-        warmup = self.hparams.warmup_steps
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        total = int(self.trainer.estimated_stepping_batches)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: cfg.lr_factor(step, total))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def export_dir(self) -> Path:
