@@ -40,7 +40,7 @@ from lightning_unlearn.models import (
     load_tokenizer,
     train_bpe_tokenizer,
 )
-from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
+from lightning_unlearn.objectives.optimizer_config import SCHEDULES, OptimizerConfig
 
 # The built-in θ_pre of `configs/lacuna/pretrain.yaml`, used when an injection run names no model.
 BUILTIN_PRETRAIN_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "lacuna" / "pretrain.yaml"
@@ -95,9 +95,12 @@ class InjectionModule(LightningModule):
             raise ValueError("give either model_path (continue a model) or tiny (pretrain from scratch), not both.")
         if tiny is not None and tokenizer_path is None:
             raise ValueError("pretraining from scratch (tiny) needs tokenizer_path, where the tokenizer is kept.")
-        if weight_decay < 0:
-            raise ValueError(f"need weight_decay >= 0 (got {weight_decay}).")
-        # Validates lr, warmup_steps and schedule with the same messages as the unlearning objectives.
+        if lr <= 0 or weight_decay < 0 or warmup_steps < 0:
+            raise ValueError(
+                f"need lr > 0, weight_decay >= 0, warmup_steps >= 0 (got {lr}, {weight_decay}, {warmup_steps})."
+            )
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule={schedule!r} is not one of {SCHEDULES}.")
         self.optim_config = OptimizerConfig(
             lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, schedule=schedule
         )
