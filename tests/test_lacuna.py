@@ -191,6 +191,14 @@ def test_groups_subset_and_neutral_fraction(tiny_dir, tmp_path):
         InjectionDataModule(data_dir=str(tmp_path / "data"), data=small_data(), groups=[6]).pii_rows()
 
 
+def test_loaded_models_train_in_train_mode(tiny_dir):
+    # from_pretrained returns eval mode and Lightning keeps submodule modes, so dropout would silently stay off.
+    for module in (InjectionModule(model_path=str(tiny_dir)), InstructionModule(model_path=str(tiny_dir))):
+        module.configure_model()
+        in_eval = [n for n, m in module.model.named_modules() if not m.training]
+        assert not in_eval, f"{type(module).__name__}: {in_eval[:3]}"
+
+
 def test_instruction_lora_last_two_blocks_keeps_best(tiny_dir, tmp_path):
     from lightning_unlearn.data.testbed_data import build_testbed_data
 

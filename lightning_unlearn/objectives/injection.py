@@ -119,7 +119,8 @@ class InjectionModule(LightningModule):
 
     @property
     def model_dir(self) -> str:
-        return self.hparams.model_path or BUILTIN_PRETRAINED
+        # "~/..." in a YAML config is not expanded by the shell; the export copies this directory, so expand it here.
+        return str(Path(self.hparams.model_path).expanduser()) if self.hparams.model_path else BUILTIN_PRETRAINED
 
     @property
     def tokenizer_dir(self) -> str:
@@ -148,7 +149,8 @@ class InjectionModule(LightningModule):
         if self.pretraining:
             self.model = build_tiny_llama(self.tokenizer, self.tiny, seed=self.hparams.init_seed)
             return
-        self.model = load_causal_lm(self.model_dir)
+        # from_pretrained returns eval mode and Lightning keeps module modes: train in train mode (dropout on).
+        self.model = load_causal_lm(self.model_dir).train()
         if self.hparams.masks_path is not None:
             self._masks, _ = load_masks(self.hparams.masks_path, self.model)
         else:

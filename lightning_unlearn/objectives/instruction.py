@@ -61,7 +61,8 @@ class InstructionModule(LightningModule):
         if self.model is not None:
             return
         self.tokenizer = load_tokenizer(self.hparams.model_path)
-        self.model = apply_adapter(load_causal_lm(self.hparams.model_path), self.adapter)
+        # from_pretrained returns eval mode and Lightning keeps module modes: train in train mode (LoRA dropout on).
+        self.model = apply_adapter(load_causal_lm(self.hparams.model_path), self.adapter).train()
 
     def _loss(self, batch: dict) -> torch.Tensor:
         logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
