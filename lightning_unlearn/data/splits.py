@@ -35,6 +35,21 @@ def retain_field(field: str) -> str:
     return TARGET_FIELDS[(i + 1) % len(TARGET_FIELDS)]
 
 
+def _part_sizes(n: int, fractions: tuple[float, float, float]) -> list[int]:
+    """Profiles per part for a group of ``n``: the rounded shares, then one profile for every part with a positive
+    share that rounded to none, taken from the largest part (3 profiles a group would otherwise give 2/1/0 and an
+    empty relearning split)."""
+    sizes = [min(n, int(round(n * fractions[0])))]
+    sizes.append(min(n - sizes[0], int(round(n * fractions[1]))))
+    sizes.append(n - sizes[0] - sizes[1])
+    for k, share in enumerate(fractions):
+        donor = max(range(3), key=lambda j: sizes[j])
+        if share > 0 and sizes[k] == 0 and sizes[donor] > 1:
+            sizes[donor] -= 1
+            sizes[k] += 1
+    return sizes
+
+
 def partition_profiles(
     profiles: Sequence[dict], seed: int = 0, fractions: tuple[float, float, float] = (0.5, 0.25, 0.25)
 ) -> dict[str, set[int]]:
@@ -50,8 +65,7 @@ def partition_profiles(
     for g in sorted(by_group):
         ids = sorted(by_group[g])
         rng.shuffle(ids)
-        n_eval = int(round(len(ids) * fractions[0]))
-        n_tune = int(round(len(ids) * fractions[1]))
+        n_eval, n_tune, _ = _part_sizes(len(ids), fractions)
         parts["eval"].update(ids[:n_eval])
         parts["tune"].update(ids[n_eval : n_eval + n_tune])
         parts["relearn"].update(ids[n_eval + n_tune :])
