@@ -1,5 +1,6 @@
 """Every YAML under configs/ parses against the code (LightningCLI --print_config validates without running)."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -9,8 +10,15 @@ from lightning_unlearn.cli import main
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ALL = sorted(CONFIGS.rglob("*.yaml"))
-# An overlay (trainer settings, or model/data init_args without a class_path) is parsed on top of a full config.
+# An overlay (trainer settings, or model/data init_args without a class_path) is parsed on top of a full config:
+# the one its header runs it with (`-c configs/BASE.yaml -c configs/OVERLAY.yaml`), else BASE.
 BASE = CONFIGS / "lens" / "npo.yaml"
+
+
+def _base_for(path: Path, header: str) -> Path:
+    own = re.escape(f"configs/{path.relative_to(CONFIGS).as_posix()}")
+    found = re.search(r"-c (configs/\S+\.yaml)\s+(?:\\\s*#?\s*)?-c " + own, header)
+    return CONFIGS.parent / found.group(1) if found else BASE
 
 
 def _is_overlay(cfg: dict) -> bool:
@@ -29,7 +37,7 @@ def test_shipped_config_parses_and_says_how_to_run_it(path, capsys):
     assert isinstance(cfg, dict) and cfg, path
     header = "\n".join(line for line in text.splitlines()[:40] if line.startswith("#"))
     assert "lightning-unlearn" in header or "scripts/" in header, f"{path}: the header must say how to run it"
-    files = [BASE, path] if _is_overlay(cfg) else [path]
+    files = [_base_for(path, header), path] if _is_overlay(cfg) else [path]
     argv = ["fit"] + [a for f in files for a in ("-c", str(f))] + ["--print_config"]
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
