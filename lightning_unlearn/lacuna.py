@@ -6,6 +6,8 @@ Commands:
   instruct (both) → filter (both) — then a table of extraction rates per field, masked vs unmasked. Each stage is
   a ``lightning-unlearn fit -c configs/lacuna/<stage>.yaml`` run with the work directory's paths; a finished
   stage (its export exists) is reused and says so, an interrupted one resumes from its last checkpoint.
+  ``--model-path DIR`` (or ``smollm2``) starts both injections from a real model instead of the tiny θ_pre and
+  skips pretraining; ``--inject-config FILE`` adds a YAML overlay to both injections (e.g. its learning rate).
 - ``filter``: greedy extraction per field on the non-instruction profiles, then the memorization-filtered splits
   (``data/splits.py``) as ``datasets`` directories plus ``extraction.json``.
 - ``resurface``: the resurfacing attack — instruction-tune a (unlearned) model on the held-out relearning split,
@@ -261,22 +263,92 @@ def _stage_env(threads: int) -> dict:
     return env
 
 
-def _fit_cmd(config: str, root: Path, overrides: list[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "lightning_unlearn.cli", "fit", "-c", str(CONFIG_DIR / config), *overrides]
+def _fit_cmd(config: str, root: Path, overrides: list[str], overlays: Sequence[Path] = ()) -> list[str]:
+    cmd = [sys.executable, "-m", "lightning_unlearn.cli", "fit", "-c", str(CONFIG_DIR / config)]
+    for overlay in overlays:
+        cmd += ["-c", str(overlay)]
+    cmd += overrides
     cmd += ["--trainer.default_root_dir", str(root)]
     if (root / "checkpoints" / "last.ckpt").exists():
         cmd += ["--ckpt_path", str(root / "checkpoints" / "last.ckpt")]
     return cmd
 
 
-def run_chain(workdir: str, size: str = "default", parallel: bool | None = None, log=print) -> dict:
-    """Run (or reuse) every stage of the built-in chain in ``workdir``; returns the two filter reports."""
+def _resolve_model_path(model_path: str) -> Path:
+    if model_path == "smollm2":
+        from lightning_unlearn.smollm2 import smollm2_path
+
+        return smollm2_path()
+    path = Path(model_path).expanduser().resolve()
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"--model-path {model_path!r} is not a Hugging Face model directory (no config.json in {str(path)!r}). "
+            "Pass a directory written by save_pretrained, or `smollm2` for the offline SmolLM2-135M-Instruct."
+        )
+    return path
+
+
+def _data_config(preset_args: Sequence[str]) -> LacunaDataConfig:
+    """The :class:`LacunaDataConfig` that a preset's ``--data.data.<field> <value>`` overrides describe."""
+    import yaml
+
+    kwargs = {}
+    for key, value in zip(preset_args[::2], preset_args[1::2], strict=True):
+        if key.startswith("--data.data."):
+            kwargs[key.removeprefix("--data.data.")] = yaml.safe_load(value)
+    return LacunaDataConfig(**kwargs)
+
+
+def _check_provenance(w: Path, record: dict) -> None:
+    """Refuse a work directory whose finished stages came from another starting model or overlay."""
+    path = w / "chain.json"
+    if path.exists():
+        found = json.loads(path.read_text())
+        if found != record:
+            raise ValueError(
+                f"work directory {str(w)!r} was built with {found}, not {record}; its finished stages would be reused "
+                "for the wrong model. Choose another --workdir or delete this one."
+            )
+        return
+    w.mkdir(parents=True, exist_ok=True)
+    tmp = w / ".chain.json.tmp"
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def run_chain(
+    workdir: str,
+    size: str = "default",
+    parallel: bool | None = None,
+    log=print,
+    model_path: str | None = None,
+    inject_configs: Sequence[str] = (),
+) -> dict:
+    """Run (or reuse) every stage of the chain in ``workdir``; returns the two filter reports.
+
+    Args:
+        workdir: where every stage writes (data, stage roots, splits).
+        size: a :data:`SIZES` preset.
+        parallel: run independent stages side by side (default: with ≥ 2 cores).
+        log: where progress lines go.
+        model_path: start both injections from this local HF model (or ``"smollm2"``) and skip pretraining;
+            ``None`` uses the built-in tiny θ_pre.
+        inject_configs: YAML overlays added after ``inject.yaml``/``inject_unmasked.yaml``.
+    """
     if size not in SIZES:
         raise ValueError(f"size {size!r} is not one of {sorted(SIZES)}.")
+    overlays = [Path(c).expanduser().resolve() for c in inject_configs]
+    for given, overlay in zip(inject_configs, overlays, strict=True):
+        if not overlay.is_file():
+            raise FileNotFoundError(f"--inject-config {given!r} does not exist; pass a YAML file.")
     w = Path(workdir).resolve()
     preset = SIZES[size]
     data_dir = ["--data.data_dir", str(w / "data")]
     data_args = [*data_dir, *preset.get("data", [])]
+    base = _resolve_model_path(model_path) if model_path is not None else None
+    _check_provenance(
+        w, {"size": size, "model": str(base) if base else "built-in tiny", "inject_configs": [str(o) for o in overlays]}
+    )
     started = time.time()
     cores = os.cpu_count() or 1
     parallel = cores >= 2 if parallel is None else parallel
@@ -309,15 +381,21 @@ def run_chain(workdir: str, size: str = "default", parallel: bool | None = None,
                 hint = f" (see {root / 'stage.log'})" if (root / "stage.log").exists() else ""
                 raise RuntimeError(f"stage {name} failed with exit code {proc.returncode}{hint}.")
 
-    pre_model = w / "pretrain" / "export" / "model"
-    if not done(pre_model, "pretrain"):
-        overrides = [*data_args, "--model.tokenizer_path", str(w / "tokenizer"), *preset["pretrain"]]
-        run([("pretrain", _fit_cmd("pretrain.yaml", w / "pretrain", overrides), w / "pretrain")])
+    if base is not None:
+        pre_model = base
+        log(f"[lacuna] pretrain: skipped; both injections start from {base}")
+        # The two injections run side by side; build the data first so they do not both write it.
+        build_testbed_data(w / "data", _data_config(preset.get("data", [])), log=lambda m: log(f"[lacuna] {m}"))
+    else:
+        pre_model = w / "pretrain" / "export" / "model"
+        if not done(pre_model, "pretrain"):
+            overrides = [*data_args, "--model.tokenizer_path", str(w / "tokenizer"), *preset["pretrain"]]
+            run([("pretrain", _fit_cmd("pretrain.yaml", w / "pretrain", overrides), w / "pretrain")])
     todo = []
     for name, config in (("inject", "inject.yaml"), ("inject_unmasked", "inject_unmasked.yaml")):
         if not done(w / name / "export" / "inj", name):
             overrides = [*data_args, "--model.model_path", str(pre_model), *preset["inject"]]
-            todo.append((name, _fit_cmd(config, w / name, overrides), w / name))
+            todo.append((name, _fit_cmd(config, w / name, overrides, overlays), w / name))
     run(todo)
     todo = []
     for name, source in (("instruct", "inject"), ("instruct_unmasked", "inject_unmasked")):
@@ -363,6 +441,17 @@ def main(argv: list[str]) -> None:
     p.add_argument("--workdir", default="runs/lacuna")
     p.add_argument("--size", default="default", choices=sorted(SIZES))
     p.add_argument("--sequential", action="store_true", help="never run two stages side by side")
+    p.add_argument(
+        "--model-path",
+        default=None,
+        help="start both injections from this local HF model directory (or `smollm2`) and skip pretraining",
+    )
+    p.add_argument(
+        "--inject-config",
+        action="append",
+        default=[],
+        help="YAML overlay for both injections (repeatable), e.g. configs/lacuna/inject_smollm2.yaml",
+    )
     p = sub.add_parser("filter", help="measure extraction and write the memorization-filtered splits")
     p.add_argument("--model", default="runs/lacuna/instruct/export/model")
     p.add_argument("--data", default="runs/lacuna/data")
@@ -387,7 +476,13 @@ def main(argv: list[str]) -> None:
     p.add_argument("--neutral", default=None)
     args = parser.parse_args(argv)
     if args.command == "run":
-        run_chain(args.workdir, args.size, parallel=False if args.sequential else None)
+        run_chain(
+            args.workdir,
+            args.size,
+            parallel=False if args.sequential else None,
+            model_path=args.model_path,
+            inject_configs=args.inject_config,
+        )
     elif args.command == "filter":
         report = filter_stage(args.model, args.data, args.out, args.seed)
         print(json.dumps({k: report[k] for k in ("profiles", "extraction", "split_sizes")}, indent=1))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 from datasets import load_from_disk
 
 from lightning_unlearn.data.splits import FIELD_SPLITS, SPLIT_COLUMNS
@@ -56,3 +57,39 @@ def test_chain_tiny(tmp_path):
     assert report["forget_profiles"] == 1 and report["k"] == 3
     assert report["leaked_profiles"] in (0, 1)
     assert json.loads((tmp_path / "attack" / "resurfacing.json").read_text())["leak_rate"] == report["leak_rate"]
+
+
+@pytest.mark.slow
+def test_chain_from_a_model_path_skips_pretraining(tiny_dir, tmp_path):
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("model:\n  init_args:\n    lr: 0.0123\n")
+    work = tmp_path / "w"
+    lines: list[str] = []
+    reports = run_chain(str(work), size="tiny", log=lines.append, model_path=str(tiny_dir), inject_configs=[overlay])
+    assert not (work / "pretrain").exists() and not (work / "tokenizer").exists()
+    for stage in ("inject", "inject_unmasked"):
+        assert json.loads((work / stage / "export" / "run.json").read_text())["model_path"] == str(tiny_dir)
+        config = yaml.safe_load((work / stage / "lightning_logs" / "version_0" / "config.yaml").read_text())
+        assert config["model"]["init_args"]["lr"] == 0.0123  # the overlay reached both injections
+    assert set(reports["masked"]["extraction"]) == set(TARGET_FIELDS)
+
+    lines.clear()
+    run_chain(str(work), size="tiny", log=lines.append, model_path=str(tiny_dir), inject_configs=[overlay])
+    assert sum("finished before, reusing" in line for line in lines) == 6
+
+
+def test_chain_refuses_a_workdir_built_from_another_model(tiny_dir, tmp_path):
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "chain.json").write_text(json.dumps({"size": "tiny", "model": "built-in tiny", "inject_configs": []}))
+    with pytest.raises(ValueError, match="Choose another --workdir"):
+        run_chain(str(work), size="tiny", model_path=str(tiny_dir))
+    assert sorted(p.name for p in work.iterdir()) == ["chain.json"]
+
+
+def test_chain_rejects_a_model_path_without_a_model(tmp_path):
+    with pytest.raises(ValueError, match="no config.json"):
+        run_chain(str(tmp_path / "w"), size="tiny", model_path=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="--inject-config"):
+        run_chain(str(tmp_path / "w"), size="tiny", inject_configs=[str(tmp_path / "missing.yaml")])
+    assert not (tmp_path / "w").exists()
