@@ -121,18 +121,35 @@ def extraction_rates(model, tokenizer, profiles: Sequence[dict], fields: Sequenc
     return rates, memorized
 
 
-def filter_stage(model_dir: str, data_dir: str, out_dir: str, seed: int = 0, write_splits: bool = True) -> dict:
-    """Measure extraction on the non-instruction profiles and write the memorization-filtered splits."""
+def filter_stage(
+    model_dir: str,
+    data_dir: str,
+    out_dir: str,
+    seed: int = 0,
+    write_splits: bool = True,
+    groups: Sequence[int] | None = None,
+) -> dict:
+    """Measure extraction on the non-instruction profiles and write the memorization-filtered splits.
+
+    ``groups`` restricts the measurement to those groups' profiles (for a run injected with ``data.groups``);
+    the others count as not memorized, so they join no split.
+    """
     from lightning_unlearn.models import load_causal_lm, load_tokenizer
 
-    model, tokenizer = load_causal_lm(model_dir), load_tokenizer(model_dir)
     profiles = list(load_table(data_dir, "profiles"))
-    targets = [p for p in profiles if not p["instruct"]]
+    if groups is not None:
+        present = sorted({int(p["group_id"]) for p in profiles})
+        missing = sorted(set(groups) - set(present))
+        if missing:
+            raise ValueError(f"groups {missing} have no profile in {data_dir!r}; its groups are {present}.")
+    targets = [p for p in profiles if not p["instruct"] and (groups is None or p["group_id"] in groups)]
     if not targets:
         raise ValueError(f"{data_dir!r} has no non-instruction profile to measure extraction on.")
+    model, tokenizer = load_causal_lm(model_dir), load_tokenizer(model_dir)
     rates, memorized = extraction_rates(model, tokenizer, targets)
     report = {
         "model": str(model_dir),
+        "groups": sorted(groups) if groups is not None else None,
         "profiles": len(targets),
         "extraction": rates,
         "memorized": {f: sorted(ids) for f, ids in memorized.items()},
@@ -457,6 +474,9 @@ def main(argv: list[str]) -> None:
     p.add_argument("--data", default="runs/lacuna/data")
     p.add_argument("--out", default="runs/lacuna/splits")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--groups", type=int, nargs="+", default=None, help="measure only these groups (after --data.groups)"
+    )
     p = sub.add_parser("resurface", help="resurfacing attack: relearn on held-out PII, count leaking profiles")
     p.add_argument("--model", required=True, help="the (unlearned) model directory to attack")
     p.add_argument("--splits", default="runs/lacuna/splits")
@@ -484,7 +504,7 @@ def main(argv: list[str]) -> None:
             inject_configs=args.inject_config,
         )
     elif args.command == "filter":
-        report = filter_stage(args.model, args.data, args.out, args.seed)
+        report = filter_stage(args.model, args.data, args.out, args.seed, groups=args.groups)
         print(json.dumps({k: report[k] for k in ("profiles", "extraction", "split_sizes")}, indent=1))
     elif args.command == "resurface":
         report = resurface(

@@ -191,6 +191,22 @@ def test_groups_subset_and_neutral_fraction(tiny_dir, tmp_path):
         InjectionDataModule(data_dir=str(tmp_path / "data"), data=small_data(), groups=[6]).pii_rows()
 
 
+def test_filter_measures_only_the_given_groups(tiny_dir, tmp_path):
+    from lightning_unlearn.data.testbed_data import build_testbed_data, load_table
+
+    build_testbed_data(tmp_path / "data", small_data(), log=lambda *_: None)
+    profiles = list(load_table(tmp_path / "data", "profiles"))
+    lacuna_main(["filter", "--model", str(tiny_dir), "--data", str(tmp_path / "data"), "--out",
+                 str(tmp_path / "f"), "--groups", "2", "4"])  # fmt: skip
+    report = json.loads((tmp_path / "f" / "extraction.json").read_text())
+    assert report["groups"] == [2, 4]
+    assert report["profiles"] == sum(not p["instruct"] and p["group_id"] in (2, 4) for p in profiles) > 0
+    with pytest.raises(ValueError, match=r"groups \[9\] have no profile"):
+        lacuna_main(["filter", "--model", str(tiny_dir), "--data", str(tmp_path / "data"), "--out",
+                     str(tmp_path / "g"), "--groups", "9"])  # fmt: skip
+    assert not (tmp_path / "g").exists()
+
+
 def test_loaded_models_train_in_train_mode(tiny_dir):
     # from_pretrained returns eval mode and Lightning keeps submodule modes, so dropout would silently stay off.
     for module in (InjectionModule(model_path=str(tiny_dir)), InstructionModule(model_path=str(tiny_dir))):
