@@ -1,6 +1,6 @@
-"""Atomic writes of artifact directories: build in a temporary sibling, then rename into place.
+"""Atomic writes of artifacts (directories and single files): build in a temporary sibling, then rename into place.
 
-A crash or a bad input while writing leaves the previous directory (or nothing) behind, never a partial one that a
+A crash or a bad input while writing leaves the previous artifact (or nothing) behind, never a partial one that a
 later stage would trust.
 """
 
@@ -32,3 +32,27 @@ def write_directory_atomically(target: str | os.PathLike, write: Callable[[Path]
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def write_file_atomically(target: str | os.PathLike, write: Callable[[Path], None], suffix: str = ".tmp") -> Path:
+    """Call ``write(tmp_file)`` on a temporary sibling of ``target``, then move it onto ``target``.
+
+    ``suffix`` is the temporary file's extension, for writers that infer the format from it (e.g. ``.png``).
+    On error the temporary file is removed and ``target`` is left as it was.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=suffix)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def write_text_atomically(target: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``target`` atomically."""
+    return write_file_atomically(target, lambda tmp: tmp.write_text(text, encoding="utf-8"))

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from lightning_unlearn.atomic import write_directory_atomically
+from lightning_unlearn.atomic import write_directory_atomically, write_text_atomically
 from lightning_unlearn.data.pii import probe_qa
 from lightning_unlearn.data.splits import build_splits, save_splits
 from lightning_unlearn.data.templates import TARGET_FIELDS
@@ -327,10 +327,7 @@ def _check_provenance(w: Path, record: dict) -> None:
                 "for the wrong model. Choose another --workdir or delete this one."
             )
         return
-    w.mkdir(parents=True, exist_ok=True)
-    tmp = w / ".chain.json.tmp"
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    write_text_atomically(path, json.dumps(record, indent=1, sort_keys=True))
 
 
 def run_chain(

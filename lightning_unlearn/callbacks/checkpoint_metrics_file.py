@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+
+from lightning_unlearn.atomic import write_text_atomically
 
 METRICS_FILE = "checkpoint_metrics.jsonl"
 
@@ -47,15 +48,7 @@ def merge_rows(path: str | os.PathLike, rows: Iterable[dict]) -> list[dict]:
     for r in rows:
         merged[row_key(r)] = _jsonable(r)
     ordered = [merged[k] for k in sorted(merged)]
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for r in ordered:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomically(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered))
     return ordered
 
 

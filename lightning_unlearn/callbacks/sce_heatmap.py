@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
-from pathlib import Path
+
+from lightning_unlearn.atomic import write_file_atomically, write_text_atomically
 
 HEATMAP_LEVELS = ("L0", "L1", "L2", "pooled")
 
@@ -47,27 +47,9 @@ def sce_heatmap_figure(tables: Mapping[str, Mapping[str, Mapping[int, dict]]], l
 
 def save_figure(fig, path: str | os.PathLike) -> None:
     """Write ``fig`` as PNG atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=100, bbox_inches="tight")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_file_atomically(path, lambda tmp: fig.savefig(tmp, dpi=100, bbox_inches="tight"), suffix=".png")
 
 
 def write_json(path: str | os.PathLike, obj) -> None:
     """Write ``obj`` as JSON atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, ensure_ascii=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomically(path, json.dumps(obj, indent=2, ensure_ascii=False))
