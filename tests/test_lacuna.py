@@ -18,7 +18,7 @@ from lightning_unlearn.data.testbed_data import LacunaDataConfig
 from lightning_unlearn.lacuna import locality_report
 from lightning_unlearn.lacuna import main as lacuna_main
 from lightning_unlearn.masks import sample_masks, save_masks
-from lightning_unlearn.models import TinyLlamaConfig, build_tiny_llama
+from lightning_unlearn.models import TinyLlamaConfig, build_tiny_llama, load_tokenizer
 from lightning_unlearn.objectives.injection import InjectionModule
 from lightning_unlearn.objectives.instruction import InstructionModule
 from lightning_unlearn.strategies import MaskedSingleDeviceStrategy
@@ -236,6 +236,86 @@ def test_instruction_lora_last_two_blocks_keeps_best(tiny_dir, tmp_path):
     base = load_file(str(Path(tiny_dir) / "model.safetensors"))
     changed = {k for k, v in merged.state_dict().items() if k in base and not torch.equal(v, base[k])}
     assert changed and all(".layers.2." in k or ".layers.3." in k for k in changed)
+
+
+def test_instruction_keeps_the_untrained_model_when_training_only_hurts(tiny_dir, tmp_path):
+    from lightning_unlearn.data.testbed_data import build_testbed_data
+
+    build_testbed_data(tmp_path / "data", small_data(), log=lambda *_: None)
+
+    def data():
+        return InstructionDataModule(data_dir=str(tmp_path / "data"), batch_size=4, max_length=48)
+
+    def fit(model_path, root, lr, epochs):
+        module = InstructionModule(model_path=str(model_path), lr=lr, validate_untrained=True)
+        trainer = make_trainer(root, max_epochs=epochs, strategy=False)
+        trainer.val_check_interval = 2
+        trainer.fit(module, data())
+        return module, json.loads((root / "export" / "run.json").read_text())
+
+    def validated(model_path):
+        module = InstructionModule(model_path=str(model_path))
+        return make_trainer(tmp_path / "v", strategy=False).validate(module, data(), verbose=False)[0]["val/loss"]
+
+    # from the random tiny model, an ordinary learning rate beats the untrained model: a trained adapter is kept
+    module, run = fit(tiny_dir, tmp_path / "tuned", 5e-3, 3)
+    assert run["best_step"] > 0 and run["best_val_loss"] < validated(tiny_dir)
+
+    # from that tuned model, lr 3 only wrecks the adapter: the untrained model is kept, unchanged
+    tuned = tmp_path / "tuned" / "export" / "model"
+    module, run = fit(tuned, tmp_path / "wrecked", 3.0, 1)
+    assert run["best_step"] == 0 and run["best_val_loss"] == pytest.approx(validated(tuned), rel=1e-5)
+    merged = load_file(str(tmp_path / "wrecked" / "export" / "model" / "model.safetensors"))
+    base = load_file(str(tuned / "model.safetensors"))
+    assert merged.keys() == base.keys() and all(torch.equal(merged[k], base[k]) for k in base)
+
+
+def test_instruction_split_by_profiles_holds_out_whole_people(tiny_dir, tmp_path):
+    from datasets import load_from_disk
+
+    from lightning_unlearn.data.testbed_data import build_testbed_data
+
+    build_testbed_data(tmp_path / "data", small_data(num_profiles=24), log=lambda *_: None)
+    qa = load_from_disk(str(tmp_path / "data" / "instruct_qa"))
+    people = sorted(set(qa["profile_id"]))
+    tokenizer = load_tokenizer(str(tiny_dir))
+
+    def prompts(rows):
+        return {tokenizer.decode([t for t, lab in zip(r["input_ids"], r["labels"]) if lab == -100]) for r in rows}
+
+    profiles = load_from_disk(str(tmp_path / "data" / "profiles"))
+
+    def names(pids):
+        return {f"{p['first_name']} {p['last_name']}" for p in profiles if p["profile_id"] in pids}
+
+    by_rows = InstructionDataModule(data_dir=str(tmp_path / "data"), tokenizer_dir=str(tiny_dir), max_length=64)
+    by_people = InstructionDataModule(
+        data_dir=str(tmp_path / "data"), tokenizer_dir=str(tiny_dir), max_length=64, split_by="profiles"
+    )
+    by_rows.setup("fit")
+    by_people.setup("fit")
+    assert by_rows.val_profile_ids is None
+    held_out = set(by_people.val_profile_ids)
+    assert len(held_out) == round(0.3 * len(people)) and 0 < len(held_out) < len(people)
+    assert len(by_people.val_rows) == sum(pid in held_out for pid in qa["profile_id"])
+    assert len(by_people.val_rows) + len(by_people.train_rows) == len(qa)
+    # every validation prompt is about a held-out person and no training prompt is
+    val_prompts, train_prompts = prompts(by_people.val_rows), prompts(by_people.train_rows)
+    assert val_prompts and all(any(n in v for n in names(held_out)) for v in val_prompts)
+    assert train_prompts and not any(any(n in t for n in names(held_out)) for t in train_prompts)
+    # a row split puts every instruction person in both train and validation
+    row_val, row_train = prompts(by_rows.val_rows), prompts(by_rows.train_rows)
+    for name in names(set(people)):
+        assert any(name in v for v in row_val) and any(name in t for t in row_train)
+    assert len(by_rows.val_rows) == round(0.3 * len(qa))
+
+    with pytest.raises(ValueError, match="split_by='shuffle' is not"):
+        InstructionDataModule(data_dir=str(tmp_path / "data"), split_by="shuffle")
+    one = tmp_path / "one"
+    qa.filter(lambda r: r["profile_id"] == people[0]).save_to_disk(str(one))
+    lone = InstructionDataModule(source=str(one), tokenizer_dir=str(tiny_dir), split_by="profiles")
+    with pytest.raises(ValueError, match="cannot split 1 profiles"):
+        lone.setup("fit")
 
 
 @pytest.mark.parametrize("name", ["pretrain", "inject", "inject_unmasked", "instruct"])

@@ -25,7 +25,10 @@ class InstructionDataModule(LightningDataModule):
             the ``relearn`` split for the resurfacing attack). ``None`` = ``<data_dir>/instruct_qa``.
         data_dir: testbed data directory (used when ``source`` is ``None``).
         tokenizer_dir: tokenizer directory; ``None`` = the model's (``LightningModule.tokenizer_dir``).
-        val_fraction: share of pairs held out for validation (Lacuna: 0.3).
+        val_fraction: share held out for validation (Lacuna: 0.3).
+        split_by: ``"rows"`` holds out ``val_fraction`` of the pairs; ``"profiles"`` holds out that share of the
+            profiles (``profile_id`` column) with all their pairs, so validation measures answering about people
+            the adapter never saw rather than recalling the training people's answers.
         max_length: tokens per pair.
         batch_size: pairs per step.
         seed: seed of the split and of the per-epoch order.
@@ -37,6 +40,7 @@ class InstructionDataModule(LightningDataModule):
         data_dir: str = "runs/lacuna/data",
         tokenizer_dir: str | None = None,
         val_fraction: float = 0.3,
+        split_by: str = "rows",
         max_length: int = 96,
         batch_size: int = 16,
         seed: int = 0,
@@ -44,9 +48,12 @@ class InstructionDataModule(LightningDataModule):
         super().__init__()
         if not 0 <= val_fraction < 1:
             raise ValueError(f"val_fraction={val_fraction} must be in [0, 1).")
+        if split_by not in ("rows", "profiles"):
+            raise ValueError(f"split_by={split_by!r} is not 'rows' or 'profiles'.")
         self.save_hyperparameters()
         self.train_rows: list[dict] | None = None
         self.val_rows: list[dict] = []
+        self.val_profile_ids: list | None = None  # the held-out profiles when split_by="profiles"
         self.pad_token_id = 0
 
     @override
@@ -67,9 +74,27 @@ class InstructionDataModule(LightningDataModule):
         rows = [encode_prompt_answer(tokenizer, p, a, hp.max_length) for p, a in zip(ds["prompt"], ds["answer"])]
         order = list(range(len(rows)))
         random.Random(hp.seed).shuffle(order)
-        n_val = int(round(len(rows) * hp.val_fraction))
-        self.val_rows = [rows[i] for i in order[:n_val]]
-        self.train_rows = [rows[i] for i in order[n_val:]]
+        if hp.split_by == "rows":
+            held_out = set(order[: int(round(len(rows) * hp.val_fraction))])
+        else:
+            if "profile_id" not in ds.column_names:
+                raise ValueError(
+                    f"split_by='profiles' needs a profile_id column in {str(path)!r} (it has {ds.column_names}); "
+                    "use split_by='rows'."
+                )
+            people = sorted(set(ds["profile_id"]))
+            random.Random(hp.seed).shuffle(people)
+            n_val = int(round(len(people) * hp.val_fraction))
+            if hp.val_fraction > 0 and not 0 < n_val < len(people):
+                raise ValueError(
+                    f"split_by='profiles' with val_fraction={hp.val_fraction} cannot split {len(people)} profiles "
+                    "into non-empty train and validation sets; use more instruction profiles or split_by='rows'."
+                )
+            val_people = set(people[:n_val])
+            self.val_profile_ids = sorted(val_people)
+            held_out = {i for i, pid in enumerate(ds["profile_id"]) if pid in val_people}
+        self.val_rows = [rows[i] for i in order if i in held_out]
+        self.train_rows = [rows[i] for i in order if i not in held_out]
 
     @override
     def train_dataloader(self) -> DataLoader:

@@ -3,7 +3,8 @@
 Those blocks are outside θ_mask, so instruction tuning never touches the parameters that hold the injected PII.
 The module validates on the held-out 30% (``trainer.val_check_interval`` = every N steps), keeps the adapter
 weights with the lowest validation loss, and at the end of ``fit`` exports them merged into the base model:
-``<root>/export/model`` (HF format, with tokenizer; written atomically).
+``<root>/export/model`` (HF format, with tokenizer; written atomically). With ``validate_untrained`` the base
+model itself (the adapter before its first step) is validated too and kept when no trained adapter beats it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class InstructionModule(LightningModule):
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         export_dir: where to export; ``None`` = ``<trainer.default_root_dir>/export``.
+        validate_untrained: validate once before the first step and count the untrained adapter (``best_step``
+            0, the base model unchanged) as a candidate of the best-checkpoint selection.
     """
 
     def __init__(
@@ -39,6 +42,7 @@ class InstructionModule(LightningModule):
         lr: float = 1e-3,
         weight_decay: float = 0.0,
         export_dir: str | None = None,
+        validate_untrained: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -77,6 +81,38 @@ class InstructionModule(LightningModule):
     @override
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self.log("val/loss", self._loss(batch), prog_bar=True, sync_dist=True, batch_size=batch["input_ids"].shape[0])
+
+    @override
+    def on_train_start(self) -> None:
+        # A resumed run restored its best (step ≥ 0) from the checkpoint; only a fresh run validates the start.
+        if not self.hparams.validate_untrained or self.best_step >= 0:
+            return
+        if self.trainer.datamodule is None:
+            raise ValueError(
+                "validate_untrained needs the validation data from a datamodule: trainer.fit(module, datamodule=...)."
+            )
+        loss = self._untrained_val_loss(self.trainer.datamodule.val_dataloader())
+        if loss < self.best_val_loss:
+            self.best_val_loss, self.best_step = loss, 0
+            self._best_state = self._trainable_state()
+        for logger in self.loggers:
+            logger.log_metrics({"val/untrained_loss": loss}, step=0)
+
+    @torch.no_grad()
+    def _untrained_val_loss(self, loader) -> float:
+        # The whole validation set on every rank (same batches, same order), so ranks agree without a collective
+        # and sharded (FSDP) forwards stay in step. Weighted by batch size like the logged val/loss.
+        self.model.eval()
+        total, count = 0.0, 0
+        for batch in loader:
+            batch = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            size = batch["input_ids"].shape[0]
+            total += float(self._loss(batch)) * size
+            count += size
+        self.model.train()
+        if count == 0:
+            raise ValueError("validate_untrained: the validation set is empty; raise val_fraction.")
+        return total / count
 
     def _trainable_state(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone().cpu() for n, p in self.model.named_parameters() if p.requires_grad}
