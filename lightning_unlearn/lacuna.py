@@ -7,7 +7,9 @@ Commands:
   a ``lightning-unlearn fit -c configs/lacuna/<stage>.yaml`` run with the work directory's paths; a finished
   stage (its export exists) is reused and says so, an interrupted one resumes from its last checkpoint.
   ``--model-path DIR`` (or ``smollm2``) starts both injections from a real model instead of the tiny θ_pre and
-  skips pretraining; ``--inject-config FILE`` adds a YAML overlay to both injections (e.g. its learning rate).
+  skips pretraining; ``--inject-config FILE`` / ``--instruct-config FILE`` add a YAML overlay to both injections /
+  both instruction tunings (e.g. a learning rate). The table shows extraction after instruction tuning and on θ_inj
+  before it, so what instruction tuning costs is visible.
 - ``filter``: greedy extraction per field on the non-instruction profiles, then the memorization-filtered splits
   (``data/splits.py``) as ``datasets`` directories plus ``extraction.json``.
 - ``resurface``: the resurfacing attack — instruction-tune a (unlearned) model on the held-out relearning split,
@@ -235,7 +237,7 @@ def resurface(
         "leak_rate": len(leaked) / len(forget),
         "leaked_profile_ids": leaked,
     }
-    Path(out_dir, "resurfacing.json").write_text(json.dumps(report, indent=1))
+    write_text_atomically(Path(out_dir, "resurfacing.json"), json.dumps(report, indent=1))
     return report
 
 
@@ -320,7 +322,8 @@ def _check_provenance(w: Path, record: dict) -> None:
     """Refuse a work directory whose finished stages came from another starting model or overlay."""
     path = w / "chain.json"
     if path.exists():
-        found = json.loads(path.read_text())
+        # Work directories from before --instruct-config existed were built without instruction overlays.
+        found = {"instruct_configs": [], **json.loads(path.read_text())}
         if found != record:
             raise ValueError(
                 f"work directory {str(w)!r} was built with {found}, not {record}; its finished stages would be reused "
@@ -337,8 +340,12 @@ def run_chain(
     log=print,
     model_path: str | None = None,
     inject_configs: Sequence[str] = (),
+    instruct_configs: Sequence[str] = (),
 ) -> dict:
-    """Run (or reuse) every stage of the chain in ``workdir``; returns the two filter reports.
+    """Run (or reuse) every stage of the chain in ``workdir``; returns the filter reports.
+
+    The reports are ``masked`` and ``unmasked`` (after instruction tuning; ``masked`` also wrote the splits) and
+    ``masked_inj`` and ``unmasked_inj`` (θ_inj, measured before instruction tuning, no splits).
 
     Args:
         workdir: where every stage writes (data, stage roots, splits).
@@ -348,20 +355,25 @@ def run_chain(
         model_path: start both injections from this local HF model (or ``"smollm2"``) and skip pretraining;
             ``None`` uses the built-in tiny θ_pre.
         inject_configs: YAML overlays added after ``inject.yaml``/``inject_unmasked.yaml``.
+        instruct_configs: YAML overlays added after ``instruct.yaml`` (both instruction tunings).
     """
     if size not in SIZES:
         raise ValueError(f"size {size!r} is not one of {sorted(SIZES)}.")
-    overlays = [Path(c).expanduser().resolve() for c in inject_configs]
-    for given, overlay in zip(inject_configs, overlays, strict=True):
-        if not overlay.is_file():
-            raise FileNotFoundError(f"--inject-config {given!r} does not exist; pass a YAML file.")
+    overlays = _overlays(inject_configs, "--inject-config")
+    instruct_overlays = _overlays(instruct_configs, "--instruct-config")
     w = Path(workdir).resolve()
     preset = SIZES[size]
     data_dir = ["--data.data_dir", str(w / "data")]
     data_args = [*data_dir, *preset.get("data", [])]
     base = _resolve_model_path(model_path) if model_path is not None else None
     _check_provenance(
-        w, {"size": size, "model": str(base) if base else "built-in tiny", "inject_configs": [str(o) for o in overlays]}
+        w,
+        {
+            "size": size,
+            "model": str(base) if base else "built-in tiny",
+            "inject_configs": [str(o) for o in overlays],
+            "instruct_configs": [str(o) for o in instruct_overlays],
+        },
     )
     started = time.time()
     cores = os.cpu_count() or 1
@@ -415,31 +427,43 @@ def run_chain(
     for name, source in (("instruct", "inject"), ("instruct_unmasked", "inject_unmasked")):
         if not done(w / name / "export" / "model", name):
             overrides = [*data_dir, "--model.model_path", str(w / source / "export" / "inj"), *preset["instruct"]]
-            todo.append((name, _fit_cmd("instruct.yaml", w / name, overrides), w / name))
+            todo.append((name, _fit_cmd("instruct.yaml", w / name, overrides, instruct_overlays), w / name))
     run(todo)
     reports = {}
     for name, model, out, write in (
         ("masked", w / "instruct" / "export" / "model", w / "splits", True),
         ("unmasked", w / "instruct_unmasked" / "export" / "model", w / "filter_unmasked", False),
+        ("masked_inj", w / "inject" / "export" / "inj", w / "filter_inj", False),
+        ("unmasked_inj", w / "inject_unmasked" / "export" / "inj", w / "filter_inj_unmasked", False),
     ):
         if done(out / "extraction.json", f"filter ({name})"):
             reports[name] = json.loads((out / "extraction.json").read_text())
         else:
             log(f"[lacuna] filter ({name}): measuring extraction with {model}")
             reports[name] = filter_stage(str(model), str(w / "data"), str(out), write_splits=write)
-    log(format_table(reports["masked"], reports["unmasked"]))
+    log(format_table(reports["masked"], reports["unmasked"], reports["masked_inj"], reports["unmasked_inj"]))
     log(f"[lacuna] done in {time.time() - started:.0f} s; splits in {w / 'splits'}")
     return reports
 
 
-def format_table(masked: dict, unmasked: dict) -> str:
-    """Extraction rate per field, masked vs unmasked, as a text table."""
-    lines = [
-        f"Extraction rate per field ({masked['profiles']} profiles; greedy answer contains the PII value)",
-        f"{'field':<18}{'masked':>10}{'unmasked':>10}",
-    ]
+def _overlays(configs: Sequence[str], flag: str) -> list[Path]:
+    overlays = [Path(c).expanduser().resolve() for c in configs]
+    for given, overlay in zip(configs, overlays, strict=True):
+        if not overlay.is_file():
+            raise FileNotFoundError(f"{flag} {given!r} does not exist; pass a YAML file.")
+    return overlays
+
+
+def format_table(masked: dict, unmasked: dict, masked_inj: dict | None = None, unmasked_inj: dict | None = None) -> str:
+    """Extraction rate per field, masked vs unmasked, as a text table; with the θ_inj reports, two more columns."""
+    columns = [masked, unmasked]
+    lines = [f"Extraction rate per field ({masked['profiles']} profiles; greedy answer contains the PII value)"]
+    if masked_inj is not None and unmasked_inj is not None:
+        columns += [masked_inj, unmasked_inj]
+        lines.append(f"{'':<18}{'after instruction tuning':>24}{'θ_inj, before it':>24}")
+    lines.append(f"{'field':<18}" + f"{'masked':>12}{'unmasked':>12}" * (len(columns) // 2))
     for f in TARGET_FIELDS:
-        lines.append(f"{f:<18}{masked['extraction'][f]:>10.2%}{unmasked['extraction'][f]:>10.2%}")
+        lines.append(f"{f:<18}" + "".join(f"{c['extraction'][f]:>12.2%}" for c in columns))
     return "\n".join(lines)
 
 
@@ -465,6 +489,12 @@ def main(argv: list[str]) -> None:
         action="append",
         default=[],
         help="YAML overlay for both injections (repeatable), e.g. configs/lacuna/inject_smollm2.yaml",
+    )
+    p.add_argument(
+        "--instruct-config",
+        action="append",
+        default=[],
+        help="YAML overlay for both instruction tunings (repeatable), e.g. one that sets model.init_args.lr",
     )
     p = sub.add_parser("filter", help="measure extraction and write the memorization-filtered splits")
     p.add_argument("--model", default="runs/lacuna/instruct/export/model")
@@ -499,6 +529,7 @@ def main(argv: list[str]) -> None:
             parallel=False if args.sequential else None,
             model_path=args.model_path,
             inject_configs=args.inject_config,
+            instruct_configs=args.instruct_config,
         )
     elif args.command == "filter":
         report = filter_stage(args.model, args.data, args.out, args.seed, groups=args.groups)

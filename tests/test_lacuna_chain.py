@@ -31,10 +31,15 @@ def test_chain_tiny(tmp_path):
             ds = load_from_disk(str(tmp_path / "splits" / field / split))
             assert tuple(ds.column_names) == SPLIT_COLUMNS
     assert any(line.startswith("Extraction rate per field") for line in lines)
+    # θ_inj is measured too, before instruction tuning, without splits
+    for name, stage in (("masked_inj", "inject"), ("unmasked_inj", "inject_unmasked")):
+        assert reports[name]["model"] == str(tmp_path / stage / "export" / "inj")
+        assert "split_sizes" not in reports[name]
+    assert any("θ_inj, before it" in line for line in lines)
 
     lines.clear()
     run_chain(str(tmp_path), size="tiny", log=lines.append)
-    assert sum("finished before, reusing" in line for line in lines) == 7
+    assert sum("finished before, reusing" in line for line in lines) == 9
 
     # the resurfacing attack on a hand-made split: one forget profile whose answer the model cannot know
     rows = {"prompt": ["Question: A B. What is her email address?\nAnswer:"], "answer": [" zq@x.org"],
@@ -65,17 +70,25 @@ def test_chain_from_a_model_path_skips_pretraining(tiny_dir, tmp_path):
     overlay.write_text("model:\n  init_args:\n    lr: 0.0123\n")
     work = tmp_path / "w"
     lines: list[str] = []
-    reports = run_chain(str(work), size="tiny", log=lines.append, model_path=str(tiny_dir), inject_configs=[overlay])
+    instruct_overlay = tmp_path / "instruct_overlay.yaml"
+    instruct_overlay.write_text("model:\n  init_args:\n    lr: 0.000321\n")
+    kwargs = dict(model_path=str(tiny_dir), inject_configs=[overlay], instruct_configs=[instruct_overlay])
+    reports = run_chain(str(work), size="tiny", log=lines.append, **kwargs)
     assert not (work / "pretrain").exists() and not (work / "tokenizer").exists()
     for stage in ("inject", "inject_unmasked"):
         assert json.loads((work / stage / "export" / "run.json").read_text())["model_path"] == str(tiny_dir)
         config = yaml.safe_load((work / stage / "lightning_logs" / "version_0" / "config.yaml").read_text())
         assert config["model"]["init_args"]["lr"] == 0.0123  # the overlay reached both injections
+    for stage in ("instruct", "instruct_unmasked"):
+        config = yaml.safe_load((work / stage / "lightning_logs" / "version_0" / "config.yaml").read_text())
+        assert config["model"]["init_args"]["lr"] == 0.000321  # and the other one both instruction tunings
     assert set(reports["masked"]["extraction"]) == set(TARGET_FIELDS)
 
     lines.clear()
-    run_chain(str(work), size="tiny", log=lines.append, model_path=str(tiny_dir), inject_configs=[overlay])
-    assert sum("finished before, reusing" in line for line in lines) == 6
+    run_chain(str(work), size="tiny", log=lines.append, **kwargs)
+    assert sum("finished before, reusing" in line for line in lines) == 8
+    with pytest.raises(ValueError, match="Choose another --workdir"):  # same model, no instruction overlay
+        run_chain(str(work), size="tiny", model_path=str(tiny_dir), inject_configs=[overlay])
 
 
 def test_chain_refuses_a_workdir_built_from_another_model(tiny_dir, tmp_path):
@@ -92,4 +105,31 @@ def test_chain_rejects_a_model_path_without_a_model(tmp_path):
         run_chain(str(tmp_path / "w"), size="tiny", model_path=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="--inject-config"):
         run_chain(str(tmp_path / "w"), size="tiny", inject_configs=[str(tmp_path / "missing.yaml")])
+    with pytest.raises(FileNotFoundError, match="--instruct-config"):
+        run_chain(str(tmp_path / "w"), size="tiny", instruct_configs=[str(tmp_path / "missing.yaml")])
     assert not (tmp_path / "w").exists()
+
+
+def test_a_workdir_from_before_instruct_overlays_is_still_reused(tmp_path):
+    from lightning_unlearn.lacuna import _check_provenance
+
+    (tmp_path / "chain.json").write_text(json.dumps({"size": "tiny", "model": "built-in tiny", "inject_configs": []}))
+    record = {"size": "tiny", "model": "built-in tiny", "inject_configs": [], "instruct_configs": []}
+    _check_provenance(tmp_path, record)  # no instruction overlay then, none now: the same chain
+    with pytest.raises(ValueError, match="Choose another --workdir"):
+        _check_provenance(tmp_path, {**record, "instruct_configs": ["/x/lr.yaml"]})
+
+
+def test_format_table_with_and_without_the_inj_columns():
+    from lightning_unlearn.lacuna import format_table
+
+    def report(*rates):
+        return {"profiles": 18, "extraction": dict(zip(TARGET_FIELDS, rates, strict=True))}
+
+    two = format_table(report(0.5, 0, 0, 0), report(1, 1, 1, 1)).splitlines()
+    assert two[1].split() == ["field", "masked", "unmasked"]
+    assert two[2].split() == [TARGET_FIELDS[0], "50.00%", "100.00%"]
+    four = format_table(report(0.5, 0, 0, 0), report(1, 1, 1, 1), report(0.75, 0, 0, 0), report(0.25, 0, 0, 0))
+    lines = four.splitlines()
+    assert lines[2].split() == ["field", "masked", "unmasked", "masked", "unmasked"]
+    assert lines[3].split() == [TARGET_FIELDS[0], "50.00%", "100.00%", "75.00%", "25.00%"]
