@@ -5,7 +5,9 @@ Commands:
 - ``run``: the whole built-in chain in a work directory — pretrain → inject (masked) and the UnMask control →
   instruct (both) → filter (both) — then a table of extraction rates per field, masked vs unmasked. Each stage is
   a ``lightning-unlearn fit -c configs/lacuna/<stage>.yaml`` run with the work directory's paths; a finished
-  stage (its export exists) is reused and says so, an interrupted one resumes from its last checkpoint.
+  stage (its export exists) is reused and says so, an interrupted one resumes from its last checkpoint. A stage
+  whose recorded recipe (``<stage>/recipe.json``: config text and overrides) differs from this run's, or that is
+  older than an input rebuilt after it, is refused rather than reused.
   ``--model-path DIR`` (or ``smollm2``) starts both injections from a real model instead of the tiny θ_pre and
   skips pretraining; ``--inject-config FILE`` / ``--instruct-config FILE`` add a YAML overlay to both injections /
   both instruction tunings (e.g. a learning rate). The table shows extraction after instruction tuning and on θ_inj
@@ -318,6 +320,42 @@ def _data_config(preset_args: Sequence[str]) -> LacunaDataConfig:
     return LacunaDataConfig(**kwargs)
 
 
+def _recipe(cmd: Sequence[str], w: Path) -> dict:
+    """What a stage's result depends on: the text of its config files and its overrides (work-directory paths
+    written relative to it), not where the config files live or whether it resumes."""
+    configs, overrides = [], []
+    args = iter(cmd[4:])  # after `python -m lightning_unlearn.cli fit`
+    for arg in args:
+        if arg == "-c":
+            configs.append(Path(next(args)).read_text())
+        elif arg == "--ckpt_path":
+            next(args)
+        else:
+            overrides.append(arg.replace(str(w), "<workdir>"))
+    return {"configs": configs, "overrides": overrides}
+
+
+def _check_recipe(stage: str, root: Path, recipe: dict, finished: bool, log) -> None:
+    """Refuse a stage directory built (or started) from other configs or overrides; record the recipe otherwise."""
+    path = root / "recipe.json"
+    if path.exists():
+        found = json.loads(path.read_text())
+        if found != recipe:
+            what = "config files" if found["configs"] != recipe["configs"] else "overrides"
+            changed = sorted(set(found["overrides"]) ^ set(recipe["overrides"])) if what == "overrides" else []
+            raise ValueError(
+                f"stage {stage} in {str(root)!r} was built with other {what} than this run's"
+                + (f" ({', '.join(changed)})" if changed else "")
+                + f"; reusing it would mix the two. Delete {str(root)!r} (and the stages after it) to rebuild it, "
+                "or choose another --workdir."
+            )
+    elif finished:
+        log(f"[lacuna] {stage}: built before stage recipes were recorded; its configs are not checked")
+    else:
+        root.mkdir(parents=True, exist_ok=True)
+        write_text_atomically(path, json.dumps(recipe, indent=1))
+
+
 def _check_provenance(w: Path, record: dict) -> None:
     """Refuse a work directory whose finished stages came from another starting model or overlay."""
     path = w / "chain.json"
@@ -380,11 +418,22 @@ def run_chain(
     parallel = cores >= 2 if parallel is None else parallel
     threads = max(1, cores // 2) if parallel else cores
 
-    def done(path: Path, stage: str) -> bool:
-        if path.exists():
-            log(f"[lacuna] {stage}: finished before, reusing {path}")
-            return True
-        return False
+    def done(path: Path, stage: str, cmd: list[str] | None = None, inputs: Sequence[Path] = ()) -> bool:
+        # A training stage (cmd given) must match the recipe it was built with; any stage must be newer than the
+        # outputs it was made from, or one of them was rebuilt after it and it is stale.
+        if cmd is not None:
+            _check_recipe(stage, Path(cmd[cmd.index("--trainer.default_root_dir") + 1]), _recipe(cmd, w),
+                          path.exists(), log)  # fmt: skip
+        if not path.exists():
+            return False
+        newer = [i for i in inputs if i.exists() and i.stat().st_mtime_ns > path.stat().st_mtime_ns]
+        if newer:
+            raise ValueError(
+                f"stage {stage}: {str(path)!r} is older than its input {str(newer[0])!r}, which was rebuilt after it. "
+                f"Delete {str(path)!r} to rebuild it from the new input, or choose another --workdir."
+            )
+        log(f"[lacuna] {stage}: finished before, reusing {path}")
+        return True
 
     def run(stages: list[tuple[str, list[str], Path]]) -> None:
         # Stages given together are independent; on ≥ 2 cores they run side by side with a core each. The first
@@ -414,20 +463,24 @@ def run_chain(
         build_testbed_data(w / "data", _data_config(preset.get("data", [])), log=lambda m: log(f"[lacuna] {m}"))
     else:
         pre_model = w / "pretrain" / "export" / "model"
-        if not done(pre_model, "pretrain"):
-            overrides = [*data_args, "--model.tokenizer_path", str(w / "tokenizer"), *preset["pretrain"]]
-            run([("pretrain", _fit_cmd("pretrain.yaml", w / "pretrain", overrides), w / "pretrain")])
+        overrides = [*data_args, "--model.tokenizer_path", str(w / "tokenizer"), *preset["pretrain"]]
+        cmd = _fit_cmd("pretrain.yaml", w / "pretrain", overrides)
+        if not done(pre_model, "pretrain", cmd):
+            run([("pretrain", cmd, w / "pretrain")])
     todo = []
     for name, config in (("inject", "inject.yaml"), ("inject_unmasked", "inject_unmasked.yaml")):
-        if not done(w / name / "export" / "inj", name):
-            overrides = [*data_args, "--model.model_path", str(pre_model), *preset["inject"]]
-            todo.append((name, _fit_cmd(config, w / name, overrides, overlays), w / name))
+        overrides = [*data_args, "--model.model_path", str(pre_model), *preset["inject"]]
+        cmd = _fit_cmd(config, w / name, overrides, overlays)
+        if not done(w / name / "export" / "inj", name, cmd, [pre_model]):
+            todo.append((name, cmd, w / name))
     run(todo)
     todo = []
     for name, source in (("instruct", "inject"), ("instruct_unmasked", "inject_unmasked")):
-        if not done(w / name / "export" / "model", name):
-            overrides = [*data_dir, "--model.model_path", str(w / source / "export" / "inj"), *preset["instruct"]]
-            todo.append((name, _fit_cmd("instruct.yaml", w / name, overrides, instruct_overlays), w / name))
+        source_model = w / source / "export" / "inj"
+        overrides = [*data_dir, "--model.model_path", str(source_model), *preset["instruct"]]
+        cmd = _fit_cmd("instruct.yaml", w / name, overrides, instruct_overlays)
+        if not done(w / name / "export" / "model", name, cmd, [source_model]):
+            todo.append((name, cmd, w / name))
     run(todo)
     reports = {}
     for name, model, out, write in (
@@ -436,7 +489,7 @@ def run_chain(
         ("masked_inj", w / "inject" / "export" / "inj", w / "filter_inj", False),
         ("unmasked_inj", w / "inject_unmasked" / "export" / "inj", w / "filter_inj_unmasked", False),
     ):
-        if done(out / "extraction.json", f"filter ({name})"):
+        if done(out / "extraction.json", f"filter ({name})", inputs=[model]):
             reports[name] = json.loads((out / "extraction.json").read_text())
         else:
             log(f"[lacuna] filter ({name}): measuring extraction with {model}")

@@ -4,6 +4,7 @@ splits, the extraction table, reuse on a second run, and the resurfacing attack 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import yaml
@@ -40,6 +41,21 @@ def test_chain_tiny(tmp_path):
     lines.clear()
     run_chain(str(tmp_path), size="tiny", log=lines.append)
     assert sum("finished before, reusing" in line for line in lines) == 9
+
+    # a stage built from other overrides (e.g. a changed preset) is refused by name, not silently reused
+    recipe_path = tmp_path / "instruct" / "recipe.json"
+    recipe = json.loads(recipe_path.read_text())
+    assert recipe["overrides"][:2] == ["--data.data_dir", "<workdir>/data"] and len(recipe["configs"]) == 1
+    recipe_path.write_text(json.dumps({**recipe, "overrides": [*recipe["overrides"], "--model.lr", "9"]}))
+    with pytest.raises(ValueError, match=r"stage instruct in .* other overrides than this run's \(--model.lr, 9\)"):
+        run_chain(str(tmp_path), size="tiny", log=lines.append)
+    recipe_path.write_text(json.dumps(recipe))
+    # an injection rebuilt after the instruction tuning made from it leaves that tuning stale
+    inj = tmp_path / "inject_unmasked" / "export" / "inj"
+    later = (tmp_path / "instruct_unmasked" / "export" / "model").stat().st_mtime + 60
+    os.utime(inj, (later, later))
+    with pytest.raises(ValueError, match=r"stage instruct_unmasked: .* is older than its input"):
+        run_chain(str(tmp_path), size="tiny", log=lines.append)
 
     # the resurfacing attack on a hand-made split: one forget profile whose answer the model cannot know
     rows = {"prompt": ["Question: A B. What is her email address?\nAnswer:"], "answer": [" zq@x.org"],
