@@ -13,12 +13,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
 def write_directory_atomically(target: str | os.PathLike, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp_dir)``, then move ``tmp_dir`` to ``target`` (replacing it); on error nothing is left."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
     try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 → the mode a plain mkdir would give
         write(tmp)
         if target.exists():
             old = target.with_name(f".{target.name}.old")
@@ -45,6 +52,7 @@ def write_file_atomically(target: str | os.PathLike, write: Callable[[Path], Non
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=suffix)
     os.close(fd)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 → the mode a plain open() would give
         write(Path(tmp))
         os.replace(tmp, target)
     except BaseException:

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from lightning_unlearn.atomic import write_directory_atomically, write_text_atomically
 from lightning_unlearn.lacuna import CONFIG_DIR
 
 # method -> (config in configs/lacuna, restricted to m^F, has an UnMask control run)
@@ -113,14 +114,13 @@ def export_checkpoint(ckpt: str | os.PathLike, start_model: str | os.PathLike, o
     state = torch.load(str(ckpt), map_location="cpu", weights_only=False)["state_dict"]
     model = load_causal_lm(str(start_model))
     model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
-    final = Path(out)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp))
-    load_tokenizer(str(start_model)).save_pretrained(str(tmp))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    return final
+    tokenizer = load_tokenizer(str(start_model))
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+
+    return write_directory_atomically(out, write)
 
 
 def fit_command(
@@ -151,7 +151,7 @@ def fit_command(
             }],
         }
     }  # fmt: skip
-    (out / "overrides.yaml").write_text(json.dumps(overrides, indent=1))
+    write_text_atomically(out / "overrides.yaml", json.dumps(overrides, indent=1))
     args = [
         "fit", "-c", str(CONFIG_DIR / config), "-c", str(out / "overrides.yaml"),
         "--model.init_args.model_path", str(start_model),
@@ -256,8 +256,7 @@ def run_localization(
         summary["methods"][method] = {"restricted_to_mF": restricted, "control": ctrl is not None, **result}
         log(f"[localization] {method}: AUC(F) max {result['F']['max']:.3f} ({result['F']['best']})")
     summary["seconds"] = round(time.time() - started, 1)
-    out_root.mkdir(parents=True, exist_ok=True)
-    (out_root / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_text_atomically(out_root / "summary.json", json.dumps(summary, indent=1))
     return summary
 
 

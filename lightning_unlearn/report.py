@@ -17,6 +17,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from lightning_unlearn.atomic import write_text_atomically
 from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, read_rows, row_key
 from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_figure, write_json
 from lightning_unlearn.metrics.selection import sce_table, select_checkpoints
@@ -81,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     save_figure(fig, out / "sce_heatmap.png")
     write_json(out / "summary.json", summary)
     table = markdown_table(summary)
-    (out / "summary.md").write_text(table + "\n", encoding="utf-8")
+    write_text_atomically(out / "summary.md", table + "\n")
     print(table)
     print(f"\nwrote {out / 'sce_heatmap.png'}, {out / 'summary.json'}, {out / 'summary.md'}")
 

@@ -47,3 +47,16 @@ def test_failed_directory_write_keeps_the_old_directory(tmp_path):
         write_directory_atomically(target, write)
     assert (target / "model.safetensors").read_text() == "v1"
     assert [p.name for p in tmp_path.iterdir()] == ["export"]
+
+
+def test_artifacts_get_the_modes_of_plain_writes_not_private_temp_modes(tmp_path):
+    import os
+
+    old = os.umask(0o022)
+    try:
+        d = write_directory_atomically(tmp_path / "export", lambda tmp: (tmp / "w.bin").write_bytes(b"x"))
+        f = write_text_atomically(tmp_path / "summary.json", "{}")
+    finally:
+        os.umask(old)
+    assert d.stat().st_mode & 0o777 == 0o755  # mkdtemp alone would leave 0700
+    assert f.stat().st_mode & 0o777 == 0o644  # mkstemp alone would leave 0600

@@ -15,7 +15,6 @@ L = γ·(−NLL̄(forget)) + α·NLL̄(retain) (Lacuna 1B: γ 5, α 1, lr 1e-4),
 from __future__ import annotations
 
 import os
-import shutil
 import types
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.losses import gd_loss, normalized_nll
 from lightning_unlearn.masks import canonical_name, group_mask, load_masks, validate_masks
 from lightning_unlearn.models import AdapterConfig, unwrap_peft
@@ -118,14 +118,12 @@ class OracleGrad(UnlearningModule):
         if self.global_rank != 0:
             return
         merged = merged_state_dict(self.model, state)
-        final = Path(directory)
-        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        unwrap_peft(self.model).save_pretrained(str(tmp), state_dict=merged)
-        self.tokenizer.save_pretrained(str(tmp))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+
+        def write(tmp: Path) -> None:
+            unwrap_peft(self.model).save_pretrained(str(tmp), state_dict=merged)
+            self.tokenizer.save_pretrained(str(tmp))
+
+        write_directory_atomically(directory, write)
 
 
 def _masked_lora_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:

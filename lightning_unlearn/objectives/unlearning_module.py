@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-import shutil
 from pathlib import Path
 
 import torch
@@ -29,6 +28,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
 
+from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.losses import nll_loss, sequence_logprobs
 from lightning_unlearn.models import AdapterConfig, apply_adapter, load_causal_lm, load_tokenizer
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
@@ -247,10 +247,4 @@ class UnlearningModule(LightningModule):
             )
         if self.global_rank != 0:
             return
-        final = Path(directory)
-        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.model.save_pretrained(str(tmp), state_dict=state_dict)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        write_directory_atomically(directory, lambda tmp: self.model.save_pretrained(str(tmp), state_dict=state_dict))
