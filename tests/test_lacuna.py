@@ -94,6 +94,49 @@ def test_export_is_loadable_by_plain_transformers(tiny_dir, tmp_path):
     pre = load_file(str(tmp_path / "run" / "export" / "pre" / "model.safetensors"))
     orig = load_file(str(Path(tiny_dir) / "model.safetensors"))
     assert all(torch.equal(pre[k], orig[k]) for k in orig)
+    # the export rebuilds the masks training used (the module keeps no full copy of them)
+    exported = load_file(str(tmp_path / "run" / "export" / "masks.safetensors"))
+    trained_with = sample_masks(module.model, 6, 0.05, seed=0)
+    assert exported.keys() == trained_with.keys() and all(torch.equal(exported[k], trained_with[k]) for k in exported)
+
+
+def test_the_module_keeps_no_full_mask_copy(tiny_dir):
+    def uint32_dicts(module):
+        def is_masks(v):
+            return isinstance(v, dict) and v and all(getattr(t, "dtype", None) == torch.uint32 for t in v.values())
+
+        return [k for k, v in vars(module).items() if is_masks(v)]
+
+    control = InjectionModule(model_path=str(tiny_dir), masked=False)
+    control.configure_model()
+    assert control.packed_masks is None and uint32_dicts(control) == []
+    masked = InjectionModule(model_path=str(tiny_dir))
+    masked.configure_model()
+    assert uint32_dicts(masked) == ["packed_masks"]  # only what the strategy reads (and under FSDP shards)
+
+
+class _SwapMasksFile(Callback):
+    """Overwrites the run's masks file with another seed's masks after the first step."""
+
+    def __init__(self, path, model) -> None:
+        self.path, self.model = path, model
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == 1:
+            save_masks(self.path, sample_masks(self.model, seed=7))
+
+
+def test_a_masks_file_changed_during_the_run_is_not_exported(tiny_dir, tmp_path):
+    from lightning_unlearn.models import load_causal_lm
+
+    path = tmp_path / "masks.safetensors"
+    save_masks(path, sample_masks(load_causal_lm(str(tiny_dir)), seed=0))
+    module, data = injection(tiny_dir, tmp_path / "data", masks_path=str(path))
+    swap = _SwapMasksFile(path, load_causal_lm(str(tiny_dir)))
+    trainer = make_trainer(tmp_path / "run", max_steps=2, callbacks=[swap])
+    with pytest.raises(RuntimeError, match="masks rebuilt for the export differ"):
+        trainer.fit(module, data)
+    assert not (tmp_path / "run" / "export").exists()
 
 
 class _Crash(Callback):

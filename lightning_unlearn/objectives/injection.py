@@ -19,6 +19,7 @@ partial export)::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -111,7 +112,7 @@ class InjectionModule(LightningModule):
         self.model = None
         self.tokenizer = None
         self.packed_masks: dict[str, torch.Tensor] | None = None
-        self._masks: dict[str, torch.Tensor] | None = None
+        self._mask_checksum: str | None = None
 
     @property
     def pretraining(self) -> bool:
@@ -151,18 +152,22 @@ class InjectionModule(LightningModule):
             return
         # from_pretrained returns eval mode and Lightning keeps module modes: train in train mode (dropout on).
         self.model = load_causal_lm(self.model_dir).train()
-        if self.hparams.masks_path is not None:
-            self._masks, _ = load_masks(self.hparams.masks_path, self.model)
-        else:
-            self._masks = sample_masks(
-                self.model, self.hparams.num_groups, self.hparams.coverage, seed=self.hparams.mask_seed
-            )
-        empty = [g for g, c in enumerate(coverage_by_group(self._masks, self.hparams.num_groups)) if c == 0]
+        masks = self._full_masks()
+        empty = [g for g, c in enumerate(coverage_by_group(masks, self.hparams.num_groups)) if c == 0]
         if empty:
             raise ValueError(
                 f"mask group {empty[0]} is empty (covers no parameter element); raise coverage or lower num_groups."
             )
-        self.packed_masks = self._masks if self.hparams.masked else None
+        # The module keeps no full copy: the strategy may shard packed_masks (FSDP: each rank keeps its shard), and
+        # the export rebuilds the full masks (a function of the seed or file and the parameter names and shapes).
+        self._mask_checksum = _checksum(masks)
+        self.packed_masks = masks if self.hparams.masked else None
+
+    def _full_masks(self) -> dict[str, torch.Tensor]:
+        """The packed masks over the whole model (names and global shapes; FSDP2 parameters report both)."""
+        if self.hparams.masks_path is not None:
+            return load_masks(self.hparams.masks_path, self.model)[0]
+        return sample_masks(self.model, self.hparams.num_groups, self.hparams.coverage, seed=self.hparams.mask_seed)
 
     @override
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -197,12 +202,33 @@ class InjectionModule(LightningModule):
     def export_dir(self) -> Path:
         return Path(self.hparams.export_dir or Path(self.trainer.default_root_dir) / "export")
 
+    def _full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's full weights on CPU. Collective when FSDP2 sharded them (every rank must call it); then
+        only rank 0 receives the tensors."""
+        from torch.distributed.tensor import DTensor
+
+        if any(isinstance(p, DTensor) for p in self.model.parameters()):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
+
     @override
     def on_fit_end(self) -> None:
-        if self.trainer.global_rank != 0 or self.trainer.interrupted:
+        if self.trainer.interrupted:
+            return
+        state = self._full_state_dict()
+        if self.trainer.global_rank != 0:
             return
         model = self.model
-        state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+        masks = None
+        if not self.pretraining:
+            masks = self._full_masks()
+            if _checksum(masks) != self._mask_checksum:
+                raise RuntimeError(
+                    "the masks rebuilt for the export differ from the ones training used (was the masks file "
+                    f"{self.hparams.masks_path!r} changed during the run?); nothing was exported."
+                )
 
         def write(tmp: Path) -> None:
             info = {"global_step": self.trainer.global_step, "epochs": self.trainer.current_epoch}
@@ -215,7 +241,7 @@ class InjectionModule(LightningModule):
                 self.tokenizer.save_pretrained(tmp / "inj")
                 save_masks(
                     tmp / "masks.safetensors",
-                    self._masks,
+                    masks,
                     num_groups=self.hparams.num_groups,
                     coverage=self.hparams.coverage,
                     mask_seed=self.hparams.mask_seed,
@@ -225,3 +251,12 @@ class InjectionModule(LightningModule):
             (tmp / "run.json").write_text(json.dumps(info, indent=1))
 
         write_directory_atomically(self.export_dir(), write)
+
+
+def _checksum(masks: dict[str, torch.Tensor]) -> str:
+    """A digest of the masks' names and words (streams the tensors' bytes; no copies)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name in sorted(masks):
+        digest.update(name.encode())
+        digest.update(masks[name].contiguous().view(torch.uint8).numpy())
+    return digest.hexdigest()
