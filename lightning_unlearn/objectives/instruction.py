@@ -115,7 +115,21 @@ class InstructionModule(LightningModule):
         return total / count
 
     def _trainable_state(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().clone().cpu() for n, p in self.model.named_parameters() if p.requires_grad}
+        """Full CPU copies of the trained (adapter) weights; collective under FSDP2 (every rank calls it at the same
+        point: the synced validation loss makes the same decision on every rank)."""
+        from torch.distributed.tensor import DTensor
+
+        state = {}
+        for n, p in self.model.named_parameters():
+            if p.requires_grad:
+                t = p.detach()
+                state[n] = (t.full_tensor() if isinstance(t, DTensor) else t).clone().cpu()
+        return state
+
+    def _sharded(self) -> bool:
+        from torch.distributed.tensor import DTensor
+
+        return any(isinstance(p, DTensor) for p in self.model.parameters())
 
     @override
     def on_validation_epoch_end(self) -> None:
@@ -142,21 +156,36 @@ class InstructionModule(LightningModule):
         params = [p for p in self.parameters() if p.requires_grad]
         return torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
 
-    def merged_best_model(self):
-        """A plain transformers model: the base with the best adapter weights merged in."""
-        if self._best_state is not None:
-            params = dict(self.model.named_parameters())
+    def merged_best_model(self, state: dict[str, torch.Tensor] | None = None):
+        """A plain transformers model: the base with the best adapter weights (or ``state``) merged in.
+
+        Under FSDP2 the module's model is sharded, so the merge happens on a fresh CPU copy of the base model with
+        the same adapter: only the adapter trained, so base + adapter state is the whole model (no collectives).
+        """
+        state = state if state is not None else self._best_state
+        model = self.model
+        if self._sharded():
+            model = apply_adapter(load_causal_lm(self.hparams.model_path), self.adapter)
+            missing = set(state or {}) - {n for n, _ in model.named_parameters()}
+            if state is None or missing:
+                raise RuntimeError(f"cannot rebuild the tuned model on one process: adapter weights {missing} unknown.")
+        if state is not None:
+            params = dict(model.named_parameters())
             with torch.no_grad():
-                for n, t in self._best_state.items():
+                for n, t in state.items():
                     params[n].copy_(t.to(params[n].device))
-        merge = getattr(self.model, "merge_and_unload", None)
-        return merge() if callable(merge) else self.model
+        merge = getattr(model, "merge_and_unload", None)
+        return merge() if callable(merge) else model
 
     @override
     def on_fit_end(self) -> None:
-        if self.trainer.global_rank != 0 or self.trainer.interrupted:
+        if self.trainer.interrupted:
             return
-        merged = self.merged_best_model()
+        # No validation ran: export the last weights. Gathering them is collective under FSDP2, so every rank does it.
+        state = self._best_state if self._best_state is not None else self._trainable_state()
+        if self.trainer.global_rank != 0:
+            return
+        merged = self.merged_best_model(state)
         export = Path(self.hparams.export_dir or Path(self.trainer.default_root_dir) / "export")
 
         def write(tmp: Path) -> None:
