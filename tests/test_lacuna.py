@@ -391,3 +391,25 @@ def test_linear_schedule_decays_to_zero_at_the_last_step(tiny_dir, tmp_path):
 def test_unknown_schedule_is_refused(tiny_dir):
     with pytest.raises(ValueError, match="schedule='cosine' is not one of"):
         InjectionModule(model_path=str(tiny_dir), schedule="cosine")
+
+
+def test_epoch_seeded_sampler_splits_one_permutation_over_ranks():
+    from lightning_unlearn.data.lacuna_datamodule import EpochSeededSampler
+
+    one = EpochSeededSampler(10, seed=3)
+    one.set_epoch(2)
+    order = list(one)
+    assert sorted(order) == list(range(10))
+    ranks = []
+    for r in range(3):
+        s = EpochSeededSampler(10, seed=3, num_replicas=3, rank=r)
+        s.set_epoch(2)
+        ranks.append(list(s))
+    assert [len(x) for x in ranks] == [4, 4, 4]
+    # the ranks' i-th samples are the permutation's i-th slice of 3 (padded with its head at the end)
+    interleaved = [x[i] for i in range(4) for x in ranks]
+    assert interleaved == order + order[:2]
+    one.set_epoch(3)
+    assert list(one) != order  # a new epoch, a new order
+    with pytest.raises(ValueError, match="rank 3 is not in"):
+        EpochSeededSampler(10, num_replicas=3, rank=3)

@@ -29,17 +29,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.multiprocess
-def test_fsdp_injection_exports_full_weights_and_keeps_locality(tiny_dir, tmp_path):
-    sizes = dict(num_profiles=12, qa_per_field=1, instruct_questions=2, neutral_max_paragraphs=20)
-    build_testbed_data(tmp_path / "data", LacunaDataConfig(**sizes), log=lambda *_: None)
+def _inject(tiny_dir, tmp_path, name: str, batch_size: int, trainer_config: str | None) -> Path:
+    root = tmp_path / name
     configs = ROOT / "configs"
-    root = tmp_path / "run"
+    sizes = dict(num_profiles=12, qa_per_field=1, instruct_questions=2, neutral_max_paragraphs=20)
     cmd = [
-        sys.executable, "-m", "lightning_unlearn.cli", "fit",
-        "-c", str(configs / "lacuna" / "inject.yaml"), "-c", str(configs / "trainer" / "fsdp_cpu.yaml"),
+        sys.executable, "-m", "lightning_unlearn.cli", "fit", "-c", str(configs / "lacuna" / "inject.yaml"),
+        *(["-c", str(configs / "trainer" / trainer_config)] if trainer_config else []),
         "--model.model_path", str(tiny_dir), "--model.lr", "0.01",
-        "--data.data_dir", str(tmp_path / "data"), "--data.max_length", "48", "--data.batch_size", "4",
+        "--data.data_dir", str(tmp_path / "data"), "--data.max_length", "48", "--data.batch_size", str(batch_size),
         "--data.neutral_fraction", "0", "--data.groups", "[2]", "--model.weight_decay", "0",
         *[f"--data.data.{k}={v}" for k, v in sizes.items()],
         "--trainer.max_steps", "3", "--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar", "false",
@@ -48,8 +46,18 @@ def test_fsdp_injection_exports_full_weights_and_keeps_locality(tiny_dir, tmp_pa
     env.pop("LOCAL_RANK", None)
     proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return root / "export"
 
-    export = root / "export"
+
+def _build_data(tmp_path) -> None:
+    sizes = dict(num_profiles=12, qa_per_field=1, instruct_questions=2, neutral_max_paragraphs=20)
+    build_testbed_data(tmp_path / "data", LacunaDataConfig(**sizes), log=lambda *_: None)
+
+
+@pytest.mark.multiprocess
+def test_fsdp_injection_exports_full_weights_and_keeps_locality(tiny_dir, tmp_path):
+    _build_data(tmp_path)
+    export = _inject(tiny_dir, tmp_path, "fsdp", 2, "fsdp_cpu.yaml")
     assert json.loads((export / "run.json").read_text())["global_step"] == 3
     inj = load_file(str(export / "inj" / "model.safetensors"))
     base = load_causal_lm(str(tiny_dir))
@@ -61,6 +69,11 @@ def test_fsdp_injection_exports_full_weights_and_keeps_locality(tiny_dir, tmp_pa
     report = locality_report(str(export), [2])
     assert report["changed_outside"] == 0, report["offenders"]
     assert report["changed_inside"] > 50
+    # 2 ranks × batch 2 see the batches one process with batch 4 sees: the same trajectory
+    single = load_file(str(_inject(tiny_dir, tmp_path, "single", 4, None) / "inj" / "model.safetensors"))
+    moved = max((single[k] - full[k]).abs().max().item() for k in full)
+    gap = max((single[k] - inj[k]).abs().max().item() for k in full)
+    assert gap <= 1e-6 < moved, (gap, moved)
 
 
 def _instruct(tiny_dir, tmp_path, strategy: str) -> Path:
@@ -83,8 +96,7 @@ def _instruct(tiny_dir, tmp_path, strategy: str) -> Path:
 
 @pytest.mark.multiprocess
 def test_fsdp_instruction_tuning_exports_the_merged_best_adapter(tiny_dir, tmp_path):
-    sizes = dict(num_profiles=12, qa_per_field=1, instruct_questions=2, neutral_max_paragraphs=20)
-    build_testbed_data(tmp_path / "data", LacunaDataConfig(**sizes), log=lambda *_: None)
+    _build_data(tmp_path)
     runs = {s: json.loads((_instruct(tiny_dir, tmp_path, s) / "run.json").read_text()) for s in ("ddp", "fsdp")}
     # same data order and synced validation: both keep the same checkpoint, with the same loss up to rounding
     assert runs["fsdp"]["best_step"] == runs["ddp"]["best_step"] > 0

@@ -16,7 +16,8 @@ from functools import partial
 
 import torch
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
 from typing_extensions import override
 
 from lightning_unlearn.data.collate import encode_document, pad_batch
@@ -26,23 +27,46 @@ from lightning_unlearn.masks import NEUTRAL_GROUP
 from lightning_unlearn.models import load_tokenizer
 
 
-class EpochSeededSampler(Sampler[int]):
-    """A permutation of ``range(n)`` that depends only on ``(seed, epoch)``."""
+class EpochSeededSampler(DistributedSampler):
+    """A permutation of ``range(n)`` that depends only on ``(seed, epoch)``, split over data-parallel ranks.
 
-    def __init__(self, n: int, seed: int = 0, shuffle: bool = True) -> None:
-        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+    Rank ``r`` of ``W`` takes every ``W``-th index of the permutation (padded by repeating its head, like
+    ``DistributedSampler``). With a per-rank batch of ``b`` the ranks' ``k``-th batches together are the
+    permutation's ``k``-th slice of ``b·W`` indices: a run on ``W`` processes sees the batches one process with
+    batch ``b·W`` sees (up to the epoch's last, partial batch). Being a ``DistributedSampler``, Lightning uses it
+    as it is instead of wrapping it in a sampler that reshuffles. ``num_replicas``/``rank`` default to the
+    initialized process group (1 and 0 without one).
+    """
+
+    def __init__(
+        self, n: int, seed: int = 0, shuffle: bool = True, num_replicas: int | None = None, rank: int | None = None
+    ) -> None:
+        # DistributedSampler.__init__ wants a dataset and a process group; only the length and the layout matter.
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self.num_replicas = num_replicas if num_replicas is not None else (
+            torch.distributed.get_world_size() if distributed else 1)  # fmt: skip
+        self.rank = rank if rank is not None else (torch.distributed.get_rank() if distributed else 0)
+        if not 0 <= self.rank < self.num_replicas:
+            raise ValueError(f"rank {self.rank} is not in [0, {self.num_replicas}).")
+        self.n, self.seed, self.shuffle, self.epoch, self.drop_last = n, seed, shuffle, 0, False
+        self.num_samples = -(-n // self.num_replicas)
+        self.total_size = self.num_samples * self.num_replicas
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __iter__(self):
-        if not self.shuffle:
-            return iter(range(self.n))
-        gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        return iter(torch.randperm(self.n, generator=gen).tolist())
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+            order = torch.randperm(self.n, generator=gen).tolist()
+        else:
+            order = list(range(self.n))
+        if order:
+            order += (order * (self.total_size // len(order) + 1))[: self.total_size - len(order)]
+        return iter(order[self.rank : self.total_size : self.num_replicas])
 
     def __len__(self) -> int:
-        return self.n
+        return self.num_samples
 
 
 def resolve_tokenizer_path(datamodule: LightningDataModule, tokenizer_dir: str | None) -> str:
