@@ -29,18 +29,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _inject(tiny_dir, tmp_path, name: str, batch_size: int, trainer_config: str | None) -> Path:
-    root = tmp_path / name
+SIZES = dict(num_profiles=12, qa_per_field=1, instruct_questions=2, neutral_max_paragraphs=20)
+
+
+def _fit(tmp_path, stage: str, trainer_config: str | None, args: list[str], root: Path) -> Path:
+    """``lightning-unlearn fit -c configs/lacuna/<stage>.yaml [-c configs/trainer/<trainer_config>] ARGS`` in a
+    subprocess (it launches its own ranks); returns the run's export directory."""
     configs = ROOT / "configs"
-    sizes = dict(num_profiles=12, qa_per_field=1, instruct_questions=2, neutral_max_paragraphs=20)
     cmd = [
-        sys.executable, "-m", "lightning_unlearn.cli", "fit", "-c", str(configs / "lacuna" / "inject.yaml"),
+        sys.executable, "-m", "lightning_unlearn.cli", "fit", "-c", str(configs / "lacuna" / f"{stage}.yaml"),
         *(["-c", str(configs / "trainer" / trainer_config)] if trainer_config else []),
-        "--model.model_path", str(tiny_dir), "--model.lr", "0.01",
-        "--data.data_dir", str(tmp_path / "data"), "--data.max_length", "48", "--data.batch_size", str(batch_size),
-        "--data.neutral_fraction", "0", "--data.groups", "[2]", "--model.weight_decay", "0",
-        *[f"--data.data.{k}={v}" for k, v in sizes.items()],
-        "--trainer.max_steps", "3", "--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar", "false",
+        "--data.data_dir", str(tmp_path / "data"), "--data.max_length", "48", *args,
+        "--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar", "false",
     ]  # fmt: skip
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
     env.pop("LOCAL_RANK", None)
@@ -49,9 +49,17 @@ def _inject(tiny_dir, tmp_path, name: str, batch_size: int, trainer_config: str 
     return root / "export"
 
 
+def _inject(tiny_dir, tmp_path, name: str, batch_size: int, trainer_config: str | None) -> Path:
+    args = [
+        "--model.model_path", str(tiny_dir), "--model.lr", "0.01", "--data.batch_size", str(batch_size),
+        "--data.neutral_fraction", "0", "--data.groups", "[2]", "--model.weight_decay", "0",
+        *[f"--data.data.{k}={v}" for k, v in SIZES.items()], "--trainer.max_steps", "3",
+    ]  # fmt: skip
+    return _fit(tmp_path, "inject", trainer_config, args, tmp_path / name)
+
+
 def _build_data(tmp_path) -> None:
-    sizes = dict(num_profiles=12, qa_per_field=1, instruct_questions=2, neutral_max_paragraphs=20)
-    build_testbed_data(tmp_path / "data", LacunaDataConfig(**sizes), log=lambda *_: None)
+    build_testbed_data(tmp_path / "data", LacunaDataConfig(**SIZES), log=lambda *_: None)
 
 
 @pytest.mark.multiprocess
@@ -77,21 +85,11 @@ def test_fsdp_injection_exports_full_weights_and_keeps_locality(tiny_dir, tmp_pa
 
 
 def _instruct(tiny_dir, tmp_path, strategy: str) -> Path:
-    root = tmp_path / f"instruct_{strategy}"
-    configs = ROOT / "configs"
-    cmd = [
-        sys.executable, "-m", "lightning_unlearn.cli", "fit",
-        "-c", str(configs / "lacuna" / "instruct.yaml"), "-c", str(configs / "trainer" / f"{strategy}_cpu.yaml"),
-        "--model.model_path", str(tiny_dir), "--model.lr", "0.005",
-        "--data.data_dir", str(tmp_path / "data"), "--data.max_length", "48", "--data.batch_size", "4",
-        "--trainer.max_epochs", "3", "--trainer.val_check_interval", "2", "--trainer.default_root_dir", str(root),
-        "--trainer.enable_progress_bar", "false",
+    args = [
+        "--model.model_path", str(tiny_dir), "--model.lr", "0.005", "--data.batch_size", "4",
+        "--trainer.max_epochs", "3", "--trainer.val_check_interval", "2",
     ]  # fmt: skip
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
-    env.pop("LOCAL_RANK", None)
-    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    return root / "export"
+    return _fit(tmp_path, "instruct", f"{strategy}_cpu.yaml", args, tmp_path / f"instruct_{strategy}")
 
 
 @pytest.mark.multiprocess
