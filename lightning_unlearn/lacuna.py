@@ -419,19 +419,23 @@ def run_chain(
     threads = max(1, cores // 2) if parallel else cores
 
     def done(path: Path, stage: str, cmd: list[str] | None = None, inputs: Sequence[Path] = ()) -> bool:
-        # A training stage (cmd given) must match the recipe it was built with; any stage must be newer than the
-        # outputs it was made from, or one of them was rebuilt after it and it is stale.
+        # A training stage (cmd given) must match the recipe it was built with, and any stage must be newer than
+        # the outputs it was made from (else one of them was rebuilt after it). A stale training stage is an
+        # error (rebuilding it is the user's call); a stale filter, seconds of work, is measured again.
         if cmd is not None:
             _check_recipe(stage, Path(cmd[cmd.index("--trainer.default_root_dir") + 1]), _recipe(cmd, w),
                           path.exists(), log)  # fmt: skip
         if not path.exists():
             return False
         newer = [i for i in inputs if i.exists() and i.stat().st_mtime_ns > path.stat().st_mtime_ns]
-        if newer:
+        if newer and cmd is not None:
             raise ValueError(
                 f"stage {stage}: {str(path)!r} is older than its input {str(newer[0])!r}, which was rebuilt after it. "
                 f"Delete {str(path)!r} to rebuild it from the new input, or choose another --workdir."
             )
+        if newer:
+            log(f"[lacuna] {stage}: {path} is older than {newer[0]}; measuring again")
+            return False
         log(f"[lacuna] {stage}: finished before, reusing {path}")
         return True
 

@@ -52,10 +52,19 @@ def test_chain_tiny(tmp_path):
     recipe_path.write_text(json.dumps(recipe))
     # an injection rebuilt after the instruction tuning made from it leaves that tuning stale
     inj = tmp_path / "inject_unmasked" / "export" / "inj"
+    built = inj.stat()
     later = (tmp_path / "instruct_unmasked" / "export" / "model").stat().st_mtime + 60
     os.utime(inj, (later, later))
     with pytest.raises(ValueError, match=r"stage instruct_unmasked: .* is older than its input"):
         run_chain(str(tmp_path), size="tiny", log=lines.append)
+    # a filter older than the model it measured (e.g. after a plain `cp -r` of the work directory) is measured again
+    os.utime(inj, ns=(built.st_atime_ns, built.st_mtime_ns))
+    model = tmp_path / "instruct" / "export" / "model"
+    os.utime(model, (later, later))
+    lines.clear()
+    run_chain(str(tmp_path), size="tiny", log=lines.append)
+    assert any(line.startswith("[lacuna] filter (masked): ") and "measuring again" in line for line in lines)
+    assert sum("finished before, reusing" in line for line in lines) == 8
 
     # the resurfacing attack on a hand-made split: one forget profile whose answer the model cannot know
     rows = {"prompt": ["Question: A B. What is her email address?\nAnswer:"], "answer": [" zq@x.org"],
