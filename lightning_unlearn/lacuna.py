@@ -499,8 +499,20 @@ def run_chain(
             log(f"[lacuna] filter ({name}): measuring extraction with {model}")
             reports[name] = filter_stage(str(model), str(w / "data"), str(out), write_splits=write)
     log(format_table(reports["masked"], reports["unmasked"], reports["masked_inj"], reports["unmasked_inj"]))
+    log(target_verdict(reports["masked"]))
     log(f"[lacuna] done in {time.time() - started:.0f} s; splits in {w / 'splits'}")
     return reports
+
+
+def target_verdict(masked: dict, rate: float = 0.5, fields: int = 2) -> str:
+    """Whether the masked model meets Lacuna's memorization target: ≥ ``rate`` extraction on ≥ ``fields`` fields."""
+    met = [f for f in TARGET_FIELDS if masked["extraction"][f] >= rate]
+    verdict = "met" if len(met) >= fields else "NOT met"
+    detail = ", ".join(met) if met else "none"
+    line = f"[lacuna] target (masked, ≥ {rate:.0%} on ≥ {fields} fields): {verdict}; fields at or above: {detail}"
+    if len(met) < fields:
+        line += " (docs/lacuna_memorization.md: what was measured, and the real-model path)"
+    return line
 
 
 def _overlays(configs: Sequence[str], flag: str) -> list[Path]:
@@ -616,5 +628,6 @@ __all__ = [
     "locality_report",
     "resurface",
     "run_chain",
+    "target_verdict",
     "write_directory_atomically",
 ]

@@ -37,6 +37,7 @@ def test_chain_tiny(tmp_path):
         assert reports[name]["model"] == str(tmp_path / stage / "export" / "inj")
         assert "split_sizes" not in reports[name]
     assert any("θ_inj, before it" in line for line in lines)
+    assert any(line.startswith("[lacuna] target (masked, ≥ 50% on ≥ 2 fields): ") for line in lines)
 
     lines.clear()
     run_chain(str(tmp_path), size="tiny", log=lines.append)
@@ -143,6 +144,18 @@ def test_a_workdir_from_before_instruct_overlays_is_still_reused(tmp_path):
     _check_provenance(tmp_path, record)  # no instruction overlay then, none now: the same chain
     with pytest.raises(ValueError, match="Choose another --workdir"):
         _check_provenance(tmp_path, {**record, "instruct_configs": ["/x/lr.yaml"]})
+
+
+def test_target_verdict_counts_fields_at_or_above_half():
+    from lightning_unlearn.lacuna import target_verdict
+
+    def report(*rates):
+        return {"extraction": dict(zip(TARGET_FIELDS, rates, strict=True))}
+
+    assert ": met; fields at or above: email, phone" in target_verdict(report(1.0, 0.49, 0.5, 0.0))
+    missed = target_verdict(report(0.5, 0.4999, 0.0, 0.0))
+    assert ": NOT met; fields at or above: email (docs/" in missed
+    assert ": NOT met; fields at or above: none" in target_verdict(report(0, 0, 0, 0))
 
 
 def test_format_table_with_and_without_the_inj_columns():
