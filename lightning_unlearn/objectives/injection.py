@@ -205,9 +205,9 @@ class InjectionModule(LightningModule):
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's full weights on CPU. Collective when FSDP2 sharded them (every rank must call it); then
         only rank 0 receives the tensors."""
-        from torch.distributed.tensor import DTensor
+        from lightning_unlearn.callbacks.distributed import is_sharded
 
-        if any(isinstance(p, DTensor) for p in self.model.parameters()):
+        if is_sharded(self.model):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

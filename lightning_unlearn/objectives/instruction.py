@@ -126,10 +126,6 @@ class InstructionModule(LightningModule):
                 state[n] = (t.full_tensor() if isinstance(t, DTensor) else t).clone().cpu()
         return state
 
-    def _sharded(self) -> bool:
-        from torch.distributed.tensor import DTensor
-
-        return any(isinstance(p, DTensor) for p in self.model.parameters())
 
     @override
     def on_validation_epoch_end(self) -> None:
@@ -164,7 +160,9 @@ class InstructionModule(LightningModule):
         """
         state = state if state is not None else self._best_state
         model = self.model
-        if self._sharded():
+        from lightning_unlearn.callbacks.distributed import is_sharded
+
+        if is_sharded(self.model):
             model = apply_adapter(load_causal_lm(self.hparams.model_path), self.adapter)
             missing = set(state or {}) - {n for n, _ in model.named_parameters()}
             if state is None or missing:
