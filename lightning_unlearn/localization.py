@@ -274,7 +274,8 @@ def format_table(summary: dict) -> str:
                 row = [method, key, *(cell(res[key].get(f)) for f in FAMILIES), cell(res[key]["max"]),
                        str(res[key]["best"])]  # fmt: skip
                 lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
+    warnings = sorted({w for res in summary["methods"].values() for w in res.get("warnings", [])})
+    return "\n".join(lines + [f"\nwarning: {w}" for w in warnings])
 
 
 def main(argv: list[str]) -> None:

@@ -9,19 +9,23 @@
 #   bash scripts/lacuna_localization.sh                                 # testbed runs/lacuna (built if missing)
 #   bash scripts/lacuna_localization.sh --workdir DIR --size tiny       # a tiny testbed (unfiltered splits)
 #   bash scripts/lacuna_localization.sh --epochs 200 --field phone      # any `lacuna-localization` option
+#   bash scripts/lacuna_localization.sh --workdir runs/lacuna_smollm2 --model-path smollm2 \
+#     --inject-config configs/lacuna/inject_smollm2.yaml                # the SmolLM2 testbed (memorized splits)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 workdir=runs/lacuna
 size=default
+chain=()  # `lacuna run` options that say how the testbed was built
 rest=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --workdir) workdir="$2"; shift 2 ;;
     --size) size="$2"; shift 2 ;;
+    --model-path|--inject-config|--instruct-config) chain+=("$1" "$2"); shift 2 ;;
     *) rest+=("$1"); shift ;;
   esac
 done
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 cli=.venv/bin/lightning-unlearn
-nice "$cli" lacuna run --workdir "$workdir" --size "$size"  # reuses every finished stage
+nice "$cli" lacuna run --workdir "$workdir" --size "$size" "${chain[@]}"  # reuses every finished stage
 exec nice "$cli" lacuna-localization --workdir "$workdir" "${rest[@]}"

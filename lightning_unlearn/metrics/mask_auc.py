@@ -15,6 +15,11 @@ family:
 Per-family AUCs are exact over *all* evaluated weights (:func:`exact_auc`, bounded memory). The ``composite``
 family is a logistic regression over all features, scored out-of-fold (5-fold ``cross_val_predict``) on at most
 ``max_samples`` uniformly subsampled weights. The reported localization AUC is the max over families.
+
+The reversal families read Δ_inj. When the injection changed nothing but the masked elements (no neutral text,
+so Δ_inj is exactly 0 elsewhere), they can tell the mask from Δ_inj alone, whatever the unlearning method did; the
+result then carries ``inj_unchanged_fraction`` and a warning saying so (the paper mixes in neutral text, which
+moves every weight).
 """
 
 from __future__ import annotations
@@ -247,7 +252,8 @@ def mask_auc(
 
     Returns:
         ``{"F": {family: auc, ..., "composite": auc, "max": auc, "best": family}, "F|R": {...} (with
-        unified_mask), "num_weights": int, "num_positive": {"F": int, ...}, "num_subsampled": int}``.
+        unified_mask), "num_weights": int, "num_positive": {"F": int, ...}, "num_subsampled": int,
+        "inj_unchanged_fraction": share of weights with Δ_inj exactly 0, "warnings": [str, ...]}``.
     """
     names = list(label_mask) if names is None else list(names)
     if not names:
@@ -273,7 +279,16 @@ def mask_auc(
         for n in names:
             yield feature(family, n), labels[n]
 
-    result: dict = {"num_weights": sum(theta_unl[n].numel() for n in names), "num_positive": {}}
+    result: dict = {"num_weights": sum(theta_unl[n].numel() for n in names), "num_positive": {}, "warnings": []}
+    unchanged = sum(int((theta_inj[n] == theta_pre[n]).sum()) for n in names) / max(result["num_weights"], 1)
+    result["inj_unchanged_fraction"] = unchanged
+    if unchanged > 0.5:
+        result["warnings"].append(
+            f"Δ_inj is exactly 0 on {unchanged:.1%} of the weights (the injection moved only masked elements, e.g. "
+            "no neutral text), so the reversal families (signrev, reversal, dirreversal) can find the injection "
+            "masks from Δ_inj alone; compare methods on the magnitude and contrast families, or inject with "
+            "neutral text as the paper does."
+        )
     for key, labels in labels_by_key.items():
         n_pos = sum(int(labels[n].bool().sum()) for n in names)
         result["num_positive"][key] = n_pos

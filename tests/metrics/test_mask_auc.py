@@ -112,6 +112,20 @@ def test_mask_auc_without_control_omits_contrast_and_unlocalized_change_is_chanc
     assert r["F"]["max"] < 0.6
 
 
+def test_an_injection_that_moved_only_masked_weights_is_flagged():
+    pre, inj, unl, forget, retain, _ = _synthetic(localized=False)
+    assert mask_auc(pre, inj, unl, forget, composite=False)["warnings"] == []
+    # No neutral text: Δ_inj is exactly 0 outside the six masks. An unlearning change that ignores the masks
+    # (pure noise) then still "finds" the forget mask through the reversal family, which divides by |Δ_inj| + ε.
+    masked_inj = {n: torch.where(forget[n] | retain[n], inj[n], pre[n]) for n in pre}
+    unl = {n: masked_inj[n] + (unl[n] - inj[n]) for n in pre}  # the same noise on top
+    inj = masked_inj
+    r = mask_auc(pre, inj, unl, forget, composite=False)
+    assert r["inj_unchanged_fraction"] == pytest.approx(1 - sum(int((forget[n] | retain[n]).sum()) for n in pre) / 9000)
+    assert abs(r["F"]["raw"] - 0.5) < 0.05 and r["F"]["reversal"] > 0.75
+    assert len(r["warnings"]) == 1 and "reversal families" in r["warnings"][0]
+
+
 def test_mask_auc_rejects_mismatched_dicts():
     pre, inj, unl, forget, *_ = _synthetic(n_tensors=1)
     bad = {n: t[:5] for n, t in unl.items()}
