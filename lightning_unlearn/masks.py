@@ -12,11 +12,12 @@ This module imports torch and safetensors only.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tempfile
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -62,6 +63,39 @@ def group_mask(packed: torch.Tensor, groups: int | Iterable[int]) -> torch.Tenso
     bits = group_bits(groups)
     # Bit 31 does not fit in a signed int32 scalar; materialise the operand as uint32 explicitly.
     return (packed & torch.tensor(bits, dtype=torch.uint32, device=packed.device)) != 0
+
+
+class LazyMasks(Mapping):
+    """Packed masks made one tensor at a time, on access, and never cached.
+
+    A consumer that keeps only part of each tensor (FSDP's dim-0 shard, a digest, per-group counts) then never holds
+    the full masks: peak memory is one parameter's mask, not the model's. Each access recomputes (sampling) or
+    re-reads (a file), so a consumer that needs every tensor more than once should take ``dict(lazy)`` once.
+
+    Args:
+        shapes: ``{canonical name: shape}``, in the masks' order.
+        make: returns the uint32 mask of a name.
+    """
+
+    def __init__(self, shapes: Mapping[str, tuple[int, ...]], make: Callable[[str], torch.Tensor]) -> None:
+        self.shapes = {n: tuple(s) for n, s in shapes.items()}
+        self._make = make
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.shapes:
+            raise KeyError(name)
+        return self._make(name)
+
+    def __iter__(self):
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+def mask_shape(packed: Mapping[str, torch.Tensor], name: str) -> tuple[int, ...]:
+    """The shape of ``packed[name]``, without materialising it when ``packed`` is a :class:`LazyMasks`."""
+    return packed.shapes[name] if isinstance(packed, LazyMasks) else tuple(packed[name].shape)
 
 
 def default_exclusions(model: nn.Module) -> list[str]:
@@ -131,7 +165,8 @@ def sample_masks(
     coverage: float = 0.05,
     seed: int = 0,
     exclude: Sequence[str] | None = None,
-) -> dict[str, torch.Tensor]:
+    lazy: bool = False,
+) -> dict[str, torch.Tensor] | LazyMasks:
     """Sample disjoint, element-wise random group masks over θ_mask and pack them.
 
     Every element of θ_mask draws u ~ U[0, 1); it joins group ``g`` iff ``g·coverage <= u < (g+1)·coverage``.
@@ -143,6 +178,7 @@ def sample_masks(
         coverage: fraction of θ_mask each group covers; ``num_groups * coverage`` must be ≤ 1.
         seed: the masks are a deterministic function of ``seed`` and the parameter names.
         exclude: see :func:`masked_parameter_names`.
+        lazy: return a :class:`LazyMasks` that samples each tensor when it is read (same values).
 
     Returns:
         ``{canonical parameter name: uint32 tensor of the parameter's shape}`` for every parameter;
@@ -158,29 +194,32 @@ def sample_masks(
     included = set(masked_parameter_names(model, exclude))
     if not included:
         raise ValueError("θ_mask is empty: every parameter is excluded. Loosen `exclude`.")
-    packed: dict[str, torch.Tensor] = {}
-    for name, p in _unique_named_parameters(model):
-        shape = tuple(p.shape)
+    shapes = {name: tuple(p.shape) for name, p in _unique_named_parameters(model)}
+
+    def make(name: str) -> torch.Tensor:
+        shape = shapes[name]
         if name not in included:
-            packed[name] = torch.zeros(shape, dtype=torch.uint32)
-            continue
+            return torch.zeros(shape, dtype=torch.uint32)
         gen = torch.Generator().manual_seed(_param_seed(seed, name))
         u = torch.rand(shape, generator=gen)
         slot = torch.floor(u / coverage).to(torch.int64)  # group id, or ≥ num_groups for "no group"
         in_group = slot < num_groups
         values = torch.where(in_group, torch.ones_like(slot) << slot.clamp(max=MAX_GROUPS - 1), 0)
-        packed[name] = values.to(torch.uint32)
-    return packed
+        return values.to(torch.uint32)
+
+    masks = LazyMasks(shapes, make)
+    return masks if lazy else dict(masks)
 
 
 def coverage_by_group(packed: Mapping[str, torch.Tensor], num_groups: int, names: Iterable[str] | None = None):
     """Fraction of the elements of ``names`` (default: all) that each group covers, as a list of floats."""
     names = list(packed) if names is None else list(names)
-    total = sum(packed[n].numel() for n in names)
+    total = sum(math.prod(mask_shape(packed, n)) for n in names)
     counts = [0] * num_groups
     for n in names:
+        t = packed[n]  # read once (a LazyMasks recomputes on every access)
         for g in range(num_groups):
-            counts[g] += int(group_mask(packed[n], g).sum())
+            counts[g] += int(group_mask(t, g).sum())
     return [c / max(total, 1) for c in counts]
 
 
@@ -210,10 +249,10 @@ def validate_masks(packed: Mapping[str, torch.Tensor], model: nn.Module) -> None
                 f"masks do not match the model: parameter {name!r} has no mask. The masks file was made for "
                 "another model; sample masks for this model (sample_masks) or load the matching file."
             )
-        if tuple(packed[name].shape) != tuple(p.shape):
+        if mask_shape(packed, name) != tuple(p.shape):
             raise ValueError(
                 f"masks do not match the model: {name!r} has shape {tuple(p.shape)} but its mask has shape "
-                f"{tuple(packed[name].shape)}. The masks file was made for another model."
+                f"{mask_shape(packed, name)}. The masks file was made for another model."
             )
     extra = [n for n in packed if n not in params]
     if extra:
@@ -247,19 +286,31 @@ def save_masks(path: str | os.PathLike, packed: Mapping[str, torch.Tensor], **me
 
 
 def load_masks(
-    path: str | os.PathLike, model: nn.Module | None = None
-) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
-    """Read packed masks and their metadata; with ``model``, check every name and shape against it."""
+    path: str | os.PathLike, model: nn.Module | None = None, lazy: bool = False
+) -> tuple[dict[str, torch.Tensor] | LazyMasks, dict[str, object]]:
+    """Read packed masks and their metadata; with ``model``, check every name and shape against it.
+
+    ``lazy`` returns a :class:`LazyMasks` that reads each tensor from the file when it is accessed (the check reads
+    only the header).
+    """
     from safetensors import safe_open
 
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"masks file {str(path)!r} does not exist.")
-    packed = {}
     with safe_open(str(path), framework="pt") as f:
         meta = {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
-        for k in f.keys():
-            packed[k] = f.get_tensor(k)
+        if lazy:
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        else:
+            packed = {k: f.get_tensor(k) for k in f.keys()}
+
+    def read(name: str) -> torch.Tensor:
+        with safe_open(str(path), framework="pt") as f:
+            return f.get_tensor(name)
+
+    if lazy:
+        packed = LazyMasks(shapes, read)
     if model is not None:
         validate_masks(packed, model)
     return packed, meta

@@ -162,9 +162,14 @@ def load_tokenizer(path: str | os.PathLike):
     return tok
 
 
-def load_causal_lm(path: str | os.PathLike, dtype: torch.dtype | str = torch.float32):
-    """Load a causal LM from a local HF directory (``config.json`` + weights)."""
-    from transformers import AutoModelForCausalLM
+def load_causal_lm(path: str | os.PathLike, dtype: torch.dtype | str = torch.float32, *, weights: bool = True):
+    """Load a causal LM from a local HF directory (``config.json`` + weights).
+
+    ``weights=False`` builds the architecture on the meta device without reading the weights (no memory): the FSDP
+    ranks other than 0 do this, and rank 0's weights are broadcast into their shards after sharding
+    (:class:`lightning_unlearn.strategies.MaskedFSDPStrategy`).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     p = _require_dir(path, "model")
     if not (p / "config.json").exists():
@@ -173,6 +178,10 @@ def load_causal_lm(path: str | os.PathLike, dtype: torch.dtype | str = torch.flo
         )
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
+    if not weights:
+        config = AutoConfig.from_pretrained(str(p), local_files_only=True)
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, dtype=dtype)
     return AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, local_files_only=True)
 
 

@@ -17,7 +17,7 @@ from lightning_unlearn.data.pii import PROFILE_FIELDS, generate_profiles
 from lightning_unlearn.data.testbed_data import LacunaDataConfig
 from lightning_unlearn.lacuna import locality_report
 from lightning_unlearn.lacuna import main as lacuna_main
-from lightning_unlearn.masks import sample_masks, save_masks
+from lightning_unlearn.masks import LazyMasks, sample_masks, save_masks
 from lightning_unlearn.models import TinyLlamaConfig, build_tiny_llama, load_tokenizer
 from lightning_unlearn.objectives.injection import InjectionModule
 from lightning_unlearn.objectives.instruction import InstructionModule
@@ -62,6 +62,8 @@ def injection(tiny_dir, data_dir, **kw):
 def test_locality_only_group_bits_change(tiny_dir, tmp_path):
     module, data = injection(tiny_dir, tmp_path / "data", neutral_fraction=0.0, groups=[2], weight_decay=0.0)
     make_trainer(tmp_path / "run", max_steps=4).fit(module, data)
+    # one device: the strategy made every lazy mask once and kept them (not remade on each step)
+    assert type(module.packed_masks) is dict
     export = tmp_path / "run" / "export"
     assert {p.name for p in export.iterdir()} >= {"pre", "inj", "masks.safetensors"}
     report = locality_report(str(export), [2])
@@ -112,7 +114,11 @@ def test_the_module_keeps_no_full_mask_copy(tiny_dir):
     assert control.packed_masks is None and uint32_dicts(control) == []
     masked = InjectionModule(model_path=str(tiny_dir))
     masked.configure_model()
-    assert uint32_dicts(masked) == ["packed_masks"]  # only what the strategy reads (and under FSDP shards)
+    # packed_masks holds no tensor at all until the strategy reads it (one device: every mask once; FSDP: shards)
+    assert uint32_dicts(masked) == [] and isinstance(masked.packed_masks, LazyMasks)
+    expected = sample_masks(masked.model, 6, 0.05, seed=0)
+    assert masked.packed_masks.keys() == expected.keys()
+    assert all(torch.equal(masked.packed_masks[k], expected[k]) for k in expected)
 
 
 class _SwapMasksFile(Callback):

@@ -1,6 +1,8 @@
 """The Lacuna stages through the real CLI on 2 CPU processes (gloo). Masked injection under FSDP2: the export
 gathers the sharded weights, writes the full masks, and locality holds exactly (only the injected group's bits
-move). Instruction tuning under FSDP2 exports the same merged model as under DDP."""
+move). Instruction tuning under FSDP2 exports the same merged model as under DDP. Under FSDP2 only rank 0 reads
+the weights (rank 1 builds on the meta device and receives its shards), so the equalities below also check that
+broadcast."""
 
 from __future__ import annotations
 
@@ -46,6 +48,8 @@ def _fit(tmp_path, stage: str, trainer_config: str | None, args: list[str], root
     env.pop("LOCAL_RANK", None)
     proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    if trainer_config == "fsdp_cpu.yaml":  # rank 1 never read the weights: rank 0 broadcast them into its shards
+        assert "rank 1: model built on the meta device" in proc.stdout + proc.stderr
     return root / "export"
 
 

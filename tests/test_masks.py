@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from lightning_unlearn.masks import (
+    LazyMasks,
     coverage_by_group,
     default_exclusions,
     group_mask,
@@ -112,3 +113,25 @@ def test_shards_concatenate_to_the_full_mask(tiny_model):
         shards = [shard_masks(packed, r, world) for r in range(world)]
         for n, t in packed.items():
             assert torch.equal(torch.cat([s[n] for s in shards], 0), t)
+
+
+def test_lazy_masks_make_the_same_tensors_one_at_a_time(tiny_model, tiny_tokenizer, tmp_path):
+    eager = sample_masks(tiny_model, 6, 0.05, seed=3)
+    lazy = sample_masks(tiny_model, 6, 0.05, seed=3, lazy=True)
+    assert isinstance(lazy, LazyMasks) and list(lazy) == list(eager)
+    assert all(torch.equal(lazy[n], eager[n]) for n in eager)
+    assert lazy["model.layers.0.mlp.up_proj.weight"] is not lazy["model.layers.0.mlp.up_proj.weight"]  # no cache
+    assert coverage_by_group(lazy, 6) == coverage_by_group(eager, 6)
+    shards = shard_masks(lazy, 1, 2)
+    assert all(torch.equal(shards[n], torch.chunk(eager[n], 2, 0)[1]) for n in eager)
+    # from a file: the header gives names and shapes (the model check reads no tensor); tensors on access
+    path = tmp_path / "masks.safetensors"
+    save_masks(path, eager)
+    from_file, _ = load_masks(path, model=tiny_model, lazy=True)
+    assert isinstance(from_file, LazyMasks) and from_file.shapes == {n: tuple(t.shape) for n, t in eager.items()}
+    assert all(torch.equal(from_file[n], eager[n]) for n in eager)
+    other = build_tiny_llama(tiny_tokenizer, TinyLlamaConfig(hidden_size=48, num_layers=4, num_heads=2))
+    with pytest.raises(ValueError, match=r"'model.embed_tokens.weight' has shape"):
+        load_masks(path, model=other, lazy=True)
+    with pytest.raises(KeyError):
+        lazy["no.such.weight"]

@@ -24,6 +24,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
@@ -33,15 +34,15 @@ from typing_extensions import override
 
 from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.losses import nll_loss, sequence_logprobs
-from lightning_unlearn.masks import coverage_by_group, load_masks, sample_masks, save_masks
+from lightning_unlearn.masks import LazyMasks, group_mask, load_masks, sample_masks, save_masks
 from lightning_unlearn.models import (
     TinyLlamaConfig,
     build_tiny_llama,
-    load_causal_lm,
     load_tokenizer,
     train_bpe_tokenizer,
 )
 from lightning_unlearn.objectives.optimizer_config import SCHEDULES, OptimizerConfig
+from lightning_unlearn.strategies.masked_fsdp import load_model_for_rank
 
 # The built-in θ_pre of `configs/lacuna/pretrain.yaml`, used when an injection run names no model.
 BUILTIN_PRETRAIN_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "lacuna" / "pretrain.yaml"
@@ -151,23 +152,25 @@ class InjectionModule(LightningModule):
             self.model = build_tiny_llama(self.tokenizer, self.tiny, seed=self.hparams.init_seed)
             return
         # from_pretrained returns eval mode and Lightning keeps module modes: train in train mode (dropout on).
-        self.model = load_causal_lm(self.model_dir).train()
-        masks = self._full_masks()
-        empty = [g for g, c in enumerate(coverage_by_group(masks, self.hparams.num_groups)) if c == 0]
+        self.model = load_model_for_rank(self.model_dir, self._trainer).train()
+        # Lazy masks, made one tensor at a time: the strategy keeps what it needs (FSDP: this rank's shard; one
+        # device: every tensor, once), so no rank holds the full masks next to its shard. The export rebuilds them
+        # (a function of the seed or file and the parameter names and shapes) and checks them against this digest.
+        masks = self._full_masks(lazy=True)
+        self._mask_checksum, coverage = _summary(masks, self.hparams.num_groups)
+        empty = [g for g, c in enumerate(coverage) if c == 0]
         if empty:
             raise ValueError(
                 f"mask group {empty[0]} is empty (covers no parameter element); raise coverage or lower num_groups."
             )
-        # The module keeps no full copy: the strategy may shard packed_masks (FSDP: each rank keeps its shard), and
-        # the export rebuilds the full masks (a function of the seed or file and the parameter names and shapes).
-        self._mask_checksum = _checksum(masks)
         self.packed_masks = masks if self.hparams.masked else None
 
-    def _full_masks(self) -> dict[str, torch.Tensor]:
+    def _full_masks(self, lazy: bool = False) -> dict[str, torch.Tensor] | LazyMasks:
         """The packed masks over the whole model (names and global shapes; FSDP2 parameters report both)."""
         if self.hparams.masks_path is not None:
-            return load_masks(self.hparams.masks_path, self.model)[0]
-        return sample_masks(self.model, self.hparams.num_groups, self.hparams.coverage, seed=self.hparams.mask_seed)
+            return load_masks(self.hparams.masks_path, self.model, lazy=lazy)[0]
+        hp = self.hparams
+        return sample_masks(self.model, hp.num_groups, hp.coverage, seed=hp.mask_seed, lazy=lazy)
 
     @override
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -224,7 +227,7 @@ class InjectionModule(LightningModule):
         masks = None
         if not self.pretraining:
             masks = self._full_masks()
-            if _checksum(masks) != self._mask_checksum:
+            if _summary(masks, self.hparams.num_groups)[0] != self._mask_checksum:
                 raise RuntimeError(
                     "the masks rebuilt for the export differ from the ones training used (was the masks file "
                     f"{self.hparams.masks_path!r} changed during the run?); nothing was exported."
@@ -253,10 +256,15 @@ class InjectionModule(LightningModule):
         write_directory_atomically(self.export_dir(), write)
 
 
-def _checksum(masks: dict[str, torch.Tensor]) -> str:
-    """A digest of the masks' names and words (streams the tensors' bytes; no copies)."""
+def _summary(masks: Mapping[str, torch.Tensor], num_groups: int) -> tuple[str, list[float]]:
+    """A digest of the masks' names and words, and each group's coverage, reading every tensor once."""
     digest = hashlib.blake2b(digest_size=16)
+    counts, total = [0] * num_groups, 0
     for name in sorted(masks):
+        t = masks[name]
         digest.update(name.encode())
-        digest.update(masks[name].contiguous().view(torch.uint8).numpy())
-    return digest.hexdigest()
+        digest.update(t.contiguous().view(torch.uint8).numpy())
+        total += t.numel()
+        for g in range(num_groups):
+            counts[g] += int(group_mask(t, g).sum())
+    return digest.hexdigest(), [c / max(total, 1) for c in counts]

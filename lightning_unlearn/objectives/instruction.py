@@ -20,6 +20,7 @@ from typing_extensions import override
 from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.losses import nll_loss, sequence_logprobs
 from lightning_unlearn.models import AdapterConfig, apply_adapter, load_causal_lm, load_tokenizer
+from lightning_unlearn.strategies.masked_fsdp import load_model_for_rank
 
 
 class InstructionModule(LightningModule):
@@ -66,7 +67,7 @@ class InstructionModule(LightningModule):
             return
         self.tokenizer = load_tokenizer(self.hparams.model_path)
         # from_pretrained returns eval mode and Lightning keeps module modes: train in train mode (LoRA dropout on).
-        self.model = apply_adapter(load_causal_lm(self.hparams.model_path), self.adapter).train()
+        self.model = apply_adapter(load_model_for_rank(self.hparams.model_path, self._trainer), self.adapter).train()
 
     def _loss(self, batch: dict) -> torch.Tensor:
         logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits

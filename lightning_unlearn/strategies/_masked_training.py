@@ -9,6 +9,7 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch import LightningModule
 
+from lightning_unlearn.masks import LazyMasks
 from lightning_unlearn.strategies.lockstep import local_tensor, lockstep_masked_backward
 from lightning_unlearn.strategies.masked_gradients import MaskedGradients, resolve_param_masks
 from lightning_unlearn.strategies.restricted_update import RestrictedUpdate
@@ -60,8 +61,12 @@ class MaskedTraining:
         if packed is self._source:
             return self._param_masks
         if self._shard is not None and not getattr(packed, "is_local_shard", False):
-            packed = _ShardDict(self._shard(dict(packed)))
+            # One tensor at a time: with LazyMasks the full masks never exist on this rank.
+            packed = _ShardDict(self._shard(packed))
             module.packed_masks = packed  # the full masks are dropped: a rank keeps only its shard
+        elif isinstance(packed, LazyMasks):
+            packed = dict(packed)  # read every step: make each tensor once
+            module.packed_masks = packed
         keys = resolve_param_masks(module, packed)
         masks = {}
         for p, k in keys.items():

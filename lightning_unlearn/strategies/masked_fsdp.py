@@ -10,6 +10,7 @@ Runs on CPU with gloo (Lightning's ``strategy="fsdp"`` refuses CPU). When the Li
 
 from __future__ import annotations
 
+import itertools
 import re
 from datetime import timedelta
 from typing import Literal
@@ -24,6 +25,7 @@ from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
 from lightning_unlearn.masks import shard_masks
+from lightning_unlearn.models import load_causal_lm
 from lightning_unlearn.strategies._masked_training import MaskedStrategyHooks, MaskedTraining
 
 _BLOCK = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.\d+$")
@@ -74,9 +76,20 @@ class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
         self.accelerator.setup(trainer)
         if any(isinstance(m, FullyShardedDataParallel) for m in self.model.modules()):
             raise TypeError(f"{type(self).__name__} supports FSDP2 (fully_shard) only, not FullyShardedDataParallel.")
+        module = self.lightning_module
+        from_rank0 = self._weights_from_rank0(module)
+        full = module.state_dict() if from_rank0 and self.global_rank == 0 else None
         if not any(isinstance(m, FSDPModule) for m in self.model.modules()):
-            self._fully_shard(self.lightning_module)
-        _materialize_distributed_module(self.model, self.root_device)
+            self._fully_shard(module)
+        if from_rank0:
+            # Allocate the meta shards without initialising them (reset_parameters on DTensors is collective and
+            # rank 0 has nothing to reset); every value then comes from rank 0.
+            if self.global_rank != 0:
+                module.to_empty(device=self.root_device)
+            self._broadcast_rank0_weights(module, full)
+            del full
+        else:
+            _materialize_distributed_module(self.model, self.root_device)
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         self.barrier()
@@ -86,6 +99,32 @@ class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
         self.setup_precision_plugin()
         if trainer.state.fn == TrainerFn.FITTING:
             _optimizers_to_device(self.optimizers, self.root_device)
+
+    def _weights_from_rank0(self, module: torch.nn.Module) -> bool:
+        """Whether some rank built its model on the meta device (:func:`load_model_for_rank`), so that rank 0's
+        weights must be broadcast after sharding. Collective."""
+        import torch.distributed as dist
+
+        meta = any(t.is_meta for t in itertools.chain(module.parameters(), module.buffers()))
+        if meta and self.global_rank == 0:
+            raise RuntimeError(
+                "rank 0 built its model on the meta device; rank 0 must read the weights that the other ranks receive "
+                "(load it with load_model_for_rank in configure_model)."
+            )
+        flag = torch.tensor([int(meta)], device=self.root_device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _broadcast_rank0_weights(self, module: torch.nn.Module, full: dict[str, torch.Tensor] | None) -> None:
+        """Fill every rank's shards from rank 0's full state dict, then copy rank 0's buffers (non-persistent ones,
+        such as rotary frequencies, are in no state dict and were left uninitialised by materialisation)."""
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(module, full if full is not None else {}, options=options)
+        for buffer in module.buffers():
+            dist.broadcast(buffer, src=0)
 
     def _fully_shard(self, module: torch.nn.Module) -> None:
         from torch.distributed.fsdp import fully_shard
@@ -107,3 +146,18 @@ class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
 
 def _local_shape(p: torch.Tensor) -> tuple[int, ...]:
     return tuple(p._local_tensor.shape) if hasattr(p, "_local_tensor") else tuple(p.shape)
+
+
+
+def load_model_for_rank(path: str, trainer: pl.Trainer | None) -> torch.nn.Module:
+    """``load_causal_lm(path)`` for ``configure_model``; on ranks > 0 under :class:`MaskedFSDPStrategy` only its
+    meta-device skeleton (``weights=False``).
+
+    The strategy broadcasts rank 0's weights into the other ranks' shards after sharding, so a large model is read
+    from disk and held in full by one process rather than by every rank.
+    """
+    if trainer is None or not isinstance(trainer.strategy, MaskedFSDPStrategy) or trainer.global_rank == 0:
+        return load_causal_lm(path)
+    rank = trainer.global_rank
+    print(f"rank {rank}: model built on the meta device; its shards are broadcast from rank 0", flush=True)
+    return load_causal_lm(path, weights=False)
