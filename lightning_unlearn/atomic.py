@@ -14,7 +14,15 @@ from pathlib import Path
 
 
 def _umask() -> int:
-    umask = os.umask(0)
+    """The process umask. Linux reports it in /proc (a read, safe with other threads creating files); elsewhere it
+    is set and restored, which briefly changes it for every thread."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    umask = os.umask(0o077)
     os.umask(umask)
     return umask
 

@@ -60,3 +60,20 @@ def test_artifacts_get_the_modes_of_plain_writes_not_private_temp_modes(tmp_path
         os.umask(old)
     assert d.stat().st_mode & 0o777 == 0o755  # mkdtemp alone would leave 0700
     assert f.stat().st_mode & 0o777 == 0o644  # mkstemp alone would leave 0600
+
+
+def test_the_umask_is_read_without_changing_it(tmp_path):
+    import os
+
+    from lightning_unlearn.atomic import _umask
+
+    old = os.umask(0o027)
+    try:
+        assert _umask() == 0o027
+        assert os.umask(0o027) == 0o027  # still set: reading it did not reset it
+        d = write_directory_atomically(tmp_path / "export", lambda tmp: (tmp / "w.bin").write_bytes(b"x"))
+        f = write_text_atomically(tmp_path / "summary.json", "{}")
+    finally:
+        os.umask(old)
+    assert d.stat().st_mode & 0o777 == 0o750
+    assert f.stat().st_mode & 0o777 == 0o640
