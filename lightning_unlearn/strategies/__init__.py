@@ -12,7 +12,9 @@ Contract with the LightningModule (read by the strategies on every training step
   parameter ``model.model.layers.0.mlp.up_proj.weight``). Every trainable parameter needs a mask (excluded
   parameters have an all-zero one). ``None`` (or no attribute) turns masking off: the strategies then behave
   exactly like Lightning's. Under :class:`MaskedFSDPStrategy` the strategy replaces each value with this rank's
-  dim-0 shard (``masks.shard_masks``), so after setup a rank never holds the full masks.
+  dim-0 shard (``masks.shard_masks``), so after setup a rank never holds the full masks; a
+  :class:`~lightning_unlearn.masks.LazyMasks` (masks made on access) is sharded one tensor at a time, so it never
+  holds them during setup either. One device and DDP make every tensor of a ``LazyMasks`` once and keep them.
 - ``restrict_update_groups: list[int] | None`` — restricted-update mode: every parameter *update* (gradient step,
   AdamW weight decay and momentum) is limited to the union of these groups' masks; elements outside it stay
   bit-for-bit unchanged. Independent of per-sample masking (a batch without ``group_ids`` is fine).

@@ -6,6 +6,10 @@ forward+backward per group present on any rank (see :func:`lightning_unlearn.str
 Runs on CPU with gloo (Lightning's ``strategy="fsdp"`` refuses CPU). When the LightningModule's
 ``configure_model`` did not shard anything, every transformer block and then each top-level child module is
 ``fully_shard``-ed over the data-parallel mesh.
+
+Only rank 0 needs to read the weights: a module that builds its model with :func:`load_model_for_rank` gets a
+meta-device skeleton on the other ranks, and setup broadcasts rank 0's state (and buffers) into every rank's shards
+after sharding. Masks given as :class:`lightning_unlearn.masks.LazyMasks` are made and sharded one tensor at a time.
 """
 
 from __future__ import annotations
