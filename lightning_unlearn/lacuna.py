@@ -7,7 +7,8 @@ Commands:
   a ``lightning-unlearn fit -c configs/lacuna/<stage>.yaml`` run with the work directory's paths; a finished
   stage (its export exists) is reused and says so, an interrupted one resumes from its last checkpoint. A stage
   whose recorded recipe (``<stage>/recipe.json``: config text and overrides) differs from this run's, or that is
-  older than an input rebuilt after it, is refused rather than reused.
+  older than an input rebuilt after it, is refused rather than reused; one built by other package code (the
+  recipe's source digest) is reused with a warning, since changed code defaults are in no config.
   ``--model-path DIR`` (or ``smollm2``) starts both injections from a real model instead of the tiny θ_pre and
   skips pretraining; ``--inject-config FILE`` / ``--instruct-config FILE`` add a YAML overlay to both injections /
   both instruction tunings (e.g. a learning rate). The table shows extraction after instruction tuning and on θ_inj
@@ -23,6 +24,8 @@ Commands:
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
 import json
 import os
 import subprocess
@@ -320,9 +323,20 @@ def _data_config(preset_args: Sequence[str]) -> LacunaDataConfig:
     return LacunaDataConfig(**kwargs)
 
 
+@functools.cache
+def _code_digest() -> str:
+    """A digest of this package's source files: a stage built by other code may differ in what code defaults gave."""
+    package = Path(__file__).resolve().parent
+    digest = hashlib.blake2b(digest_size=8)
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
 def _recipe(cmd: Sequence[str], w: Path) -> dict:
     """What a stage's result depends on: the text of its config files and its overrides (work-directory paths
-    written relative to it), not where the config files live or whether it resumes."""
+    written relative to it), not where the config files live or whether it resumes; and the code that ran it."""
     configs, overrides = [], []
     args = iter(cmd[4:])  # after `python -m lightning_unlearn.cli fit`
     for arg in args:
@@ -332,7 +346,7 @@ def _recipe(cmd: Sequence[str], w: Path) -> dict:
             next(args)
         else:
             overrides.append(arg.replace(str(w), "<workdir>"))
-    return {"configs": configs, "overrides": overrides}
+    return {"configs": configs, "overrides": overrides, "code": _code_digest()}
 
 
 def _check_recipe(stage: str, root: Path, recipe: dict, finished: bool, log) -> None:
@@ -340,7 +354,8 @@ def _check_recipe(stage: str, root: Path, recipe: dict, finished: bool, log) -> 
     path = root / "recipe.json"
     if path.exists():
         found = json.loads(path.read_text())
-        if found != recipe:
+        code = found.pop("code", None)  # recipes from before the digest was recorded have none
+        if found != {k: v for k, v in recipe.items() if k != "code"}:
             what = "config files" if found["configs"] != recipe["configs"] else "overrides"
             changed = sorted(set(found["overrides"]) ^ set(recipe["overrides"])) if what == "overrides" else []
             raise ValueError(
@@ -348,6 +363,12 @@ def _check_recipe(stage: str, root: Path, recipe: dict, finished: bool, log) -> 
                 + (f" ({', '.join(changed)})" if changed else "")
                 + f"; reusing it would mix the two. Delete {str(root)!r} (and the stages after it) to rebuild it, "
                 "or choose another --workdir."
+            )
+        if code is not None and code != recipe["code"]:
+            # Code defaults (not in the configs) may have changed; the user decides whether that matters.
+            log(
+                f"[lacuna] {stage}: built by other lightning_unlearn code than this checkout's (source digest {code} "
+                f"vs {recipe['code']}); reusing it. Delete {str(root)!r} to rebuild it with this code."
             )
     elif finished:
         log(f"[lacuna] {stage}: built before stage recipes were recorded; its configs are not checked")

@@ -50,6 +50,13 @@ def test_chain_tiny(tmp_path):
     recipe_path.write_text(json.dumps({**recipe, "overrides": [*recipe["overrides"], "--model.lr", "9"]}))
     with pytest.raises(ValueError, match=r"stage instruct in .* other overrides than this run's \(--model.lr, 9\)"):
         run_chain(str(tmp_path), size="tiny", log=lines.append)
+    # one built by other code (code defaults are in no config) is reused, with a warning that names it
+    recipe_path.write_text(json.dumps({**recipe, "code": "0123456789abcdef"}))
+    lines.clear()
+    run_chain(str(tmp_path), size="tiny", log=lines.append)
+    warned = [line for line in lines if "other lightning_unlearn code" in line]
+    assert len(warned) == 1 and warned[0].startswith("[lacuna] instruct: ") and "0123456789abcdef" in warned[0]
+    assert sum("finished before, reusing" in line for line in lines) == 9
     recipe_path.write_text(json.dumps(recipe))
     # an injection rebuilt after the instruction tuning made from it leaves that tuning stale
     inj = tmp_path / "inject_unmasked" / "export" / "inj"
