@@ -110,14 +110,15 @@ class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
         import torch.distributed as dist
 
         meta = any(t.is_meta for t in itertools.chain(module.parameters(), module.buffers()))
-        if meta and self.global_rank == 0:
+        # [some rank is on meta, rank 0 is]: every rank joins the reduction before any of them may raise
+        flags = torch.tensor([int(meta), int(meta and self.global_rank == 0)], device=self.root_device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        if flags[1]:
             raise RuntimeError(
                 "rank 0 built its model on the meta device; rank 0 must read the weights that the other ranks receive "
                 "(load it with load_model_for_rank in configure_model)."
             )
-        flag = torch.tensor([int(meta)], device=self.root_device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        return bool(flags[0])
 
     def _broadcast_rank0_weights(self, module: torch.nn.Module, full: dict[str, torch.Tensor] | None) -> None:
         """Fill every rank's shards from rank 0's full state dict, then copy rank 0's buffers (non-persistent ones,
@@ -150,7 +151,6 @@ class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
 
 def _local_shape(p: torch.Tensor) -> tuple[int, ...]:
     return tuple(p._local_tensor.shape) if hasattr(p, "_local_tensor") else tuple(p.shape)
-
 
 
 def load_model_for_rank(path: str, trainer: pl.Trainer | None) -> torch.nn.Module:

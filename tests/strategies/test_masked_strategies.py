@@ -148,3 +148,29 @@ def test_distributed_restricted_update(tmp_path, tiny_dir, problem, strategy):
     got = torch.load(out / "params.pt")
     before = {k: v for k, v in load_causal_lm(tiny_dir).state_dict().items() if k in got}
     _check_restricted(before, got, problem["masks"])
+
+
+def test_rank0_weight_loading_detects_meta_models_and_refuses_them_on_rank_0(tiny_dir):
+    """The collective check of MaskedFSDPStrategy.setup, in a one-process gloo group: a rank > 0 that built its model
+    on the meta device turns the broadcast on; rank 0 on the meta device is refused (it has no weights to send)."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from lightning_unlearn.strategies import MaskedFSDPStrategy
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        check = MaskedFSDPStrategy._weights_from_rank0
+        cpu = torch.device("cpu")
+        loaded, skeleton = load_causal_lm(tiny_dir), load_causal_lm(tiny_dir, weights=False)
+        assert all(p.is_meta for p in skeleton.parameters()) and not any(p.is_meta for p in loaded.parameters())
+        assert check(SimpleNamespace(global_rank=0, root_device=cpu), loaded) is False
+        assert check(SimpleNamespace(global_rank=1, root_device=cpu), skeleton) is True
+        with pytest.raises(RuntimeError, match="rank 0 built its model on the meta device"):
+            check(SimpleNamespace(global_rank=0, root_device=cpu), skeleton)
+    finally:
+        dist.destroy_process_group()
