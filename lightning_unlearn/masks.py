@@ -305,11 +305,12 @@ def load_masks(
         else:
             packed = {k: f.get_tensor(k) for k in f.keys()}
 
-    def read(name: str) -> torch.Tensor:
-        with safe_open(str(path), framework="pt") as f:
-            return f.get_tensor(name)
-
     if lazy:
+
+        def read(name: str) -> torch.Tensor:
+            with safe_open(str(path), framework="pt") as f:
+                return f.get_tensor(name)
+
         packed = LazyMasks(shapes, read)
     if model is not None:
         validate_masks(packed, model)
