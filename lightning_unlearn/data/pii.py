@@ -8,6 +8,7 @@ data, as Lacuna reserves 150 of its 1,200 profiles). Users can bring their own p
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import random
@@ -46,6 +47,7 @@ _NATIONALITIES = (
     "Korean", "Chinese", "Australian", "Nigerian", "Kenyan", "Egyptian",
 )  # fmt: skip
 # Birth cities are real cities, as in Panorama (Faker's en_US city() invents names such as "Lake Jennifer").
+_OLDEST_BIRTH, _YOUNGEST_BIRTH = datetime.date(1950, 1, 1), datetime.date(2005, 12, 31)
 _CITIES = (
     "Boston", "Chicago", "Denver", "Seattle", "Atlanta", "Houston", "Phoenix", "Dallas", "Austin", "Miami",
     "Portland", "Detroit", "Memphis", "Nashville", "Baltimore", "Milwaukee", "Tucson", "Fresno", "Sacramento",
@@ -97,7 +99,8 @@ def generate_profiles(
         if f"{first} {last}" in names:
             continue
         names.add(f"{first} {last}")
-        birth = fake.date_of_birth(minimum_age=21, maximum_age=75)
+        # Fixed bounds (ages 21-75 in 2026): Faker's date_of_birth counts from today, so the data would change daily.
+        birth = fake.date_between_dates(date_start=_OLDEST_BIRTH, date_end=_YOUNGEST_BIRTH)
         # first.last@provider, the most predictable of the four target fields (as in Lacuna).
         email = f"{first.lower()}.{last.lower()}@{fake.free_email_domain()}"
         profiles.append(

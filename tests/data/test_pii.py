@@ -23,6 +23,23 @@ from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_tables, 
 LEAK = re.compile(r"\{[A-Za-z_]*\}")
 
 
+def test_profiles_do_not_depend_on_the_date(monkeypatch):
+    import datetime
+
+    import faker.providers.date_time as faker_dates
+
+    today = generate_profiles(30, seed=3)
+
+    class NextYear(datetime.datetime):  # Faker's "now", 400 days later
+        @classmethod
+        def now(cls, tz=None):
+            return datetime.datetime.now(tz) + datetime.timedelta(days=400)
+
+    monkeypatch.setattr(faker_dates, "datetime", NextYear)
+    assert generate_profiles(30, seed=3) == today
+    assert all(21 <= int(p["age"]) <= 76 for p in today)
+
+
 def test_profiles_deterministic_and_complete():
     a, b = generate_profiles(30, seed=3), generate_profiles(30, seed=3)
     assert a == b
