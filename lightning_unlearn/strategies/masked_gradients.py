@@ -216,13 +216,17 @@ class _MaskedLinear(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         weight_route, bias_route = ctx.routes
         grad_x = grad_w = grad_b = None
+        # Under autocast (bf16-mixed) the forward's F.linear ran in a lower precision, so grad_out has that dtype
+        # while the saved x and weight keep theirs. The matmuls run in grad_out's dtype, as autocast's own linear
+        # backward does; each group's sum is cast to the parameter's dtype before it is masked and accumulated.
+        compute = grad_out.dtype
         if ctx.needs_input_grad[0]:
-            grad_x = grad_out.matmul(weight)
+            grad_x = grad_out.matmul(weight.to(compute))
         b = weight_route.groups.batch_size
         d_out, d_in = weight.shape
         go = grad_out.reshape(b, -1, d_out)
         if ctx.needs_input_grad[1]:
-            xs = x.reshape(b, -1, d_in)
+            xs = x.reshape(b, -1, d_in).to(compute)
 
             def part(samples):
                 # contiguous runs of samples are views: no copy, one matmul (or addmm) per run
@@ -231,12 +235,13 @@ class _MaskedLinear(torch.autograd.Function):
                     g_rows = go[start:stop].reshape(-1, d_out).t()
                     x_rows = xs[start:stop].reshape(-1, d_in)
                     out = g_rows.matmul(x_rows) if out is None else out.addmm_(g_rows, x_rows)
-                return out
+                return out.to(weight.dtype)
 
             grad_w = _zeros_if_none(weight_route.combine(part), weight)
         if ctx.needs_input_grad[2]:
             grad_b = _zeros_if_none(
-                bias_route.combine(lambda smp: go.index_select(0, smp.idx).sum((0, 1))), weight[:, 0]
+                bias_route.combine(lambda smp: go.index_select(0, smp.idx).sum((0, 1), dtype=weight.dtype)),
+                weight[:, 0],
             )
         return grad_x, grad_w, grad_b, None, None
 

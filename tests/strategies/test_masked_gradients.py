@@ -131,3 +131,25 @@ def test_one_engine_stays_exact_across_steps_with_changing_groups(tiny_dir):
         ref_opt.step()
     # and the runs stay together (AdamW's 1/sqrt(v) turns float-level gradient differences into ~1e-6 of the weights)
     assert _gap(dict(model.named_parameters()), dict(ref_model.named_parameters())) <= 1e-5
+
+
+def test_one_pass_under_bf16_autocast_matches_the_reference_and_stays_in_the_masks(tiny_dir):
+    # bf16-mixed (autocast): F.linear runs in bf16 inside the patched forward, so grad_out is bf16 while the saved
+    # weight is fp32. The engine must still give fp32 gradients that match the per-sample reference under the same
+    # autocast, and must leave every element outside the batch's groups' masks at exactly zero.
+    model, ref_model = load_causal_lm(tiny_dir), load_causal_lm(tiny_dir)
+    masks = sample_masks(model, num_groups=6, coverage=0.05, seed=0)
+    batch = make_batches(model.config.vocab_size, steps=1)[0]
+    batch["group_ids"] = torch.tensor([0, 1, 2, 3, 4, 5, 0, 1])  # no neutral sample: every gradient is masked
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        microbatch_masked_gradients(ref_model, masks, batch, batch["group_ids"], per_sample_mean_loss)
+        with MaskedGradients(model, masks).batch(batch["group_ids"]):
+            loss = per_sample_mean_loss(model, batch)
+    loss.backward()
+    got, ref = _grads(model), _grads(ref_model)
+    assert all(g.dtype == torch.float32 for g in got.values())
+    assert _gap(got, ref) <= 2e-2  # bf16 matmuls, summed per group here and per sample there
+    for name, g in got.items():
+        inside = masks[name].view(torch.int32) != 0
+        assert int(g[~inside].ne(0).sum()) == 0, name
+    assert sum(int(g.ne(0).sum()) for g in got.values()) > 0
