@@ -32,9 +32,10 @@ def small_data(**overrides) -> LacunaDataConfig:
     return LacunaDataConfig(**kwargs)
 
 
-def make_trainer(root, max_epochs=1, max_steps=-1, callbacks=(), checkpoint=False, strategy=True):
+def make_trainer(root, max_epochs=1, max_steps=-1, callbacks=(), checkpoint=False, strategy=True, precision="32-true"):
     return Trainer(
         accelerator="cpu",
+        precision=precision,
         devices=1,
         strategy=MaskedSingleDeviceStrategy() if strategy else "auto",
         max_epochs=max_epochs,
@@ -59,9 +60,10 @@ def injection(tiny_dir, data_dir, **kw):
     return module, data
 
 
-def test_locality_only_group_bits_change(tiny_dir, tmp_path):
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])  # bf16-mixed: autocast, as on a GPU
+def test_locality_only_group_bits_change(tiny_dir, tmp_path, precision):
     module, data = injection(tiny_dir, tmp_path / "data", neutral_fraction=0.0, groups=[2], weight_decay=0.0)
-    make_trainer(tmp_path / "run", max_steps=4).fit(module, data)
+    make_trainer(tmp_path / "run", max_steps=4, precision=precision).fit(module, data)
     # one device: the strategy made every lazy mask once and kept them (not remade on each step)
     assert type(module.packed_masks) is dict
     export = tmp_path / "run" / "export"
