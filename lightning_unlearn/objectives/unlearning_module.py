@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -172,11 +173,14 @@ class UnlearningModule(LightningModule):
             for param in self.model.parameters():
                 param.grad = None  # AdamW skips parameters without a gradient: no step, no decay, no momentum
 
-    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         # AdaLoRA's rank budget: peft asks for this call after every optimizer step, while the gradients exist
-        # (Lightning zeroes them at the start of the next step).
+        # (Lightning zeroes them at the start of the next step). Not in on_train_batch_end: ModelCheckpoint saves
+        # in its own on_train_batch_end, which runs before the module's, so the checkpoint would hold the weights
+        # before this step's rank masking and a resumed run would skip it.
         if self.adapter_config.kind == "adalora" and not self._skip_update:
-            self.model.base_model.update_and_allocate(self.global_step)
+            self.model.base_model.update_and_allocate(self.global_step + 1)  # global_step counts it only after
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -207,6 +211,42 @@ class UnlearningModule(LightningModule):
                 del state[key]
         if self.adapter_config.kind != "full" and self._trainer is not None:
             self.save_adapter(self.adapter_dir())
+        if self.adapter_config.kind == "adalora":
+            checkpoint["adalora"] = self._adalora_state()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if self.adapter_config.kind == "adalora" and checkpoint.get("adalora"):
+            self._restore_adalora_state(checkpoint["adalora"])
+
+    # AdaLoRA's rank allocator keeps smoothed importance scores outside the state dict, and its rank pattern lives
+    # in the peft config; without them a resumed run prunes different ranks than an uninterrupted one.
+    _ADALORA_SCORES = ("ipt", "exp_avg_ipt", "exp_avg_unc")
+
+    def _adalora_state(self) -> dict | None:
+        from torch.distributed.tensor import DTensor
+
+        allocator = self.model.base_model.rankallocator
+        scores = {k: getattr(allocator, k) for k in self._ADALORA_SCORES}
+        if any(isinstance(t, DTensor) for d in scores.values() for t in d.values()):
+            warnings.warn(
+                "AdaLoRA under FSDP: the rank allocator's importance scores are sharded and are not saved, so a "
+                "run resumed from this checkpoint re-estimates them and can prune different ranks.",
+                stacklevel=2,
+            )
+            return None
+        config = self.model.peft_config[self.model.base_model.trainable_adapter_name]
+        return {
+            **{k: {n: t.detach().cpu().clone() for n, t in d.items()} for k, d in scores.items()},
+            "rank_pattern": copy.deepcopy(config.rank_pattern),
+        }
+
+    def _restore_adalora_state(self, state: dict) -> None:
+        allocator = self.model.base_model.rankallocator
+        params = dict(self.model.base_model.model.named_parameters())  # the names the allocator uses
+        for k in self._ADALORA_SCORES:
+            setattr(allocator, k, {n: t.to(params[n].device) for n, t in state[k].items()})
+        config = self.model.peft_config[self.model.base_model.trainable_adapter_name]
+        config.rank_pattern = copy.deepcopy(state["rank_pattern"])
 
     def frozen_weight_keys(self) -> set[str]:
         """State-dict keys of the frozen parameters (with an adapter: the base model, reloaded from model_path)."""

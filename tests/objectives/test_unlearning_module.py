@@ -150,6 +150,28 @@ def test_lora_checkpoints_hold_only_trainable_weights_and_resume_exactly(testbed
     assert got["val/forget_nll"] > start["val/forget_nll"] + 0.01
 
 
+def test_adalora_resumes_exactly(testbed, tmp_path):
+    # AdaLoRA prunes ranks from importance scores smoothed over steps (peft's RankAllocator, outside the state
+    # dict) and masks lora_E after each optimizer step. Both must be in the checkpoint, and the masking must happen
+    # before ModelCheckpoint saves, or the resumed run prunes differently (0.06 apart before the fix).
+    def adalora():
+        return GradientAscent(testbed.model_dir, AdapterConfig(kind="adalora", r=4, dropout=0.0, total_step=8),
+                              OptimizerConfig(lr=1e-2))
+
+    straight = adalora()
+    _trainer(tmp_path / "a", max_steps=8, checkpoint_every=4).fit(straight, _datamodule(testbed))
+    ckpt = tmp_path / "a" / "epoch=3-step=4.ckpt"
+    saved = torch.load(ckpt, weights_only=True)["adalora"]
+    assert saved["exp_avg_ipt"] and saved["rank_pattern"]
+    resumed = adalora()
+    _trainer(tmp_path / "b", max_steps=8, checkpoint_every=4).fit(resumed, _datamodule(testbed), ckpt_path=str(ckpt))
+    for (name, a), b in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        assert torch.allclose(a, b, atol=1e-6), name
+    pattern = straight.model.peft_config["default"].rank_pattern
+    assert pattern == resumed.model.peft_config["default"].rank_pattern
+    assert any(not all(kept) for kept in pattern.values())  # some ranks were pruned, so the test means something
+
+
 def test_lora_checkpoint_missing_a_trainable_weight_is_refused(testbed, tmp_path):
     module = _lora(testbed)
     _trainer(tmp_path, max_steps=1, checkpoint_every=1).fit(module, _datamodule(testbed))
