@@ -9,7 +9,9 @@ model, sharded like the policy under FSDP and left out of checkpoints (it is ``m
 precompute the reference log-probs instead (``NPO(reference="precomputed")``).
 
 Checkpoints with an adapter hold only the trainable tensors (and buffers) in ``state_dict``: the frozen base is
-``model_path`` again (FSDP sharded checkpoints keep every key; each rank writes its own shard).
+``model_path`` again. FSDP sharded checkpoints (each rank writes its own shard) do the same under
+:class:`~lightning_unlearn.strategies.MaskedFSDPStrategy`, which loads them back; under Lightning's
+``ModelParallelStrategy``, whose loader requests every key, they keep the base too.
 :meth:`UnlearningModule.load_state_dict` accepts them and refuses any other missing or unexpected key.
 
 Distributed: under DDP nothing is special. Under FSDP2 (Lightning ``ModelParallelStrategy``) ``configure_model``
@@ -204,9 +206,12 @@ class UnlearningModule(LightningModule):
         state = checkpoint.get("state_dict", {})
         for key in [k for k in state if k.startswith("reference_model.")]:
             del state[key]
-        # Sharded (FSDP distributed) checkpoints keep every key: Lightning's sharded loader requests the module's
-        # whole state from the checkpoint, and each rank stores only its own shard anyway.
-        if self.adapter_config.kind != "full" and not any(hasattr(v, "to_local") for v in state.values()):
+        # Sharded (FSDP distributed) checkpoints keep every key unless the strategy can load them back without
+        # (MaskedFSDPStrategy): Lightning's own sharded loader requests the module's whole state.
+        sharded = any(hasattr(v, "to_local") for v in state.values())
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        partial_ok = getattr(strategy, "loads_partial_sharded_checkpoints", False)
+        if self.adapter_config.kind != "full" and (not sharded or partial_ok):
             for key in self.frozen_weight_keys() & state.keys():
                 del state[key]
         if self.adapter_config.kind != "full" and self._trainer is not None:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import itertools
 import re
 from datetime import timedelta
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -37,6 +38,10 @@ _BLOCK = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.\d+$")
 
 class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
     """FSDP2 data parallelism plus the LightningModule contract of :mod:`lightning_unlearn.strategies`.
+
+    Sharded checkpoints may omit model keys: a module whose checkpoints drop its frozen weights (an adapter's base
+    model, which ``model_path`` supplies again) loads back here, and its ``load_state_dict`` decides which missing
+    keys are acceptable (:attr:`loads_partial_sharded_checkpoints`). Lightning's own loader requests every key.
 
     Args:
         data_parallel_size: ranks that shard the model; ``"auto"`` means all of them (no tensor parallelism).
@@ -60,6 +65,9 @@ class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
             timeout=timeout,
         )
         self.masked = MaskedTraining("lockstep", shard=self._shard_masks, local_shape=_local_shape)
+
+    #: :meth:`load_checkpoint` accepts sharded checkpoints that lack some model keys.
+    loads_partial_sharded_checkpoints = True
 
     @override
     def setup_environment(self) -> None:
@@ -104,6 +112,17 @@ class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
         if trainer.state.fn == TrainerFn.FITTING:
             _optimizers_to_device(self.optimizers, self.root_device)
 
+    @override
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
+        from lightning.fabric.strategies.model_parallel import _is_sharded_checkpoint
+
+        path = Path(self.broadcast(checkpoint_path))
+        if not _is_sharded_checkpoint(path):
+            return super().load_checkpoint(path, weights_only=weights_only)
+        return _load_sharded_checkpoint(
+            path, self.model, self.optimizers, strict=self.lightning_module.strict_loading, weights_only=weights_only
+        )
+
     def _weights_from_rank0(self, module: torch.nn.Module) -> bool:
         """Whether some rank built its model on the meta device (:func:`load_model_for_rank`), so that rank 0's
         weights must be broadcast after sharding. Collective."""
@@ -147,6 +166,35 @@ class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
             if any(True for _ in child.parameters()):
                 fully_shard(child, mesh=mesh)
 
+
+
+def _load_sharded_checkpoint(
+    path: Path, module: torch.nn.Module, optimizers: list, strict: bool, weights_only: bool | None
+) -> dict[str, Any]:
+    """Lightning's sharded-checkpoint load (model, optimizers, then ``meta.pt``), except that model keys absent
+    from the checkpoint are not requested: ``module.load_state_dict`` gets only the saved keys and decides (with
+    ``strict``) whether the missing ones are acceptable."""
+    import torch.distributed.checkpoint as dcp
+    from lightning.fabric.utilities.load import _METADATA_FILENAME
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    model_state = {k: v for k, v in get_model_state_dict(module).items() if f"state_dict.{k}" in saved}
+    dcp.load({"state_dict": model_state}, checkpoint_id=path)
+    module.load_state_dict(model_state, strict=strict)
+    for idx, optimizer in enumerate(optimizers):
+        optim_state = {f"optimizer_{idx}": get_optimizer_state_dict(module, optimizer)}
+        dcp.load(optim_state, checkpoint_id=path)
+        set_optimizer_state_dict(
+            module, optimizer, optim_state_dict=optim_state[f"optimizer_{idx}"],
+            options=StateDictOptions(cpu_offload=True),
+        )
+    return torch.load(path / _METADATA_FILENAME, weights_only=weights_only)
 
 
 def _local_shape(p: torch.Tensor) -> tuple[int, ...]:

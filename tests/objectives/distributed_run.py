@@ -6,7 +6,9 @@ several ``Trainer.fit`` calls share one process group. Usage::
     python distributed_run.py SPEC.json
 
 SPEC: ``{"model_dir", "forget", "retain", "masks", "out", "cases": [{"name", "objective", "adapter", "strategy",
-"lr", "max_steps", "max_bad_loss", "checkpoint_every", "validate", "reference"}]}``. Rank 0 writes ``out/results.json``.
+"lr", "max_steps", "max_bad_loss", "checkpoint_every", "validate", "reference", "masked" (MaskedFSDPStrategy /
+MaskedDDPStrategy for any objective), "resume_from" ({"case", "step"}), "save_trainable" (rank 0 writes the trained
+tensors to ``out/<name>/trainable.pt``)}]}``. Rank 0 writes ``out/results.json``.
 """
 
 from __future__ import annotations
@@ -99,13 +101,22 @@ def run_case(spec: dict, case: dict) -> dict:
     if case.get("checkpoint_every"):
         callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=case["checkpoint_every"], save_top_k=-1))
     trainer = Trainer(
-        accelerator="cpu", devices=2, strategy=make_strategy(case["strategy"], cls is OracleGrad),
+        accelerator="cpu", devices=2, strategy=make_strategy(case["strategy"], cls is OracleGrad or case.get("masked")),
         max_steps=case.get("max_steps", 20), limit_val_batches=1.0 if case.get("validate") else 0,
         check_val_every_n_epoch=10, num_sanity_val_steps=0, logger=False,
         enable_checkpointing=case.get("checkpoint_every") is not None, callbacks=callbacks, enable_progress_bar=False,
         enable_model_summary=False, default_root_dir=ckpt_dir,
     )
-    trainer.fit(module, dm)
+    resume = case.get("resume_from")  # {"case": name, "step": N}: continue from that case's step-N checkpoint
+    ckpt_path = os.path.join(spec["out"], resume["case"], f"epoch={resume['step'] - 1}-step={resume['step']}.ckpt") \
+        if resume else None
+    trainer.fit(module, dm, ckpt_path=ckpt_path)
+    if case.get("save_trainable"):
+        state = full_state(module)
+        if trainer.global_rank == 0:
+            trainable = {n for n, p in module.model.named_parameters() if p.requires_grad}
+            torch.save({k: v for k, v in state.items() if k in trainable},
+                       os.path.join(ckpt_dir, "trainable.pt"))
     forget, retain = load_pairs(spec["forget"]), load_pairs(spec["retain"])
     result = {
         "global_step": trainer.global_step,

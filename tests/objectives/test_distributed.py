@@ -69,6 +69,12 @@ def distributed_results(testbed, tmp_path_factory):
     # MemFlex's localisation is collective under FSDP and local under DDP: both must select the same tensors.
     cases += [{"name": f"memflex_full_{strategy}", "objective": "memflex", "adapter": "full", "strategy": strategy,
                "lr": 1e-3} for strategy in ("ddp", "fsdp")]
+    # LoRA under MaskedFSDPStrategy: sharded checkpoints without the frozen base, and an exact resume from one.
+    cases += [{"name": "npo_lora_fsdp_partial", "objective": "npo", "adapter": "lora", "strategy": "fsdp",
+               "lr": LR["lora"], "masked": True, "checkpoint_every": 10, "save_trainable": True},
+              {"name": "npo_lora_fsdp_partial_resumed", "objective": "npo", "adapter": "lora", "strategy": "fsdp",
+               "lr": LR["lora"], "masked": True, "checkpoint_every": 10, "save_trainable": True,
+               "resume_from": {"case": "npo_lora_fsdp_partial", "step": 10}}]
     # Stop rule across ranks: the forget NLL passes max_bad_loss within a few GA steps.
     cases.append({"name": "ga_stop_ddp", "objective": "ga", "adapter": "full", "strategy": "ddp", "lr": 1e-2,
                   "max_bad_loss": 2.0, "checkpoint_every": 1})
@@ -89,7 +95,7 @@ def test_forget_nll_rises_more_than_retain_under_ddp_and_fsdp(testbed, distribut
         if name.startswith("ga_stop"):
             continue
         assert res["world_size"] == 2 and res["global_step"] == 20, (name, res)
-        assert res["sharded"] == name.endswith("fsdp"), name
+        assert res["sharded"] == ("_fsdp" in name), name
         assert res["forget_nll"] - f0 > res["retain_nll"] - r0, (name, res, f0, r0)
         assert res["forget_nll"] - f0 > 0.5, (name, res, f0)
         # Each rank trains on its own shard of forget AND retain pairs at every step.
@@ -122,6 +128,29 @@ def test_lora_checkpoints_write_reloadable_adapters(testbed, distributed_results
         assert mean_nll(merged, testbed.tokenizer, FORGET) > mean_nll(
             load_causal_lm(testbed.model_dir), testbed.tokenizer, FORGET
         )
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_sharded_lora_checkpoints_omit_the_base_and_resume_exactly(distributed_results):
+    import torch
+    from torch.distributed.checkpoint import FileSystemReader
+
+    out, results = distributed_results
+    partial = out / "npo_lora_fsdp_partial" / "epoch=9-step=10.ckpt"
+    full = out / "npo_lora_fsdp" / "epoch=9-step=10.ckpt"  # Lightning's ModelParallelStrategy keeps every key
+    keys = [k for k in FileSystemReader(partial).read_metadata().state_dict_metadata if k.startswith("state_dict.")]
+    full_keys = [k for k in FileSystemReader(full).read_metadata().state_dict_metadata if k.startswith("state_dict.")]
+    # the same adapter tensors, and none of the frozen base (which is model_path again)
+    assert keys and set(keys) == {k for k in full_keys if "lora_" in k}, keys[:5]
+    assert any("base_layer" in k for k in full_keys) and any("embed_tokens" in k for k in full_keys)
+    assert results["npo_lora_fsdp_partial_resumed"]["global_step"] == 20
+    straight = torch.load(out / "npo_lora_fsdp_partial" / "trainable.pt", weights_only=True)
+    resumed = torch.load(out / "npo_lora_fsdp_partial_resumed" / "trainable.pt", weights_only=True)
+    assert straight.keys() == resumed.keys() and any("lora_B" in k for k in straight)
+    for k, v in straight.items():
+        assert torch.allclose(v, resumed[k], atol=1e-6), k
+    assert any(v.abs().sum() > 0 for k, v in straight.items() if "lora_B" in k)
 
 
 @pytest.mark.multiprocess
