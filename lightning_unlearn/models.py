@@ -237,6 +237,12 @@ def apply_adapter(model: nn.Module, adapter: AdapterConfig | None):
 
 
 def _load_adapter(model: nn.Module, adapter: AdapterConfig, peft_model_cls):
+    p = check_adapter_path(adapter)
+    return peft_model_cls.from_pretrained(model, str(p), is_trainable=True)
+
+
+def check_adapter_path(adapter: AdapterConfig) -> Path:
+    """``adapter.path`` as a directory holding a peft adapter of ``adapter.kind``; raises naming what is wrong."""
     import json
 
     p = _require_dir(adapter.path, "adapter")
@@ -252,7 +258,7 @@ def _load_adapter(model: nn.Module, adapter: AdapterConfig, peft_model_cls):
             f"adapter path {str(p)!r} holds a {saved_type or 'unknown'} adapter but adapter.kind={adapter.kind!r}; "
             f"set adapter.kind={saved_type!r}."
         )
-    return peft_model_cls.from_pretrained(model, str(p), is_trainable=True)
+    return p
 
 
 def unwrap_peft(model: nn.Module) -> nn.Module:

@@ -25,7 +25,7 @@ from torch import nn
 from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.losses import gd_loss, normalized_nll
 from lightning_unlearn.masks import canonical_name, group_mask, load_masks, validate_masks
-from lightning_unlearn.models import AdapterConfig, unwrap_peft
+from lightning_unlearn.models import AdapterConfig, load_causal_lm, unwrap_peft
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.objectives.unlearning_module import UnlearningModule
 
@@ -62,15 +62,20 @@ class OracleGrad(UnlearningModule):
         self.gamma, self.alpha = gamma, alpha
         self.forget_groups = list(FORGET_GROUPS if forget_groups is None else forget_groups)
         packed, _ = load_masks(masks_path)
+        validate_masks(packed, load_causal_lm(model_path, weights=False))  # names and shapes, on a meta skeleton
+        self._masks = packed  # turned into the LoRA layers' masks once the model is built
         if self.adapter_config.kind == "full":
-            validate_masks(packed, self.model)
             # Read by the masked strategies (lightning_unlearn.strategies): restricted-update mode.
             self.packed_masks = packed
             self.restrict_update_groups = self.forget_groups
         else:
             self.packed_masks = None
             self.restrict_update_groups = None
-            self._mask_lora_layers(packed)
+
+    def on_model_built(self) -> None:
+        if self.adapter_config.kind != "full":
+            self._mask_lora_layers(self._masks)
+        self._masks = None
 
     def _mask_lora_layers(self, packed: dict[str, torch.Tensor]) -> None:
         layers = [(n, m) for n, m in self.model.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]

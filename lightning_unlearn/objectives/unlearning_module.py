@@ -33,8 +33,9 @@ from torch import nn
 
 from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.losses import nll_loss, sequence_logprobs
-from lightning_unlearn.models import AdapterConfig, apply_adapter, load_causal_lm, load_tokenizer
+from lightning_unlearn.models import AdapterConfig, apply_adapter, check_adapter_path, load_causal_lm, load_tokenizer
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
+from lightning_unlearn.strategies.masked_fsdp import MaskedFSDPStrategy, load_model_for_rank
 
 BLOCK_CONTAINERS = ("layers", "h", "blocks", "block")
 
@@ -82,16 +83,14 @@ class UnlearningModule(LightningModule):
         self.adapter_config = AdapterConfig(**adapter) if isinstance(adapter, dict) else adapter or AdapterConfig()
         self.optim_config = OptimizerConfig(**optim) if isinstance(optim, dict) else optim or OptimizerConfig()
         self.max_bad_loss = max_bad_loss
-        base = load_causal_lm(model_path)
+        self.model_path = model_path
         self.tokenizer = load_tokenizer(model_path)
+        if self.adapter_config.path is not None:
+            check_adapter_path(self.adapter_config)  # now, not when configure_model loads the model
         self.reference_model: nn.Module | None = None
         if self.needs_reference and self.adapter_config.kind == "full":
-            self.reference_model = copy.deepcopy(base).eval().requires_grad_(False)
             # The reference is model_path again: keep it out of checkpoints and do not require it when loading.
             self.strict_loading = False
-        # from_pretrained returns eval mode and Lightning keeps module modes: train the policy in train mode
-        # (LoRA dropout on); the frozen reference stays in eval mode.
-        self.model = apply_adapter(base, self.adapter_config).train()
         if self.adapter_config.kind != "full":
             # Adapter checkpoints hold only what training changes (the base is model_path again); load_state_dict
             # still refuses a checkpoint that lacks a trainable tensor. Lightning's FSDP full-file loader needs
@@ -102,14 +101,42 @@ class UnlearningModule(LightningModule):
         self._sharded = False
 
     # -- model ------------------------------------------------------------------------------------------------
+    @property
+    def model(self) -> nn.Module:
+        """The network being unlearned (peft-wrapped with an adapter).
+
+        A Trainer builds it in :meth:`configure_model`, where under ``MaskedFSDPStrategy`` only rank 0 reads the
+        weights; outside a Trainer the first access loads it.
+        """
+        if "model" not in self._modules:
+            self._build_model(load_causal_lm(self.model_path))
+        return self._modules["model"]
+
+    def _build_model(self, base: nn.Module) -> None:
+        if self.needs_reference and self.adapter_config.kind == "full":
+            self.reference_model = copy.deepcopy(base).eval().requires_grad_(False)
+        # from_pretrained returns eval mode and Lightning keeps module modes: train the policy in train mode
+        # (LoRA dropout on); the frozen reference stays in eval mode.
+        self.model = apply_adapter(base, self.adapter_config).train()
+        self.on_model_built()
+
+    def on_model_built(self) -> None:
+        """Hook for subclasses: ``self.model`` (and the reference) now exist. On ranks > 0 under
+        ``MaskedFSDPStrategy`` they are meta-device skeletons here, filled from rank 0 after sharding, so read
+        names and shapes only."""
+
     def configure_model(self) -> None:
+        if "model" not in self._modules:
+            self._build_model(load_model_for_rank(self.model_path, self._trainer))
         if self._sharded or self._device_mesh is None:
             return
+        self._sharded = True
+        if isinstance(self.trainer.strategy, MaskedFSDPStrategy):
+            return  # it shards every block and child after this hook, then broadcasts rank 0's weights
         mesh = self.device_mesh["data_parallel"]
         shard_transformer(self.model, mesh)
         if self.reference_model is not None:
             shard_transformer(self.reference_model, mesh)
-        self._sharded = True
 
     def sequence_logps(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Policy forward: ``(summed answer log-probs (B,), answer lengths (B,), logits (B, T, V))``."""
@@ -121,12 +148,13 @@ class UnlearningModule(LightningModule):
     def reference_logits(self, batch: dict) -> torch.Tensor:
         """Logits of the start model on ``batch`` (``(B, T, V)``, no gradient)."""
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        policy = self.model  # builds the reference with it outside a Trainer
         if self.reference_model is not None:
             return self.reference_model(**inputs).logits
         if self.adapter_config.kind == "full":
             raise RuntimeError(f"{type(self).__name__} has no reference model; set needs_reference = True.")
-        with self.model.disable_adapter():
-            return self.model(**inputs).logits
+        with policy.disable_adapter():
+            return policy(**inputs).logits
 
     # -- loss -------------------------------------------------------------------------------------------------
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -259,6 +287,7 @@ class UnlearningModule(LightningModule):
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """With an adapter, accept checkpoints without the frozen base weights, and nothing else missing."""
+        _ = self.model  # built (a Trainer built it already in configure_model)
         if self.adapter_config.kind == "full":
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
         result = super().load_state_dict(state_dict, strict=False, assign=assign)

@@ -130,6 +130,17 @@ def run_case(spec: dict, case: dict) -> dict:
         "steps_with_same_forget_rows": same_rows_across_ranks(recorder.rows["forget"]),
         "steps_with_same_retain_rows": same_rows_across_ranks(recorder.rows["retain"]),
     }
+    if module.reference_model is not None:
+        # Every rank runs the (sharded) reference forward; rank 0 compares it with the start model from disk.
+        forget_rows = load_pairs(spec["forget"])
+        batch = pad_batch([encode_prompt_answer(module.tokenizer, r["prompt"], r["answer"], 64) for r in forget_rows],
+                          module.tokenizer.pad_token_id)
+        got = module.reference_logits(batch)
+        if trainer.global_rank == 0:
+            with torch.no_grad():
+                want = load_causal_lm(spec["model_dir"])(input_ids=batch["input_ids"],
+                                                         attention_mask=batch["attention_mask"]).logits
+            result["reference_gap"] = float((got - want).abs().max())
     if cls is MemFlex:
         gathered = [None, None]
         torch.distributed.all_gather_object(gathered, module.selected)

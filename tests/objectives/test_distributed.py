@@ -69,6 +69,9 @@ def distributed_results(testbed, tmp_path_factory):
     # MemFlex's localisation is collective under FSDP and local under DDP: both must select the same tensors.
     cases += [{"name": f"memflex_full_{strategy}", "objective": "memflex", "adapter": "full", "strategy": strategy,
                "lr": 1e-3} for strategy in ("ddp", "fsdp")]
+    # Full fine-tuning with a frozen reference under MaskedFSDPStrategy: rank 1 builds both on the meta device.
+    cases += [{"name": "npo_full_fsdp_masked", "objective": "npo", "adapter": "full", "strategy": "fsdp",
+               "lr": LR["full"], "masked": True}]
     # LoRA under MaskedFSDPStrategy: sharded checkpoints without the frozen base, and an exact resume from one.
     cases += [{"name": "npo_lora_fsdp_partial", "objective": "npo", "adapter": "lora", "strategy": "fsdp",
                "lr": LR["lora"], "masked": True, "checkpoint_every": 10, "save_trainable": True},
@@ -128,6 +131,22 @@ def test_lora_checkpoints_write_reloadable_adapters(testbed, distributed_results
         assert mean_nll(merged, testbed.tokenizer, FORGET) > mean_nll(
             load_causal_lm(testbed.model_dir), testbed.tokenizer, FORGET
         )
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_only_rank_0_reads_the_weights_under_masked_fsdp(distributed_results):
+    # UnlearningModule builds its model in configure_model: under MaskedFSDPStrategy rank 1 gets meta skeletons
+    # (policy and reference), which the strategy fills from rank 0 after sharding. A wrong fill would show in the
+    # reference, which must still be the start model after training.
+    out, results = distributed_results
+    rank1 = (out / "rank1.log").read_text()
+    masked_cases = [n for n in results if n.startswith(("oracle_grad_", "npo_full_fsdp_masked", "npo_lora_fsdp_"))
+                    and "_fsdp" in n]
+    assert rank1.count("rank 1: model built on the meta device") == len(masked_cases), masked_cases
+    assert (out / "rank0.log").read_text().count("model built on the meta device") == 0
+    assert results["npo_full_fsdp_masked"]["reference_gap"] <= 1e-5
+    assert results["npo_full_fsdp"]["reference_gap"] <= 1e-5  # Lightning's ModelParallelStrategy: every rank loads
 
 
 @pytest.mark.multiprocess
