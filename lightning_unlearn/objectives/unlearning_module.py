@@ -16,6 +16,8 @@ Checkpoints with an adapter hold only the trainable tensors (and buffers) in ``s
 
 Distributed: under DDP nothing is special. Under FSDP2 (Lightning ``ModelParallelStrategy``) ``configure_model``
 applies ``fully_shard`` to every transformer block and then to the whole network, for the policy and the reference.
+Under :class:`~lightning_unlearn.strategies.MaskedFSDPStrategy` only rank 0 reads the weights: ``configure_model``
+builds meta-device skeletons on the other ranks, and the strategy shards them and broadcasts rank 0's weights.
 """
 
 from __future__ import annotations
@@ -234,8 +236,8 @@ class UnlearningModule(LightningModule):
         state = checkpoint.get("state_dict", {})
         for key in [k for k in state if k.startswith("reference_model.")]:
             del state[key]
-        # Sharded (FSDP distributed) checkpoints keep every key unless the strategy can load them back without
-        # (MaskedFSDPStrategy): Lightning's own sharded loader requests the module's whole state.
+        # Sharded (FSDP distributed) checkpoints keep every key unless the strategy can load them back without the
+        # frozen ones (MaskedFSDPStrategy): Lightning's own sharded loader requests the module's whole state.
         sharded = any(hasattr(v, "to_local") for v in state.values())
         strategy = self._trainer.strategy if self._trainer is not None else None
         partial_ok = getattr(strategy, "loads_partial_sharded_checkpoints", False)
