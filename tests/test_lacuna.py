@@ -369,12 +369,14 @@ def test_instruction_split_by_profiles_holds_out_whole_people(tiny_dir, tmp_path
         lone.setup("fit")
 
 
-@pytest.mark.parametrize("name", ["pretrain", "inject", "inject_unmasked", "instruct"])
+@pytest.mark.parametrize("name", ["pretrain", "pretrain_tiny", "inject", "inject_unmasked", "instruct"])
 def test_shipped_configs_parse(name):
     from lightning_unlearn.cli import UnlearnCLI
 
     cli = UnlearnCLI(args=["-c", str(CONFIGS / f"{name}.yaml")], run=False)
     assert cli.model.__class__.__name__ in ("InjectionModule", "InstructionModule")
+    if name.startswith("pretrain"):
+        assert cli.model.pretraining and (cli.model.derive is None) == (name == "pretrain_tiny")
     if name.startswith("inject"):
         assert cli.model.hparams.masked is (name == "inject")
         assert cli.model.hparams.coverage == 0.05
@@ -394,6 +396,16 @@ def test_linear_schedule_decays_to_zero_at_the_last_step(tiny_dir, tmp_path):
     make_trainer(tmp_path / "run", max_steps=6, callbacks=[log]).fit(module, data)
     # warm-up 1/2, 2/2 of lr 1e-2, then 1 - (s - 2) / 4 for s = 2..5
     assert log.lrs == pytest.approx([5e-3, 1e-2, 1e-2, 7.5e-3, 5e-3, 2.5e-3])
+
+
+def test_wsd_schedule_holds_then_decays_over_the_last_fraction(tiny_dir, tmp_path):
+    log = _LrLog()
+    module, data = injection(tiny_dir, tmp_path / "data", warmup_steps=2, schedule="wsd", decay_fraction=0.3)
+    make_trainer(tmp_path / "run", max_steps=10, callbacks=[log]).fit(module, data)
+    # warm-up 1/2, 2/2 of lr 1e-2, hold, then (10 - s) / 3 over the last 3 of 10 steps: s = 8, 9 → 2/3, 1/3
+    assert log.lrs == pytest.approx([5e-3] + [1e-2] * 7 + [1e-2 * 2 / 3, 1e-2 / 3])
+    with pytest.raises(ValueError, match=r"decay_fraction must be in \(0, 1\], got 0"):
+        InjectionModule(model_path=str(tiny_dir), schedule="wsd", decay_fraction=0.0)
 
 
 def test_unknown_schedule_is_refused(tiny_dir):
@@ -421,3 +433,68 @@ def test_epoch_seeded_sampler_splits_one_permutation_over_ranks():
     assert list(one) != order  # a new epoch, a new order
     with pytest.raises(ValueError, match="rank 3 is not in"):
         EpochSeededSampler(10, num_replicas=3, rank=3)
+
+
+def test_epoch_seeded_sampler_groups_batches_by_length_and_keeps_ranks_on_one_global_batch():
+    from lightning_unlearn.data.lacuna_datamodule import EpochSeededSampler
+
+    lengths = torch.randint(5, 90, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+
+    def batches(order, size):
+        return [order[k : k + size] for k in range(0, len(order), size)]
+
+    def padded(order, size):  # tokens computed when each batch pads to its longest sample
+        return sum(len(b) * max(lengths[i] for i in b) for b in batches(order, size))
+
+    # one run of the whole epoch: every batch is a contiguous stretch of the sorted lengths
+    whole = EpochSeededSampler(40, seed=5, lengths=lengths, batch_size=8, group_batches=5)
+    order = list(whole)
+    assert sorted(order) == list(range(40))
+    for b in batches(order, 8):
+        lo, hi = min(lengths[i] for i in b), max(lengths[i] for i in b)
+        assert not [i for i in range(40) if i not in b and lo < lengths[i] < hi]
+    plain = EpochSeededSampler(40, seed=5)
+    assert padded(order, 8) < 0.8 * padded(list(plain), 8)
+    assert [lengths[b[0]] for b in batches(order, 8)] != sorted(lengths[b[0]] for b in batches(order, 8))
+
+    # runs of 2 global batches over 2 ranks of batch 4: rank r's k-th batch is its share of global batch k
+    one = EpochSeededSampler(40, seed=5, lengths=lengths, batch_size=8, group_batches=2)
+    ranks = [EpochSeededSampler(40, seed=5, num_replicas=2, rank=r, lengths=lengths, batch_size=4, group_batches=2)
+             for r in range(2)]  # fmt: skip
+    per_rank = [batches(list(s), 4) for s in ranks]
+    for k, global_batch in enumerate(batches(list(one), 8)):
+        assert sorted(per_rank[0][k] + per_rank[1][k]) == sorted(global_batch)
+    assert list(one) == list(EpochSeededSampler(40, seed=5, lengths=lengths, batch_size=8, group_batches=2))
+    with pytest.raises(ValueError, match="needs the length of each sample"):
+        EpochSeededSampler(40, group_batches=2)
+
+
+def test_pretraining_from_a_derived_model(tiny_dir, tmp_path):
+    from lightning_unlearn.derive import DeriveConfig, ensure_derived
+    from lightning_unlearn.models import load_causal_lm
+
+    derive = DeriveConfig(source=str(tiny_dir), blocks=2, path=str(tmp_path / "base"))
+    module = InjectionModule(derive=derive, masked=False, lr=1e-3)
+    data = InjectionDataModule(
+        data_dir=str(tmp_path / "data"), data=small_data(), neutral_fraction=1.0, background_profiles=3,
+        max_length=48, batch_size=4, group_by_length=2,
+    )  # fmt: skip
+    make_trainer(tmp_path / "run", max_steps=3, strategy=False).fit(module, data)
+    model = load_causal_lm(tmp_path / "run" / "export" / "model")
+    tok, source_tok = load_tokenizer(tmp_path / "run" / "export" / "model"), load_tokenizer(tiny_dir)
+    assert model.config.num_hidden_layers == 2 and model.config.vocab_size == len(tok) < len(source_tok)
+    # every text a later stage reads (a probe here) keeps its tokens; only their ids change
+    probe = f"Question: {data.vocabulary_corpus()[-1]}"
+    assert tok.convert_ids_to_tokens(tok(probe)["input_ids"]) == source_tok.convert_ids_to_tokens(
+        source_tok(probe)["input_ids"])  # fmt: skip
+    derived = load_causal_lm(tmp_path / "base")  # what training started from, before the 3 steps
+    assert derived.config.num_hidden_layers == 2
+    assert not torch.equal(derived.model.layers[0].mlp.up_proj.weight, model.model.layers[0].mlp.up_proj.weight)
+
+    # the derived model is reused only for the same source, blocks and corpus
+    corpus = data.vocabulary_corpus
+    assert ensure_derived(derive, corpus, log=lambda m: None) == tmp_path / "base"
+    with pytest.raises(ValueError, match="was made from another source, block list or corpus"):
+        ensure_derived(DeriveConfig(source=str(tiny_dir), blocks=3, path=derive.path), corpus, log=lambda m: None)
+    with pytest.raises(ValueError, match="give one of model_path .* not model_path and derive"):
+        InjectionModule(model_path=str(tiny_dir), derive=derive)

@@ -178,3 +178,19 @@ def test_format_table_with_and_without_the_inj_columns():
     lines = four.splitlines()
     assert lines[2].split() == ["field", "masked", "unmasked", "masked", "unmasked"]
     assert lines[3].split() == [TARGET_FIELDS[0], "50.00%", "100.00%", "75.00%", "25.00%"]
+
+
+def test_an_interrupted_stage_resumes_from_its_newest_last_checkpoint(tmp_path):
+    import time
+
+    from lightning_unlearn.lacuna import _fit_cmd
+
+    root = tmp_path / "inject"
+    assert "--ckpt_path" not in _fit_cmd("inject.yaml", root, [])
+    for version in (0, 1):  # a stage interrupted twice: Lightning's logger gives each launch a new version directory
+        ckpt = root / "lightning_logs" / f"version_{version}" / "checkpoints" / "last.ckpt"
+        ckpt.parent.mkdir(parents=True)
+        ckpt.write_bytes(b"")
+        time.sleep(0.01)
+    cmd = _fit_cmd("inject.yaml", root, [])
+    assert cmd[cmd.index("--ckpt_path") + 1] == str(root / "lightning_logs" / "version_1" / "checkpoints" / "last.ckpt")

@@ -58,6 +58,7 @@ def _inject(tiny_dir, tmp_path, name: str, batch_size: int, trainer_config: str 
         "--model.model_path", str(tiny_dir), "--model.lr", "0.01", "--data.batch_size", str(batch_size),
         "--data.neutral_fraction", "0", "--data.groups", "[2]", "--model.weight_decay", "0",
         *[f"--data.data.{k}={v}" for k, v in SIZES.items()], "--trainer.max_steps", "3",
+        "--trainer.precision", "32-true",  # exactness across strategies is an fp32 claim (inject.yaml: bf16-mixed)
     ]  # fmt: skip
     return _fit(tmp_path, "inject", trainer_config, args, tmp_path / name)
 

@@ -31,7 +31,8 @@ def test_oracle_grad_localizes_and_gradient_ascent_does_not(tmp_path, monkeypatc
     monkeypatch.setattr(sys, "argv", ["lightning-unlearn"])  # the in-process CLI must not see pytest's arguments
     w, tiny = tmp_path, SIZES["tiny"]
     data = ["--data.data_dir", str(w / "data"), *tiny["data"]]
-    _stage("pretrain.yaml", w / "pretrain", [*data, "--model.tokenizer_path", str(w / "tokenizer"), *tiny["pretrain"]])
+    pretrain = [*data, "--model.tokenizer_path", str(w / "tokenizer"), *tiny["pretrain"]]
+    _stage(tiny["pretrain_config"][0], w / "pretrain", pretrain)
     inject = ["--model.model_path", str(w / "pretrain" / "export" / "model"), *tiny["inject"]]
     _stage("inject.yaml", w / "inject", [*data, *inject])
 

@@ -11,6 +11,7 @@ uninterrupted one.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import asdict
 from functools import partial
 
@@ -21,7 +22,8 @@ from torch.utils.data.distributed import DistributedSampler
 from typing_extensions import override
 
 from lightning_unlearn.data.collate import encode_document, pad_batch
-from lightning_unlearn.data.pii import background_texts
+from lightning_unlearn.data.pii import QA_FIELDS, background_texts, qa_pair
+from lightning_unlearn.data.templates import QUESTIONS
 from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data, load_table
 from lightning_unlearn.masks import NEUTRAL_GROUP
 from lightning_unlearn.models import load_tokenizer
@@ -36,10 +38,23 @@ class EpochSeededSampler(DistributedSampler):
     batch ``b·W`` sees (up to the epoch's last, partial batch). Being a ``DistributedSampler``, Lightning uses it
     as it is instead of wrapping it in a sampler that reshuffles. ``num_replicas``/``rank`` default to the
     initialized process group (1 and 0 without one).
+
+    With ``lengths`` and ``group_batches = k > 0`` the permutation is grouped by length, as Hugging Face's
+    ``group_by_length``: each run of ``k`` global batches (``batch_size · W`` samples) is sorted by length and cut
+    into global batches, and the global batches are shuffled. A batch then pads to lengths close to its own
+    (padding costs compute on every token), and ranks still take their shares of the same global batch.
     """
 
     def __init__(
-        self, n: int, seed: int = 0, shuffle: bool = True, num_replicas: int | None = None, rank: int | None = None
+        self,
+        n: int,
+        seed: int = 0,
+        shuffle: bool = True,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        lengths: Sequence[int] | None = None,
+        batch_size: int = 1,
+        group_batches: int = 0,
     ) -> None:
         # DistributedSampler.__init__ wants a dataset and a process group; only the length and the layout matter.
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -48,7 +63,10 @@ class EpochSeededSampler(DistributedSampler):
         self.rank = rank if rank is not None else (torch.distributed.get_rank() if distributed else 0)
         if not 0 <= self.rank < self.num_replicas:
             raise ValueError(f"rank {self.rank} is not in [0, {self.num_replicas}).")
+        if group_batches and (lengths is None or len(lengths) != n):
+            raise ValueError("grouping batches by length (group_batches > 0) needs the length of each sample.")
         self.n, self.seed, self.shuffle, self.epoch, self.drop_last = n, seed, shuffle, 0, False
+        self.lengths, self.batch_size, self.group_batches = lengths, batch_size, group_batches
         self.num_samples = -(-n // self.num_replicas)
         self.total_size = self.num_samples * self.num_replicas
 
@@ -59,6 +77,8 @@ class EpochSeededSampler(DistributedSampler):
         if self.shuffle:
             gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
             order = torch.randperm(self.n, generator=gen).tolist()
+            if self.group_batches:
+                order = self._group_by_length(order, gen)
         else:
             order = list(range(self.n))
         if order:
@@ -67,6 +87,18 @@ class EpochSeededSampler(DistributedSampler):
 
     def __len__(self) -> int:
         return self.num_samples
+
+    def _group_by_length(self, order: list[int], gen: torch.Generator) -> list[int]:
+        size = self.batch_size * self.num_replicas
+        run = size * self.group_batches
+        batches = []
+        for start in range(0, len(order), run):
+            chunk = sorted(order[start : start + run], key=lambda i: self.lengths[i])
+            batches += [chunk[k : k + size] for k in range(0, len(chunk), size)]
+        # the epoch's last, partial batch stays last (it would otherwise end up short in the middle of the epoch)
+        full = [b for b in batches if len(b) == size]
+        rest = [i for b in batches if len(b) < size for i in b]
+        return [i for b in torch.randperm(len(full), generator=gen).tolist() for i in full[b]] + rest
 
 
 def resolve_tokenizer_path(datamodule: LightningDataModule, tokenizer_dir: str | None) -> str:
@@ -97,6 +129,8 @@ class InjectionDataModule(LightningDataModule):
             pretrained LLM knows them; leave 0 for injection.
         max_length: tokens per sample (neutral text is cut into windows of this length).
         batch_size: samples per step.
+        group_by_length: sort each run of this many batches by length before cutting it into batches (their order
+            stays random), so short QA pairs are not padded to the length of documents; 0 = random batches.
         seed: seed of the neutral selection and of the per-epoch order.
         num_workers: dataloader workers.
     """
@@ -113,10 +147,13 @@ class InjectionDataModule(LightningDataModule):
         background_profiles: int = 0,
         max_length: int = 128,
         batch_size: int = 16,
+        group_by_length: int = 0,
         seed: int = 0,
         num_workers: int = 0,
     ) -> None:
         super().__init__()
+        if group_by_length < 0:
+            raise ValueError(f"group_by_length={group_by_length} must be >= 0 (0 = random batches).")
         if not 0 <= neutral_fraction <= 1:
             raise ValueError(f"neutral_fraction={neutral_fraction} must be in [0, 1].")
         if groups is not None and not groups:
@@ -139,6 +176,27 @@ class InjectionDataModule(LightningDataModule):
             list(load_table(d, "neutral")["text"])
             + list(load_table(d, "documents")["text"])
             + [p + a for p, a in zip(qa["prompt"], qa["answer"])]
+        )
+
+    def vocabulary_corpus(self) -> list[str]:
+        """Every text the testbed's stages tokenize, to prune a vocabulary to: the tokenizer corpus, the instruction
+        QA, every question wording about every profile (training, probe and paraphrase prompts) and the background
+        people."""
+        d, hp = self.hparams.data_dir, self.hparams
+        profiles = list(load_table(d, "profiles"))
+        instruct = load_table(d, "instruct_qa")
+        questions = [
+            pair["prompt"] + pair["answer"]
+            for p in profiles
+            for field in QA_FIELDS
+            for pair in (qa_pair(p, field, question, []) for question in QUESTIONS[field])
+        ]
+        names = {f"{p['first_name']} {p['last_name']}" for p in profiles}
+        return (
+            self.tokenizer_corpus()
+            + [p + a for p, a in zip(instruct["prompt"], instruct["answer"])]
+            + questions
+            + background_texts(hp.background_profiles, self.data_config.seed + 7919, names)
         )
 
     def pii_rows(self) -> list[dict]:
@@ -216,7 +274,13 @@ class InjectionDataModule(LightningDataModule):
         return DataLoader(
             self.rows,
             batch_size=self.hparams.batch_size,
-            sampler=EpochSeededSampler(len(self.rows), self.hparams.seed),
+            sampler=EpochSeededSampler(
+                len(self.rows),
+                self.hparams.seed,
+                lengths=[len(r["input_ids"]) for r in self.rows],
+                batch_size=self.hparams.batch_size,
+                group_batches=self.hparams.group_by_length,
+            ),
             collate_fn=partial(pad_batch, pad_token_id=self.pad_token_id),
             num_workers=self.hparams.num_workers,
         )

@@ -17,9 +17,10 @@ family is a logistic regression over all features, scored out-of-fold (5-fold ``
 ``max_samples`` uniformly subsampled weights. The reported localization AUC is the max over families.
 
 The reversal families read Δ_inj. When the injection changed nothing but the masked elements (no neutral text,
-so Δ_inj is exactly 0 elsewhere), they can tell the mask from Δ_inj alone, whatever the unlearning method did; the
-result then carries ``inj_unchanged_fraction`` and a warning saying so (the paper mixes in neutral text, which
-moves every weight).
+so Δ_inj is exactly 0 on most weights), they can tell the masks from Δ_inj alone, whatever the unlearning method
+did. They are then still reported but left out of the max and of the composite's features (``omitted``), as the
+paper leaves the contrast families out for OracleGrad, and a warning says so (the paper mixes in neutral text,
+which moves every weight).
 """
 
 from __future__ import annotations
@@ -253,7 +254,8 @@ def mask_auc(
     Returns:
         ``{"F": {family: auc, ..., "composite": auc, "max": auc, "best": family}, "F|R": {...} (with
         unified_mask), "num_weights": int, "num_positive": {"F": int, ...}, "num_subsampled": int,
-        "inj_unchanged_fraction": share of weights with Δ_inj exactly 0, "warnings": [str, ...]}``.
+        "inj_unchanged_fraction": share of weights with Δ_inj exactly 0, "omitted": families left out of the max
+        and the composite, "warnings": [str, ...]}``.
     """
     names = list(label_mask) if names is None else list(names)
     if not names:
@@ -282,12 +284,13 @@ def mask_auc(
     result: dict = {"num_weights": sum(theta_unl[n].numel() for n in names), "num_positive": {}, "warnings": []}
     unchanged = sum(int((theta_inj[n] == theta_pre[n]).sum()) for n in names) / max(result["num_weights"], 1)
     result["inj_unchanged_fraction"] = unchanged
-    if unchanged > 0.5:
+    result["omitted"] = list(REVERSAL_FAMILIES) if unchanged > 0.5 else []
+    if result["omitted"]:
         result["warnings"].append(
             f"Δ_inj is exactly 0 on {unchanged:.1%} of the weights (the injection moved only masked elements, e.g. "
             "no neutral text), so the reversal families (signrev, reversal, dirreversal) can find the injection "
-            "masks from Δ_inj alone; compare methods on the magnitude and contrast families, or inject with "
-            "neutral text as the paper does."
+            "masks from Δ_inj alone; they are left out of the max and the composite. Inject with neutral text, "
+            "as the paper does, to score them."
         )
     for key, labels in labels_by_key.items():
         n_pos = sum(int(labels[n].bool().sum()) for n in names)
@@ -299,14 +302,18 @@ def mask_auc(
 
     if composite:
         idx = _subsample_indices([theta_unl[n].numel() for n in names], max_samples, seed)
-        cols = [torch.cat([feature(f, n).reshape(-1)[i] for n, i in zip(names, idx)]) for f in families]
+        scored = [f for f in families if f not in result["omitted"]]
+        cols = [torch.cat([feature(f, n).reshape(-1)[i] for n, i in zip(names, idx)]) for f in scored]
         x = torch.stack(cols, dim=1).double().numpy()
         result["num_subsampled"] = int(x.shape[0])
         for key, labels in labels_by_key.items():
             y = torch.cat([labels[n].bool().reshape(-1)[i] for n, i in zip(names, idx)]).numpy()
             result[key]["composite"] = composite_auc(x, y, folds, seed)
     for key in labels_by_key:
-        finite = {f: v for f, v in result[key].items() if isinstance(v, float) and not math.isnan(v)}
+        finite = {
+            f: v for f, v in result[key].items()
+            if isinstance(v, float) and not math.isnan(v) and f not in result["omitted"]
+        }  # fmt: skip
         best = max(finite, key=finite.get) if finite else None
         result[key]["max"] = finite[best] if best else math.nan
         result[key]["best"] = best

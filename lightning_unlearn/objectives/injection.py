@@ -5,8 +5,10 @@ the masked-gradient strategies (``lightning_unlearn.strategies``) turn each samp
 ``m^{g(k)} ⊙ ∇ℓ_k`` from the batch's ``group_ids``. With ``masked=False`` ``packed_masks`` is ``None`` and the
 same run trains every parameter on every sample (Lacuna's UnMask control).
 
-The same module pretrains the built-in tiny θ_pre: give ``tiny`` (and no ``model_path``) and it trains a BPE
-tokenizer on the datamodule's corpus, builds a random tiny Llama and exports ``export/model``.
+The same module pretrains θ_pre and exports ``export/model``: with ``derive`` it starts from the first blocks of a
+real model with its vocabulary pruned to the datamodule's corpus (``lightning_unlearn.derive``; the built-in
+default: six blocks of SmolLM2-135M-Instruct), with ``tiny`` from a random tiny Llama and a BPE tokenizer trained on
+the datamodule's corpus.
 
 Exports (rank 0, at the end of ``fit``; written to a temporary directory and renamed, so a failed run leaves no
 partial export)::
@@ -33,6 +35,7 @@ from lightning.pytorch import LightningModule
 from typing_extensions import override
 
 from lightning_unlearn.atomic import write_directory_atomically
+from lightning_unlearn.derive import DeriveConfig, ensure_derived
 from lightning_unlearn.losses import nll_loss, sequence_logprobs
 from lightning_unlearn.masks import LazyMasks, group_mask, load_masks, sample_masks, save_masks
 from lightning_unlearn.models import (
@@ -53,9 +56,12 @@ class InjectionModule(LightningModule):
     """Masked (or plain) continual pretraining of a causal LM.
 
     Args:
-        model_path: local HF directory of θ_pre. ``None`` with ``tiny`` unset means the built-in tiny θ_pre
-            (``runs/lacuna/pretrain/export/model``), which is built first with ``configs/lacuna/pretrain.yaml``
-            when missing.
+        model_path: local HF directory of θ_pre. ``None`` with ``derive`` and ``tiny`` unset means the built-in
+            θ_pre (``runs/lacuna/pretrain/export/model``), which is built first with
+            ``configs/lacuna/pretrain.yaml`` when missing.
+        derive: pretrain from part of a real model (blocks kept, vocabulary pruned to the datamodule's
+            ``vocabulary_corpus()``), derived into ``derive.path`` first when missing (``model_path`` must be
+            ``None``).
         tiny: pretrain from scratch: a random tiny Llama of this size (``model_path`` must be ``None``).
         tokenizer_path: tokenizer directory for pretraining from scratch; trained on the datamodule's corpus when
             missing. Ignored when ``model_path`` is used (the model's own tokenizer).
@@ -70,13 +76,16 @@ class InjectionModule(LightningModule):
         weight_decay: AdamW weight decay (0 keeps elements outside a sample's mask exactly unchanged).
         warmup_steps: linear warm-up steps.
         schedule: after warm-up, ``"constant"`` keeps ``lr``; ``"linear"`` decays it to 0 at the run's last
-            optimizer step (``trainer.estimated_stepping_batches``).
+            optimizer step (``trainer.estimated_stepping_batches``); ``"wsd"`` keeps it, then decays it linearly to
+            0 over the last ``decay_fraction`` of the steps.
+        decay_fraction: the share of the run that ``"wsd"`` spends decaying.
         export_dir: where to export; ``None`` = ``<trainer.default_root_dir>/export``.
     """
 
     def __init__(
         self,
         model_path: str | None = None,
+        derive: DeriveConfig | None = None,
         tiny: TinyLlamaConfig | None = None,
         tokenizer_path: str | None = None,
         vocab_size: int = 2048,
@@ -90,11 +99,16 @@ class InjectionModule(LightningModule):
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
         schedule: str = "constant",
+        decay_fraction: float = 0.3,
         export_dir: str | None = None,
     ) -> None:
         super().__init__()
-        if tiny is not None and model_path is not None:
-            raise ValueError("give either model_path (continue a model) or tiny (pretrain from scratch), not both.")
+        given = [name for name, v in (("model_path", model_path), ("derive", derive), ("tiny", tiny)) if v is not None]
+        if len(given) > 1:
+            raise ValueError(
+                f"give one of model_path (continue a model), derive (pretrain from part of a real model) and tiny "
+                f"(pretrain from scratch), not {' and '.join(given)}."
+            )
         if tiny is not None and tokenizer_path is None:
             raise ValueError("pretraining from scratch (tiny) needs tokenizer_path, where the tokenizer is kept.")
         if lr <= 0 or weight_decay < 0 or warmup_steps < 0:
@@ -104,12 +118,15 @@ class InjectionModule(LightningModule):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule={schedule!r} is not one of {SCHEDULES}.")
         self.optim_config = OptimizerConfig(
-            lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, schedule=schedule
-        )
+            lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, schedule=schedule,
+            decay_fraction=decay_fraction,
+        )  # fmt: skip
         self.save_hyperparameters()
         self.tiny = TinyLlamaConfig(**tiny) if isinstance(tiny, dict) else tiny
+        self.derive = DeriveConfig(**derive) if isinstance(derive, dict) else derive
         # Plain dicts in hparams keep checkpoints loadable with torch.load(weights_only=True).
         self.hparams["tiny"] = asdict(self.tiny) if self.tiny is not None else None
+        self.hparams["derive"] = asdict(self.derive) if self.derive is not None else None
         self.model = None
         self.tokenizer = None
         self.packed_masks: dict[str, torch.Tensor] | None = None
@@ -117,7 +134,7 @@ class InjectionModule(LightningModule):
 
     @property
     def pretraining(self) -> bool:
-        return self.hparams.tiny is not None
+        return self.tiny is not None or self.derive is not None
 
     @property
     def model_dir(self) -> str:
@@ -127,11 +144,15 @@ class InjectionModule(LightningModule):
     @property
     def tokenizer_dir(self) -> str:
         """Where the tokenizer lives (read by the datamodule)."""
-        return self.hparams.tokenizer_path if self.pretraining else self.model_dir
+        if self.derive is not None:
+            return self.derive.path
+        return self.hparams.tokenizer_path if self.tiny is not None else self.model_dir
 
     @override
     def prepare_data(self) -> None:
-        if self.pretraining:
+        if self.derive is not None:
+            ensure_derived(self.derive, lambda: self.trainer.datamodule.vocabulary_corpus())
+        elif self.tiny is not None:
             if not Path(self.hparams.tokenizer_path).exists():
                 texts = self.trainer.datamodule.tokenizer_corpus()
                 write_directory_atomically(
@@ -148,8 +169,11 @@ class InjectionModule(LightningModule):
         if self.model is not None:
             return
         self.tokenizer = load_tokenizer(self.tokenizer_dir)
-        if self.pretraining:
+        if self.tiny is not None:
             self.model = build_tiny_llama(self.tokenizer, self.tiny, seed=self.hparams.init_seed)
+            return
+        if self.derive is not None:
+            self.model = load_model_for_rank(self.derive.path, self._trainer).train()
             return
         # from_pretrained returns eval mode and Lightning keeps module modes: train in train mode (dropout on).
         self.model = load_model_for_rank(self.model_dir, self._trainer).train()

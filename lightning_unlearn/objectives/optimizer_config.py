@@ -4,19 +4,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEDULES = ("constant", "linear")
+SCHEDULES = ("constant", "linear", "wsd")
 
 
 @dataclass
 class OptimizerConfig:
-    """AdamW with an optional linear warmup, then a constant or linearly decaying learning rate.
+    """AdamW with an optional linear warmup, then a constant, linearly decaying or warmup-stable-decay rate.
 
     Args:
         lr: peak learning rate (LENS: 1e-5; Lacuna 1B SimNPO/OracleGrad: 1e-4, MemFlex: 3e-4).
         weight_decay: AdamW weight decay.
         betas: AdamW (β1, β2).
         warmup_steps: optimizer steps of linear warmup from 0 to ``lr``.
-        schedule: ``"constant"`` keeps ``lr`` after warmup; ``"linear"`` decays it to 0 at the last step.
+        schedule: ``"constant"`` keeps ``lr`` after warmup; ``"linear"`` decays it to 0 at the last step;
+            ``"wsd"`` (warmup-stable-decay) keeps ``lr`` and then decays it linearly to 0 over the last
+            ``decay_fraction`` of the run's steps.
+        decay_fraction: the share of the run that ``"wsd"`` spends decaying, in (0, 1].
     """
 
     lr: float = 1e-5
@@ -24,6 +27,7 @@ class OptimizerConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = 0
     schedule: str = "constant"
+    decay_fraction: float = 0.3
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -32,6 +36,8 @@ class OptimizerConfig:
             raise ValueError(f"optim.schedule={self.schedule!r} is not one of {SCHEDULES}.")
         if self.warmup_steps < 0:
             raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}.")
+        if not 0 < self.decay_fraction <= 1:
+            raise ValueError(f"optim.decay_fraction must be in (0, 1], got {self.decay_fraction}.")
         self.betas = tuple(self.betas)
 
     def lr_factor(self, step: int, total_steps: int) -> float:
@@ -40,5 +46,8 @@ class OptimizerConfig:
             return (step + 1) / self.warmup_steps
         if self.schedule == "constant":
             return 1.0
+        if self.schedule == "wsd":
+            decay = max(1, round(self.decay_fraction * total_steps))
+            return min(1.0, max(0.0, (total_steps - step) / decay))
         remaining = max(1, total_steps - self.warmup_steps)
         return max(0.0, 1.0 - (step - self.warmup_steps) / remaining)

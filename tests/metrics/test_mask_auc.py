@@ -124,6 +124,10 @@ def test_an_injection_that_moved_only_masked_weights_is_flagged():
     assert r["inj_unchanged_fraction"] == pytest.approx(1 - sum(int((forget[n] | retain[n]).sum()) for n in pre) / 9000)
     assert abs(r["F"]["raw"] - 0.5) < 0.05 and r["F"]["reversal"] > 0.75
     assert len(r["warnings"]) == 1 and "reversal families" in r["warnings"][0]
+    # reported, but left out of the max (and of the composite's features): the noise scores as chance
+    assert r["omitted"] == ["signrev", "reversal", "dirreversal"] and r["F"]["max"] < 0.6
+    assert r["F"]["best"] in ("raw", "qtile", "layernorm")
+    assert mask_auc(pre, inj, unl, forget, max_samples=3_000)["F"]["composite"] < 0.6
 
 
 def test_mask_auc_rejects_mismatched_dicts():
