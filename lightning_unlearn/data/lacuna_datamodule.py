@@ -125,8 +125,8 @@ class InjectionDataModule(LightningDataModule):
         include_documents: inject the five content-type documents.
         include_qa: inject the QA pairs (Lacuna: 2B of its 3.4B PII tokens).
         background_profiles: extra synthetic people (not in the testbed, never masked) whose documents and QA join
-            the neutral text. Pretraining the built-in tiny θ_pre on them teaches it the text genres, as a real
-            pretrained LLM knows them; leave 0 for injection.
+            the neutral text. Pretraining θ_pre on them teaches it the text genres (and heals the built-in one, cut
+            from SmolLM2); leave 0 for injection.
         max_length: tokens per sample (neutral text is cut into windows of this length).
         batch_size: samples per step.
         group_by_length: sort each run of this many batches by length before cutting it into batches (their order
