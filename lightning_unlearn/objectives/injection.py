@@ -151,7 +151,7 @@ class InjectionModule(LightningModule):
     @override
     def prepare_data(self) -> None:
         if self.derive is not None:
-            ensure_derived(self.derive, lambda: self.trainer.datamodule.vocabulary_corpus())
+            ensure_derived(self.derive, self._vocabulary_corpus)
         elif self.tiny is not None:
             if not Path(self.hparams.tokenizer_path).exists():
                 texts = self.trainer.datamodule.tokenizer_corpus()
@@ -163,6 +163,15 @@ class InjectionModule(LightningModule):
             print(f"inject: no model_path and no built-in θ_pre at {BUILTIN_PRETRAINED}; pretraining it first")
             cmd = [sys.executable, "-m", "lightning_unlearn.cli", "fit", "-c", str(BUILTIN_PRETRAIN_CONFIG)]
             subprocess.run(cmd, check=True)
+
+    def _vocabulary_corpus(self) -> list[str]:
+        corpus = getattr(self.trainer.datamodule, "vocabulary_corpus", None)
+        if corpus is None:
+            raise ValueError(
+                "derive.prune_vocabulary needs the texts to keep: a datamodule with vocabulary_corpus() "
+                "(InjectionDataModule). Use one, or set derive.prune_vocabulary false."
+            )
+        return corpus()
 
     @override
     def configure_model(self) -> None:
