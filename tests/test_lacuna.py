@@ -51,7 +51,7 @@ def make_trainer(root, max_epochs=1, max_steps=-1, callbacks=(), checkpoint=Fals
 
 
 def injection(tiny_dir, data_dir, **kw):
-    data_kw = {k: kw.pop(k) for k in ("neutral_fraction", "groups", "data", "batch_size") if k in kw}
+    data_kw = {k: kw.pop(k) for k in ("neutral_fraction", "groups", "data", "batch_size", "group_by_length") if k in kw}
     data_kw.setdefault("data", small_data())
     module = InjectionModule(model_path=str(tiny_dir), lr=1e-2, **kw)
     data = InjectionDataModule(
@@ -158,19 +158,27 @@ class _Crash(Callback):
             raise RuntimeError("killed")
 
 
-def test_resume_after_kill_matches_uninterrupted(tiny_dir, tmp_path):
+RESUME_RECIPES = {
+    "mixture": (dict(neutral_fraction=0.5, weight_decay=0.01, warmup_steps=3), "32-true"),
+    # the built-in default's recipe: no neutral text, wsd schedule, batches grouped by length, bf16 autocast
+    "builtin": (dict(neutral_fraction=0.0, warmup_steps=3, schedule="wsd", group_by_length=2), "bf16-mixed"),
+}
+
+
+@pytest.mark.parametrize("recipe", sorted(RESUME_RECIPES))
+def test_resume_after_kill_matches_uninterrupted(tiny_dir, tmp_path, recipe):
     torch.manual_seed(0)
-    kw = dict(neutral_fraction=0.5, weight_decay=0.01, warmup_steps=3)
+    kw, precision = RESUME_RECIPES[recipe]
     ckpt = lambda: ModelCheckpoint(save_last=True, every_n_epochs=1, save_top_k=1)  # noqa: E731
+    trainer = lambda root, callbacks: make_trainer(  # noqa: E731
+        root, max_epochs=3, callbacks=callbacks, checkpoint=True, precision=precision)  # fmt: skip
     module, data = injection(tiny_dir, tmp_path / "data", **kw)
-    make_trainer(tmp_path / "full", max_epochs=3, callbacks=[ckpt()], checkpoint=True).fit(module, data)
+    trainer(tmp_path / "full", [ckpt()]).fit(module, data)
     full = {k: v.clone() for k, v in module.model.state_dict().items()}
     steps_per_epoch = module.trainer.global_step // 3
 
     module, data = injection(tiny_dir, tmp_path / "data", **kw)
-    crashing = make_trainer(
-        tmp_path / "killed", max_epochs=3, callbacks=[ckpt(), _Crash(steps_per_epoch + 2)], checkpoint=True
-    )
+    crashing = trainer(tmp_path / "killed", [ckpt(), _Crash(steps_per_epoch + 2)])
     with pytest.raises(RuntimeError, match="killed"):
         crashing.fit(module, data)
     assert not (tmp_path / "killed" / "export").exists()  # a killed run exports nothing
@@ -178,9 +186,7 @@ def test_resume_after_kill_matches_uninterrupted(tiny_dir, tmp_path):
     assert last.exists()
 
     module, data = injection(tiny_dir, tmp_path / "data", **kw)
-    make_trainer(tmp_path / "killed", max_epochs=3, callbacks=[ckpt()], checkpoint=True).fit(
-        module, data, ckpt_path="last"
-    )
+    trainer(tmp_path / "killed", [ckpt()]).fit(module, data, ckpt_path="last")
     for k, v in module.model.state_dict().items():
         torch.testing.assert_close(v, full[k], rtol=0, atol=1e-6)
 
