@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from lightning_unlearn.atomic import write_directory_atomically
+from lightning_unlearn.smollm2 import resolve_model_dir
 
 
 @dataclass
@@ -261,7 +262,7 @@ def derivation_record(source: str | os.PathLike, blocks: Sequence[int] | None, c
 def ensure_derived(config: DeriveConfig, corpus: Callable[[], Sequence[str]], log=print) -> Path:
     """The derived model of ``config`` at ``config.path``: made when missing (``corpus()`` gives the pruning
     corpus), reused when made from the same source, blocks and corpus, refused otherwise."""
-    source = _resolve_source(config.source)
+    source = resolve_model_dir(config.source, "derive.source")
     blocks = _resolve_blocks(config.blocks, source)
     texts = list(corpus()) if config.prune_vocabulary else None
     out = Path(config.path).expanduser()
@@ -277,20 +278,6 @@ def ensure_derived(config: DeriveConfig, corpus: Callable[[], Sequence[str]], lo
         log(f"derive: reusing {out}")
         return out
     return derive_model(source, out, blocks, texts, log=log)
-
-
-def _resolve_source(source: str) -> Path:
-    if source == "smollm2":
-        from lightning_unlearn.smollm2 import smollm2_path
-
-        return smollm2_path()
-    path = Path(source).expanduser()
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"derive.source {source!r} is not a Hugging Face model directory (no config.json); give a local directory "
-            "written by save_pretrained, or 'smollm2'."
-        )
-    return path
 
 
 def _resolve_blocks(blocks: int | list[int] | None, source: Path) -> list[int] | None:

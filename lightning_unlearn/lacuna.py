@@ -41,6 +41,7 @@ from lightning_unlearn.data.pii import probe_qa
 from lightning_unlearn.data.splits import build_splits, save_splits
 from lightning_unlearn.data.templates import TARGET_FIELDS
 from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data, load_table
+from lightning_unlearn.smollm2 import resolve_model_dir
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "lacuna"
 
@@ -308,20 +309,6 @@ def _last_checkpoint(root: Path) -> Path | None:
     return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
 
 
-def _resolve_model_path(model_path: str) -> Path:
-    if model_path == "smollm2":
-        from lightning_unlearn.smollm2 import smollm2_path
-
-        return smollm2_path()
-    path = Path(model_path).expanduser().resolve()
-    if not (path / "config.json").is_file():
-        raise ValueError(
-            f"--model-path {model_path!r} is not a Hugging Face model directory (no config.json in {str(path)!r}). "
-            "Pass a directory written by save_pretrained, or `smollm2` for the offline SmolLM2-135M-Instruct."
-        )
-    return path
-
-
 def _data_config(preset_args: Sequence[str]) -> LacunaDataConfig:
     """The :class:`LacunaDataConfig` that a preset's ``--data.data.<field> <value>`` overrides describe."""
     import yaml
@@ -435,7 +422,7 @@ def run_chain(
     pretrain_config = preset.get("pretrain_config", ["pretrain.yaml"])[0]
     data_dir = ["--data.data_dir", str(w / "data")]
     data_args = [*data_dir, *preset.get("data", [])]
-    base = _resolve_model_path(model_path) if model_path is not None else None
+    base = resolve_model_dir(model_path, "--model-path") if model_path is not None else None
     _check_provenance(
         w,
         {

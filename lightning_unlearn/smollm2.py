@@ -102,6 +102,21 @@ def smollm2_path(cache_dir: str | os.PathLike | None = None) -> Path:
     return convert_gguf(find_gguf(), out)
 
 
+def resolve_model_dir(spec: str | os.PathLike, option: str) -> Path:
+    """``spec`` as a local Hugging Face model directory: ``"smollm2"`` is this module's converted model (converted
+    on first use); anything else must be a directory with a ``config.json``. ``option`` names the setting that gave
+    ``spec``, for the error."""
+    if str(spec) == "smollm2":
+        return smollm2_path()
+    path = Path(spec).expanduser().resolve()
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"{option} {str(spec)!r} is not a Hugging Face model directory (no config.json in {str(path)!r}). "
+            "Give a directory written by save_pretrained, or `smollm2` for the offline SmolLM2-135M-Instruct."
+        )
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     """``lightning-unlearn smollm2 [--cache-dir DIR]``: convert once and print the model directory."""
     import argparse

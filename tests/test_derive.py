@@ -104,3 +104,12 @@ def test_derive_model_writes_a_loadable_directory_or_nothing(tiny_dir, tmp_path)
     with pytest.raises(ValueError, match="must be distinct indices"):
         derive_model(tiny_dir, tmp_path / "bad", blocks=[0, 7], corpus=SUBSET, log=lambda m: None)
     assert not (tmp_path / "bad").exists() and [p.name for p in tmp_path.iterdir()] == ["base"]
+
+
+def test_a_source_that_is_not_a_model_directory_is_named(tmp_path):
+    from lightning_unlearn.derive import DeriveConfig, ensure_derived
+
+    config = DeriveConfig(source=str(tmp_path), blocks=2, path=str(tmp_path / "base"))
+    with pytest.raises(ValueError, match=r"derive.source .* is not a Hugging Face model directory"):
+        ensure_derived(config, lambda: SUBSET, log=lambda m: None)
+    assert not (tmp_path / "base").exists()
