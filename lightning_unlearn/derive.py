@@ -8,8 +8,10 @@ where every tiny model tried did not. Two cuts make it fast enough for a CPU:
 * **vocabulary** — :func:`prune_vocabulary` keeps the tokens a corpus uses. For a byte-level BPE tokenizer the
   kept set is closed under the merges that build each kept token, plus the 256 byte symbols and the added tokens,
   and the merge list keeps its order: every corpus text then encodes to exactly the same tokens as before (ids
-  renumbered), and any other text still encodes (down to bytes). The model keeps the embedding (and head) rows of
-  the kept tokens, so its logits over them are unchanged.
+  renumbered), and any other text still encodes (down to bytes). Why: BPE applies, at each step, the
+  lowest-ranked merge among adjacent pairs; every merge a corpus text's encoding applied builds a kept token, so
+  it is kept, and the kept merges are a rank-ordered subset of the original ones, so no kept merge can outrank it.
+  The model keeps the embedding (and head) rows of the kept tokens, so its logits over them are unchanged.
 
 :func:`derive_model` does both and writes the directory atomically.
 """
