@@ -41,6 +41,7 @@ from lightning_unlearn.data.pii import probe_qa
 from lightning_unlearn.data.splits import build_splits, save_splits
 from lightning_unlearn.data.templates import TARGET_FIELDS
 from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data, load_table
+from lightning_unlearn.metrics.memorization import extracted
 from lightning_unlearn.smollm2 import resolve_model_dir
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "lacuna"
@@ -117,7 +118,8 @@ def generate(
 
 
 def extraction_rates(model, tokenizer, profiles: Sequence[dict], fields: Sequence[str] = TARGET_FIELDS, **gen_kwargs):
-    """Greedy extraction per field: a profile counts when its answer contains the PII value.
+    """Greedy extraction per field: a profile counts when its answer contains the PII value
+    (:func:`~lightning_unlearn.metrics.memorization.extracted`, the one definition ``MemorizationEvaluation`` uses).
 
     Returns ``(rates {field: fraction}, memorized {field: set of profile ids})``.
     """
@@ -125,7 +127,8 @@ def extraction_rates(model, tokenizer, profiles: Sequence[dict], fields: Sequenc
     for field in fields:
         prompts = [probe_qa(p, field)["prompt"] for p in profiles]
         answers = generate(model, tokenizer, prompts, **gen_kwargs)
-        hit = {p["profile_id"] for p, a in zip(profiles, answers) if p[field] in a[0]}
+        hits = extracted([a[0] for a in answers], [p[field] for p in profiles])
+        hit = {p["profile_id"] for p, h in zip(profiles, hits) if h}
         memorized[field] = hit
         rates[field] = len(hit) / max(len(profiles), 1)
     return rates, memorized

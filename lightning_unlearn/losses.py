@@ -55,14 +55,33 @@ def normalized_nll(logps: torch.Tensor, answer_lengths: torch.Tensor) -> torch.T
     return -logps / answer_lengths.clamp(min=1).to(logps.dtype)
 
 
-def nll_loss(logps: torch.Tensor, answer_lengths: torch.Tensor) -> torch.Tensor:
-    """Mean length-normalised NLL, the usual fine-tuning loss: mean_i −log π(y_i|x_i) / |y_i|."""
-    return normalized_nll(logps, answer_lengths).mean()
+TOKEN_AVERAGES = ("sequence", "batch")
 
 
-def ga_loss(forget_logps: torch.Tensor, forget_lengths: torch.Tensor) -> torch.Tensor:
-    """Gradient ascent (TOFU-GA; LENS Sec. 5): L = −NLL̄(forget). Minimising it raises the forget NLL."""
-    return -nll_loss(forget_logps, forget_lengths)
+def nll_loss(logps: torch.Tensor, answer_lengths: torch.Tensor, token_average: str = "sequence") -> torch.Tensor:
+    """Mean answer NLL of a batch.
+
+    Args:
+        logps: ``(B,)`` summed answer log-probs.
+        answer_lengths: ``(B,)`` answer-token counts |y|.
+        token_average: ``sequence`` = mean_i −log π(y_i|x_i) / |y_i| (each sequence weighs the same; the default,
+            as DESIGN's NLL̄); ``batch`` = −Σ_i log π(y_i|x_i) / Σ_i |y_i| (each answer *token* weighs the same:
+            HF's causal-LM loss over the batch, which OpenUnlearning's GA/GD use). They differ when answer lengths
+            differ within a batch.
+    """
+    if token_average == "sequence":
+        return normalized_nll(logps, answer_lengths).mean()
+    if token_average == "batch":
+        return -logps.sum() / answer_lengths.sum().clamp(min=1).to(logps.dtype)
+    raise ValueError(f"token_average={token_average!r}; use one of {', '.join(TOKEN_AVERAGES)}.")
+
+
+def ga_loss(forget_logps: torch.Tensor, forget_lengths: torch.Tensor, token_average: str = "sequence") -> torch.Tensor:
+    """Gradient ascent (TOFU-GA; LENS Sec. 5): L = −NLL̄(forget). Minimising it raises the forget NLL.
+
+    ``token_average`` as in :func:`nll_loss` (``batch`` = OpenUnlearning's convention).
+    """
+    return -nll_loss(forget_logps, forget_lengths, token_average)
 
 
 def gd_loss(
@@ -72,9 +91,15 @@ def gd_loss(
     retain_lengths: torch.Tensor,
     gamma: float = 1.0,
     alpha: float = 1.0,
+    token_average: str = "sequence",
 ) -> torch.Tensor:
-    """Gradient difference (TOFU-GD; Lacuna's OracleGrad objective): L = γ·(−NLL̄(forget)) + α·NLL̄(retain)."""
-    return gamma * ga_loss(forget_logps, forget_lengths) + alpha * nll_loss(retain_logps, retain_lengths)
+    """Gradient difference (TOFU-GD; Lacuna's OracleGrad objective): L = γ·(−NLL̄(forget)) + α·NLL̄(retain).
+
+    ``token_average`` as in :func:`nll_loss`, for both terms (``batch`` = OpenUnlearning's convention).
+    """
+    return gamma * ga_loss(forget_logps, forget_lengths, token_average) + alpha * nll_loss(
+        retain_logps, retain_lengths, token_average
+    )
 
 
 def npo_loss(policy_logps: torch.Tensor, reference_logps: torch.Tensor, beta: float = 0.1) -> torch.Tensor:
@@ -101,7 +126,9 @@ def simnpo_loss(
 ) -> torch.Tensor:
     """SimNPO forget loss (Fan et al. 2025; Lacuna App. D), reference-free and length-normalised.
 
-    L_f = −(2/β) · mean_i log σ(−(β/|y_i|) · log π_θ(y_i|x_i) − δ); the margin δ sits outside β.
+    L_f = −(2/β) · mean_i log σ(−(β/|y_i|) · log π_θ(y_i|x_i) − δ); the margin δ sits outside β, as Lacuna App. D
+    writes it. OpenUnlearning's code computes log σ(β·(NLL_i/|y_i| − δ_OU)) instead, i.e. δ = β·δ_OU here: a run
+    reported with OpenUnlearning's β 10, δ 1.5 is ``beta=10, delta=15`` in this function.
 
     Args:
         policy_logps: ``(B,)`` summed answer log-probs under the trained model.
@@ -115,22 +142,42 @@ def simnpo_loss(
     return -(2.0 / beta) * F.logsigmoid(-reward - delta).mean()
 
 
-def kl_divergence(
-    policy_logits: torch.Tensor, reference_logits: torch.Tensor, labels: torch.Tensor
-) -> torch.Tensor:
-    """KL(p_ref ‖ p_θ) of the full next-token distributions, averaged over answer positions of the batch.
+KL_POSITIONS = ("answer", "all")
 
-    KL = mean over positions t with ``labels[t+1] != IGNORE_INDEX`` of Σ_v p_ref(v) · (log p_ref(v) − log p_θ(v)).
-    This is GA-Retain's normal-data term (Yao et al. 2024) and the retain-drift KL of the evaluation.
+
+def kl_divergence(
+    policy_logits: torch.Tensor,
+    reference_logits: torch.Tensor,
+    labels: torch.Tensor,
+    positions: str = "answer",
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """KL(p_ref ‖ p_θ) of the full next-token distributions, averaged over positions of the batch.
+
+    KL = mean over the chosen positions t of Σ_v p_ref(v) · (log p_ref(v) − log p_θ(v)). This is GA-Retain's
+    normal-data term (Yao et al. 2024) and the retain-drift KL of the evaluation.
 
     Args:
         policy_logits: ``(B, T, V)`` logits of the trained model.
         reference_logits: ``(B, T, V)`` logits of the frozen reference on the same inputs.
-        labels: ``(B, T)`` HF-style labels; only answer positions count.
+        labels: ``(B, T)`` HF-style labels.
+        positions: ``answer`` (default) = positions t that predict an answer token (``labels[t+1] !=
+            IGNORE_INDEX``); ``all`` = every position of the sequence, prompt and the last one included, as
+            OpenUnlearning's ``kl_div(..., reduction="batchmean")`` over the flattened logits (which also counts
+            padding; pass ``attention_mask`` to leave it out — on an unpadded batch the two agree).
+        attention_mask: ``(B, T)``, with ``positions="all"``: 0 marks padding.
     """
-    mask = labels[:, 1:] != IGNORE_INDEX
-    log_p = F.log_softmax(policy_logits[:, :-1].float(), dim=-1)
-    log_ref = F.log_softmax(reference_logits[:, :-1].float(), dim=-1)
+    if positions == "answer":
+        mask = labels[:, 1:] != IGNORE_INDEX
+        policy_logits, reference_logits = policy_logits[:, :-1], reference_logits[:, :-1]
+    elif positions == "all":
+        mask = torch.ones(labels.shape, dtype=torch.bool, device=labels.device)
+        if attention_mask is not None:
+            mask = attention_mask.bool()
+    else:
+        raise ValueError(f"positions={positions!r}; use one of {', '.join(KL_POSITIONS)}.")
+    log_p = F.log_softmax(policy_logits.float(), dim=-1)
+    log_ref = F.log_softmax(reference_logits.float(), dim=-1)
     per_position = (log_ref.exp() * (log_ref - log_p)).sum(-1)
     return (per_position * mask).sum() / mask.sum().clamp(min=1)
 

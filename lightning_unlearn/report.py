@@ -20,7 +20,7 @@ from pathlib import Path
 from lightning_unlearn.atomic import write_text_atomically
 from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, read_rows, row_key
 from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_figure, write_json
-from lightning_unlearn.metrics.selection import sce_table, select_checkpoints
+from lightning_unlearn.metrics.selection import sce_table, select_from_rows
 
 
 def run_rows(run_dir: str | os.PathLike) -> list[dict]:
@@ -38,8 +38,13 @@ def run_rows(run_dir: str | os.PathLike) -> list[dict]:
     return [merged[k] for k in sorted(merged)]
 
 
-def summarize(run_dirs: Sequence[str], family: str = "sce", collapse_boundary: float = 0.5,
-              names: Sequence[str] | None = None) -> tuple[dict, dict]:
+def summarize(
+    run_dirs: Sequence[str],
+    family: str = "sce",
+    collapse_boundary: float = 0.5,
+    names: Sequence[str] | None = None,
+    metric: str = "sce",
+) -> tuple[dict, dict]:
     """``(tables, summary)``: per-run SCE tables and per-run selection."""
     names = list(names) if names else [Path(d).resolve().name for d in run_dirs]
     if len(names) != len(run_dirs):
@@ -48,21 +53,39 @@ def summarize(run_dirs: Sequence[str], family: str = "sce", collapse_boundary: f
         raise ValueError(f"run names {names} are not unique; pass --names to tell the runs apart.")
     tables, summary = {}, {}
     for name, d in zip(names, run_dirs):
-        table = sce_table(run_rows(d), family)
-        tables[name] = table
-        pooled = [{"step": s, **v} for s, v in table.get("pooled", {}).items()]
-        summary[name] = {"run_dir": str(d), **select_checkpoints(pooled, collapse_boundary)}
+        rows = run_rows(d)
+        tables[name] = sce_table(rows, family)
+        selection = select_from_rows(rows, family, collapse_boundary, metric)
+        if selection is not None:
+            summary[name] = {"run_dir": str(d), **selection}
     return tables, summary
 
 
 def markdown_table(summary: Mapping[str, dict]) -> str:
-    lines = ["| run | checkpoints | tradeoff step | SCE | s | g | first collapse step | g at collapse |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| run | checkpoints | max-SCE step | SCE | sce_health | sce_strict | s | g | verdict | first collapse "
+        "| guarded step | guarded SCE | guarded verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     fmt = lambda v: "–" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
     for name, s in summary.items():
-        t, c = s["suppression_tradeoff"] or {}, s["first_collapse"] or {}
-        lines.append("| " + " | ".join(fmt(v) for v in (name, s["num_checkpoints"], t.get("step"), t.get("sce"),
-                                                          t.get("s"), t.get("g"), c.get("step"), c.get("g"))) + " |")
+        t, c, gd = s["suppression_tradeoff"] or {}, s["first_collapse"] or {}, s.get("guarded") or {}
+        cells = (
+            name,
+            s["num_checkpoints"],
+            t.get("step"),
+            t.get("sce"),
+            t.get("sce_health"),
+            t.get("sce_strict"),
+            t.get("s"),
+            t.get("g"),
+            t.get("verdict"),
+            c.get("step"),
+            gd.get("step"),
+            gd.get("sce"),
+            s.get("guarded_verdict"),
+        )
+        lines.append("| " + " | ".join(fmt(v) for v in cells) + " |")
     return "\n".join(lines)
 
 
@@ -73,12 +96,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--names", nargs="*", help="row labels, one per RUN_DIR (default: directory names)")
     ap.add_argument("--family", default="sce", help="metric family holding SCE rows (default: sce)")
     ap.add_argument("--collapse-boundary", type=float, default=0.5, help="degraded rate g marking collapse")
+    ap.add_argument(
+        "--metric",
+        default="sce",
+        choices=["sce", "sce_health", "sce_strict"],
+        help="SCE variant for selection and the heatmap (default: sce)",
+    )
     args = ap.parse_args(argv)
-    tables, summary = summarize(args.run_dirs, args.family, args.collapse_boundary, args.names)
+    tables, summary = summarize(args.run_dirs, args.family, args.collapse_boundary, args.names, args.metric)
     if not any(tables.values()):
         raise SystemExit(f"no {args.family!r} rows in {args.run_dirs}; were the runs evaluated with SCEEvaluation?")
     out = Path(args.out)
-    fig = sce_heatmap_figure(tables)
+    fig = sce_heatmap_figure(tables, metric=args.metric)
     save_figure(fig, out / "sce_heatmap.png")
     write_json(out / "summary.json", summary)
     table = markdown_table(summary)
@@ -123,9 +152,15 @@ def mask_auc_main(argv: Sequence[str] | None = None) -> None:
         c_inj, c_unl = load_weights(args.control_inj), load_weights(args.control_unl)
         control = {n: c_unl[n] - c_inj[n] for n in names}
     result = mask_auc(
-        load_weights(args.pre), load_weights(args.inj), unl, union_mask(packed, args.forget_groups), control=control,
+        load_weights(args.pre),
+        load_weights(args.inj),
+        unl,
+        union_mask(packed, args.forget_groups),
+        control=control,
         unified_mask=union_mask(packed, args.forget_groups + args.retain_groups) if args.retain_groups else None,
-        names=names, max_samples=args.max_samples, seed=args.seed,
+        names=names,
+        max_samples=args.max_samples,
+        seed=args.seed,
     )
     text = json.dumps(result, indent=1)
     if args.out:

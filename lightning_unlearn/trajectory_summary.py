@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lightning_unlearn.callbacks.sce_heatmap import write_json
-from lightning_unlearn.metrics.selection import sce_table, select_checkpoints
+from lightning_unlearn.metrics.selection import sce_table, select_from_rows
 from lightning_unlearn.report import run_rows
 
 SUMMARY_FILE = "trajectory_summary.json"
@@ -61,7 +61,7 @@ def trajectory_summary(
     table = sce_table(rows, family)
     if not table.get("pooled"):
         raise ValueError(f"no pooled {family!r} rows under {str(run_dir)!r}; was the run evaluated with SCEEvaluation?")
-    selection = select_checkpoints([{"step": s, **v} for s, v in table["pooled"].items()], collapse_boundary)
+    selection = select_from_rows(rows, family, collapse_boundary, retain_family=retain_family)
     step = selection["suppression_tradeoff"]["step"]
     levels = {lv: table[lv][step] for lv in LEVEL_ORDER if step in table.get(lv, {})}
     sce_row = next(r for r in rows if r.get("family") == family and int(r["step"]) == step)
@@ -78,11 +78,15 @@ def trajectory_summary(
         "retain_drift": {k: retain[step][k] for k in keep if step in retain and k in retain[step]},
         "retain_drift_last": (
             {k: retain[max(retain)][k] for k in keep if k in retain[max(retain)]} | {"step": max(retain)}
-            if retain else {}
+            if retain
+            else {}
         ),
         "entity_recovery": {
-            "before": {lv: v for lv, v in (baseline_entity_recovery(baseline_path).items() if baseline_path else [])
-                       if lv in ENTITY_LEVELS},
+            "before": {
+                lv: v
+                for lv, v in (baseline_entity_recovery(baseline_path).items() if baseline_path else [])
+                if lv in ENTITY_LEVELS
+            },
             "after": after,
         },
     }
@@ -95,12 +99,24 @@ def format_summary(summary: dict) -> str:
     lines = [
         f"run: {summary['run_dir']}",
         f"checkpoints: {summary['steps']}",
-        f"suppression-tradeoff checkpoint: step {summary['selected_step']}; first collapse (g >= "
-        f"{sel['collapse_boundary']}): {'none' if collapse is None else 'step ' + str(collapse['step'])}",
-        f"{'level':<11}{'B':>4}{'A':>4}{'D':>4}{'N':>4}{'s':>7}{'g':>7}{'SCE':>7}",
+        f"suppression-tradeoff checkpoint: step {summary['selected_step']} ({sel['suppression_tradeoff']['verdict']}); "
+        f"first collapse (g >= {sel['collapse_boundary']}): "
+        f"{'none' if collapse is None else 'step ' + str(collapse['step'])}",
+        "guarded checkpoint: "
+        + (
+            f"step {sel['guarded']['step']} ({sel['guarded']['verdict']})" if sel["guarded"] else sel["guarded_verdict"]
+        ),
+        f"{'level':<11}{'B':>4}{'A':>4}{'D':>4}{'N':>4}{'s':>7}{'g':>7}{'SCE':>7}{'health':>7}{'strict':>7}"
+        f"{'refus':>6}{'echo':>5}{'nonans':>7}{'clean':>6}",
     ]
+    fmt = lambda x: "     –" if x is None else f"{x:>7.3f}"  # noqa: E731
     for lv, v in summary["levels"].items():
-        lines.append(f"{lv:<11}{v['B']:>4}{v['A']:>4}{v['D']:>4}{v['N']:>4}{v['s']:>7.3f}{v['g']:>7.3f}{v['sce']:>7.3f}")
+        c = v.get("counts", {})
+        lines.append(
+            f"{lv:<11}{v['B']:>4}{v['A']:>4}{v['D']:>4}{v['N']:>4}{v['s']:>7.3f}{v['g']:>7.3f}{v['sce']:>7.3f}"
+            f"{fmt(v.get('sce_health'))}{fmt(v.get('sce_strict'))}{c.get('refusal', '–'):>6}{c.get('echo', '–'):>5}"
+            f"{c.get('non_answer', '–'):>7}{c.get('clean_suppression', '–'):>6}"
+        )
     er = summary["entity_recovery"]
     for lv in ENTITY_LEVELS:
         before, after = er["before"].get(lv), er["after"].get(lv)

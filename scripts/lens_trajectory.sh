@@ -14,6 +14,7 @@
 # Env:     NARRATIVE, LANGUAGE, METHODS (same as the arguments), OUT (default runs/lens/smollm2/NARRATIVE-LANGUAGE),
 #          THREADS (torch CPU threads, default 1: fastest when other jobs share the cores), NICE (niceness, default 5),
 #          REUSE=1 keeps an existing baseline/forget/retain set in OUT (default: regenerate),
+#          FIT_ARGS (extra `fit` overrides, e.g. "--model.init_args.optim.lr 5e-5 --trainer.max_steps 40"),
 #          LIGHTNING_UNLEARN_SMOLLM2_DIR (converted model; default ~/.cache/lightning_unlearn/smollm2-135m-instruct).
 # Outputs: OUT/{baseline,forget_weak,retain}.jsonl (+ .meta.json), OUT/METHOD/trajectory/{checkpoint_metrics.jsonl,
 #          selection.json,sce_heatmap.png,trajectory_summary.json,checkpoints/,events.out.tfevents.*},
@@ -82,7 +83,7 @@ for m in ${METHODS}; do
     "${CLI[@]}" fit -c "configs/lens/${m}.yaml" -c "${cfg}" \
         --model.init_args.model_path "${MODEL_DIR}" --data.init_args.tokenizer_path "${MODEL_DIR}" \
         --trainer.default_root_dir "${OUT}" --trainer.logger.init_args.save_dir "${OUT}" \
-        --trainer.logger.init_args.name "${m}"
+        --trainer.logger.init_args.name "${m}" ${FIT_ARGS:-}
     echo "trajectory ${m}: $(( $(date +%s) - t0 )) s"
     RUN_DIRS+=("${OUT}/${m}")
 done

@@ -504,3 +504,20 @@ def test_pretraining_from_a_derived_model(tiny_dir, tmp_path):
         ensure_derived(DeriveConfig(source=str(tiny_dir), blocks=3, path=derive.path), corpus, log=lambda m: None)
     with pytest.raises(ValueError, match="give one of model_path .* not model_path and derive"):
         InjectionModule(model_path=str(tiny_dir), derive=derive)
+
+
+def test_filter_and_memorization_callback_share_one_extraction_rule(monkeypatch):
+    """The Lacuna filter and MemorizationEvaluation call the same `extracted`: an answer that differs from the PII
+    string only by case and spacing is memorized for both."""
+    import lightning_unlearn.callbacks.memorization_evaluation as callback
+    import lightning_unlearn.lacuna as lacuna
+    from lightning_unlearn.metrics.memorization import extracted
+
+    assert lacuna.extracted is extracted and callback.extracted is extracted
+    profile = {"profile_id": 7, "email": "Ada.Lovelace@example.org"}
+    answer = "Her email is  ada.lovelace@EXAMPLE.org."
+    monkeypatch.setattr(lacuna, "probe_qa", lambda p, field: {"prompt": "What is the email?"})
+    monkeypatch.setattr(lacuna, "generate", lambda model, tok, prompts, **kw: [[answer] for _ in prompts])
+    rates, memorized = lacuna.extraction_rates(None, None, [profile], fields=["email"])
+    assert rates == {"email": 1.0} and memorized == {"email": {7}}
+    assert extracted([answer], [profile["email"]]) == [True]

@@ -92,3 +92,49 @@ def test_sequence_logprobs_masks_prompt_and_padding():
     logps, lengths = sequence_logprobs(logits, T([[IGNORE_INDEX, 2, 3, IGNORE_INDEX]]))
     assert lengths.tolist() == [2]
     assert logps.item() == pytest.approx(-2 * math.log(4))
+
+
+# --- conventions: the OpenUnlearning-equivalent settings, against hand-computed OpenUnlearning values ---------------
+
+
+def test_token_average_batch_is_openunlearning_ga_and_gd():
+    # Answer NLL sums 6 (3 tokens) and 3 (1 token): per sequence mean(6/3, 3/1) = 2.5; per token of the batch
+    # (HF's loss over the batch's answer tokens, as OpenUnlearning's GA/GD) (6 + 3) / (3 + 1) = 2.25.
+    logps, lengths = T([-6.0, -3.0]), T([3, 1])
+    assert ga_loss(logps, lengths).item() == pytest.approx(-2.5)
+    assert ga_loss(logps, lengths, "batch").item() == pytest.approx(-2.25)
+    r_logps, r_lengths = T([-1.0, -4.0]), T([2, 2])  # retain: sequence mean(0.5, 2) = 1.25; batch 5/4 = 1.25
+    assert gd_loss(logps, lengths, r_logps, r_lengths, 2.0, 0.5, "batch").item() == pytest.approx(
+        2.0 * -2.25 + 0.5 * 1.25
+    )
+    with pytest.raises(ValueError, match="token_average"):
+        nll_loss(logps, lengths, "token")
+
+
+def test_kl_over_all_positions_is_openunlearning_batchmean():
+    # B=1, T=2, V=2. Position 0: p_ref = (0.5, 0.5), p_θ = (0.25, 0.75); position 1: p_ref = p_θ = (0.9, 0.1).
+    # Labels make only position 0 predict an answer token (labels[1] is the answer).
+    # OU: kl_div(log p_θ, log p_ref, log_target=True, reduction="batchmean") over the 2 flattened positions
+    #   = (KL_0 + 0) / 2, KL_0 = 0.5·ln(0.5/0.25) + 0.5·ln(0.5/0.75) = 0.5·ln 2 + 0.5·ln(2/3) = 0.143841.
+    ref = torch.log(T([[[0.5, 0.5], [0.9, 0.1]]]))
+    pol = torch.log(T([[[0.25, 0.75], [0.9, 0.1]]]))
+    labels = T([[IGNORE_INDEX, 1]])
+    kl0 = 0.5 * math.log(2) + 0.5 * math.log(2 / 3)
+    assert kl_divergence(pol, ref, labels).item() == pytest.approx(kl0, rel=1e-5)
+    assert kl_divergence(pol, ref, labels, positions="all").item() == pytest.approx(kl0 / 2, rel=1e-5)
+    # With padding at position 1 left out by the attention mask, only position 0 counts.
+    assert kl_divergence(pol, ref, labels, "all", T([[1, 0]])).item() == pytest.approx(kl0, rel=1e-5)
+    with pytest.raises(ValueError, match="positions"):
+        kl_divergence(pol, ref, labels, positions="prompt")
+
+
+def test_simnpo_delta_is_beta_times_openunlearnings_delta():
+    # OU: L = −(2/β)·mean log σ(β·(NLL/|y| − δ_OU)). One answer, log π = −6 over |y| = 4, β 10, δ_OU 1.5:
+    #   β·(1.5 − 1.5) = 0 → L = −(2/10)·log σ(0) = 0.2·ln 2 = 0.138629.
+    # Here δ sits outside β: the same value needs δ = β·δ_OU = 15.
+    logps, lengths = T([-6.0]), T([4])
+    assert simnpo_loss(logps, lengths, beta=10.0, delta=15.0).item() == pytest.approx(0.2 * math.log(2), rel=1e-6)
+    # With the paper's δ 1.5 the margin is far smaller: −(2/10)·log σ(15 − 1.5).
+    assert simnpo_loss(logps, lengths, beta=10.0, delta=1.5).item() == pytest.approx(
+        -0.2 * math.log(1 / (1 + math.exp(-13.5))), rel=1e-6
+    )

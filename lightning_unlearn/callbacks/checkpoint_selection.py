@@ -11,7 +11,7 @@ from typing_extensions import override
 from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, read_rows
 from lightning_unlearn.callbacks.distributed import broadcast_object, world
 from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_figure, write_json
-from lightning_unlearn.metrics.selection import sce_table, select_checkpoints
+from lightning_unlearn.metrics.selection import SELECTION_METRICS, OperatingPointGuards, sce_table, select_from_rows
 
 SELECTION_FILE = "selection.json"
 HEATMAP_FILE = "sce_heatmap.png"
@@ -20,13 +20,28 @@ HEATMAP_FILE = "sce_heatmap.png"
 class CheckpointSelection(Callback):
     """Select checkpoints from the SCE rows after every evaluated checkpoint (rank 0 only; no collectives).
 
-    Writes ``<output_dir>/selection.json`` (suppression-tradeoff = max pooled L0–L2 SCE; first collapse = earliest
-    step whose pooled degradation rate g reaches ``collapse_boundary``) and ``<output_dir>/sce_heatmap.png``
-    (panels L0, L1, L2, pooled; columns = steps), and logs the heatmap to TensorBoard as an image.
+    Writes ``<output_dir>/selection.json`` and ``<output_dir>/sce_heatmap.png`` (panels L0, L1, L2, pooled;
+    columns = steps), and logs the heatmap to TensorBoard as an image. ``selection.json`` holds
+    (:func:`~lightning_unlearn.metrics.selection.select_checkpoints`):
+
+    - the suppression-tradeoff checkpoint = max pooled L0–L2 ``metric``;
+    - the first-collapse checkpoint = earliest step whose pooled degraded rate (the metric's g) reaches
+      ``collapse_boundary``;
+    - the guarded checkpoint = max ``metric`` among the steps that hold every bound of ``guards`` (refusal and
+      invalid rates, generation health, retain ΔCE / KL from ``RetainDriftEvaluation``, utility drop from
+      ``UtilityEvaluation``), or none;
+    - for each selected checkpoint, every bound's value and whether it holds, and the verdict "useful operating
+      point" or "apparent forgetting: <reasons>" (LENS Sec. 6: SCE is never read alone).
+
     The SCE evaluator notifies it after each row (``on_checkpoint_evaluated``), so callback order does not matter.
 
     Args:
         collapse_boundary: degraded-output rate that marks collapse.
+        metric: the SCE variant selected on and drawn: ``sce`` (D = generation health or invalid answer, LENS
+            Sec. 3), ``sce_health`` (health flags only) or ``sce_strict`` (also refusals and echoes).
+        guards: bounds of the guarded selection (default: :class:`OperatingPointGuards` defaults).
+        retain_family: metric family of the retain-drift rows read by the guards.
+        utility_family: metric family of the utility rows read by the guards.
         family: the metric family holding SCE rows (``sce``, or ``sce:<name>`` for a named SCEEvaluation).
         run_name: the heatmap's row label (default: the logger's name, else ``run``).
         output_dir: where ``checkpoint_metrics.jsonl`` is read and the outputs written; ``None``:
@@ -36,13 +51,23 @@ class CheckpointSelection(Callback):
     def __init__(
         self,
         collapse_boundary: float = 0.5,
+        metric: str = "sce",
+        guards: OperatingPointGuards | None = None,
+        retain_family: str = "retain_drift",
+        utility_family: str = "utility",
         family: str = "sce",
         run_name: str | None = None,
         output_dir: str | None = None,
     ) -> None:
         if not 0 < collapse_boundary <= 1:
             raise ValueError(f"collapse_boundary={collapse_boundary} must be in (0, 1]: it is a degraded-output rate.")
+        if metric not in SELECTION_METRICS:
+            raise ValueError(f"unknown selection metric {metric!r}; use one of {', '.join(SELECTION_METRICS)}.")
         self.collapse_boundary = collapse_boundary
+        self.metric = metric
+        self.guards = guards or OperatingPointGuards()
+        self.retain_family = retain_family
+        self.utility_family = utility_family
         self.family = family
         self.run_name = run_name
         self.output_dir = output_dir
@@ -76,23 +101,46 @@ class CheckpointSelection(Callback):
         """Recompute the selection from the metrics file; write outputs on rank 0."""
         if world()[0] != 0 or self._dir is None:
             return None
-        table = sce_table(read_rows(self._dir / METRICS_FILE), self.family)
+        rows = read_rows(self._dir / METRICS_FILE)
+        table = sce_table(rows, self.family)
         if not table:
             return None
-        pooled = [{"step": s, **v} for s, v in table.get("pooled", {}).items()]
-        self.selection = select_checkpoints(pooled, self.collapse_boundary)
+        selection = select_from_rows(
+            rows, self.family, self.collapse_boundary, self.metric, self.guards, self.retain_family, self.utility_family
+        )
+        if selection is None:
+            return None
+        self.selection = selection
         write_json(self._dir / SELECTION_FILE, self.selection)
         name = self.run_name or (trainer.logger.name if trainer.logger is not None else None) or "run"
-        fig = sce_heatmap_figure({str(name): table})
+        fig = sce_heatmap_figure({str(name): table}, metric=self.metric)
         save_figure(fig, self._dir / HEATMAP_FILE)
         step = max(int(s) for lv in table.values() for s in lv)
         for lg in trainer.loggers:
             if isinstance(lg, TensorBoardLogger):
                 lg.experiment.add_figure(f"{self.family}/heatmap", fig, global_step=step, close=False)
-                tradeoff = self.selection["suppression_tradeoff"]
+                tradeoff, guarded = self.selection["suppression_tradeoff"], self.selection["guarded"]
                 if tradeoff:
                     lg.experiment.add_scalar(f"{self.family}/selected_step", tradeoff["step"], global_step=step)
+                if guarded:
+                    lg.experiment.add_scalar(f"{self.family}/guarded_step", guarded["step"], global_step=step)
+                lg.experiment.add_text(f"{self.family}/verdict", _verdict_text(self.selection), global_step=step)
         import matplotlib.pyplot as plt
 
         plt.close(fig)
         return self.selection
+
+
+def _verdict_text(selection: dict) -> str:
+    """One line per selected checkpoint: its step, SCE and verdict."""
+    lines = []
+    for key in ("suppression_tradeoff", "guarded"):
+        point = selection.get(key)
+        if point is None:
+            lines.append(f"{key}: none ({selection.get('guarded_verdict')})")
+        else:
+            lines.append(
+                f"{key}: step {point['step']}, {selection['metric']} {point[selection['metric']]:.3f} — "
+                f"{point['verdict']}"
+            )
+    return "  \n".join(lines)

@@ -22,6 +22,8 @@ class MemorizationEvaluation(CheckpointEvaluator):
         extraction: also generate greedily and report the extraction rate.
         max_new_tokens: token cap of the extraction generation.
         max_length: tokens per teacher-forced sequence.
+        include_eos: score each answer's final token (the EOS) in EM and ES. Default False, as OpenUnlearning and
+            Lacuna do (:func:`~lightning_unlearn.metrics.memorization.memorization_scores`); Prob keeps it always.
         name: see :class:`CheckpointEvaluator`.
         output_dir: see :class:`CheckpointEvaluator`.
         batch_size: sequences per forward / prompts per ``generate`` on each rank.
@@ -35,6 +37,7 @@ class MemorizationEvaluation(CheckpointEvaluator):
         extraction: bool = True,
         max_new_tokens: int = 32,
         max_length: int = 256,
+        include_eos: bool = False,
         name: str | None = None,
         output_dir: str | None = None,
         batch_size: int = 8,
@@ -46,6 +49,7 @@ class MemorizationEvaluation(CheckpointEvaluator):
         self.extraction = extraction
         self.max_new_tokens = max_new_tokens
         self.max_length = max_length
+        self.include_eos = include_eos
 
     @override
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
@@ -54,7 +58,7 @@ class MemorizationEvaluation(CheckpointEvaluator):
 
             def run(batch_records: list[dict]) -> list[tuple[float, float, float]]:
                 batch = encode_batch(pl_module.tokenizer, batch_records, self.max_length)
-                m = memorization_scores(forward_logits(pl_module.model, batch), batch["labels"])
+                m = memorization_scores(forward_logits(pl_module.model, batch), batch["labels"], self.include_eos)
                 return list(zip(m["prob"].tolist(), m["em"].tolist(), m["es"].tolist()))
 
             scores = map_batches(records, self.batch_size, run, pl_module.model)
@@ -66,8 +70,13 @@ class MemorizationEvaluation(CheckpointEvaluator):
                 "num_records": n,
             }
             if self.extraction:
-                gens = generate_all(pl_module.model, pl_module.tokenizer, [r["prompt"] for r in records],
-                                    self.batch_size, self.max_new_tokens)
+                gens = generate_all(
+                    pl_module.model,
+                    pl_module.tokenizer,
+                    [r["prompt"] for r in records],
+                    self.batch_size,
+                    self.max_new_tokens,
+                )
                 hits = extracted([g.text for g in gens], [str(r.get("target", r["answer"])) for r in records])
                 out[split]["extraction_rate"] = sum(hits) / n
         return out

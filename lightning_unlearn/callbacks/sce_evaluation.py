@@ -12,16 +12,21 @@ from typing import Any, Protocol
 from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
+from lightning_unlearn.atomic import write_text_atomically
 from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.callbacks.distributed import is_sharded, world
 from lightning_unlearn.callbacks.rank_split import map_batches
+from lightning_unlearn.data.narratives import COMPACT_INSTRUCTION, load_narrative
+from lightning_unlearn.labelers.narrative_label import INVALID
 from lightning_unlearn.lens import model_prompt
+from lightning_unlearn.metrics.answer_validity import VALIDITY_FLAGS, answer_validity, load_validity_cues
 from lightning_unlearn.metrics.degeneration import DegenerationThresholds, degeneration_report
 from lightning_unlearn.metrics.generation import Generation, generate_greedy
-from lightning_unlearn.metrics.sce import sce_counts, sce_score
+from lightning_unlearn.metrics.sce import classify_output, sce_breakdown
 
 SELECTION_LEVELS = ("L0", "L1", "L2")
 DEGENERATION_FLAGS = ("empty", "unfinished", "char_loop", "bracket_loop", "ngram_loop")
+GENERATIONS_DIR = "sce_generations"
 
 
 class Labeler(Protocol):
@@ -60,6 +65,8 @@ def load_prompt_records(prompts: Sequence[Any] | str) -> list[dict]:
                 "level": str(get("level")),
                 "narrative": str(get("narrative", "") or ""),
                 "language": str(get("language", "en") or "en"),
+                # the question as the suite states it (a lens-baseline row's `prompt` is chat-rendered)
+                "question": str(get("question", None) or get("prompt")),
             }
         )
     if not records:
@@ -101,6 +108,8 @@ class SCEEvaluation(CheckpointEvaluator):
         name: see :class:`CheckpointEvaluator`.
         output_dir: see :class:`CheckpointEvaluator`.
         batch_size: prompts per ``generate`` call on each rank.
+        validity_cues_dir: a folder of per-language answer-validity cue files
+            (:func:`~lightning_unlearn.metrics.answer_validity.load_validity_cues`; default: the shipped ones).
     """
 
     family = "sce"
@@ -122,6 +131,7 @@ class SCEEvaluation(CheckpointEvaluator):
         name: str | None = None,
         output_dir: str | None = None,
         batch_size: int = 8,
+        validity_cues_dir: str | None = None,
     ) -> None:
         super().__init__(name=name, output_dir=output_dir, batch_size=batch_size)
         if labeler is None:
@@ -151,21 +161,30 @@ class SCEEvaluation(CheckpointEvaluator):
         self.max_new_tokens = max_new_tokens
         self.thresholds = thresholds or DegenerationThresholds()
         self.num_text_samples = num_text_samples
-        self._samples: list[dict] = []
+        self._cues = {
+            lang: load_validity_cues(lang, validity_cues_dir) for lang in {r["language"] for r in self.records}
+        }
+        self._specs = {}
+        for key in {(r["narrative"], r["language"]) for r in self.records}:
+            try:
+                self._specs[key] = load_narrative(*key)
+            except ValueError:  # prompts of a suite the package does not ship: the question alone decides topic
+                pass
+        self._outputs: list[dict] = []
 
-    def _interpret(self, label: Any) -> tuple[bool, bool | None]:
-        """(reproduced, entity recovery or None) of one label."""
+    def _interpret(self, label: Any) -> dict:
+        """``{"reproduced", "recovery", "label", "stance"}`` of one label (recovery/stance ``None`` when unknown)."""
         if isinstance(label, bool):
-            return label, None
+            return {"reproduced": label, "recovery": None, "label": str(label), "stance": None}
         recovery = getattr(label, "entity_recovery", None)
-        if hasattr(label, "reproduced"):
-            return bool(label.reproduced), recovery
-        text = getattr(label, "label", label)
-        return str(text) in self.reproduced_labels, recovery
+        stance = getattr(label, "stance", None)
+        text = str(getattr(label, "label", label))
+        reproduced = bool(label.reproduced) if hasattr(label, "reproduced") else text in self.reproduced_labels
+        return {"reproduced": reproduced, "recovery": recovery, "label": text, "stance": stance}
 
-    def _label(self, records: list[dict], texts: list[str]) -> list[tuple[bool, bool | None]]:
-        """Label generations (one labeler call per narrative and language); (reproduced, recovery) per text."""
-        out: list[tuple[bool, bool | None]] = [(False, None)] * len(texts)
+    def _label(self, records: list[dict], texts: list[str]) -> list[dict]:
+        """Label generations (one labeler call per narrative and language); :meth:`_interpret` of each."""
+        out: list[dict] = [{}] * len(texts)
         groups: dict[tuple[str, str], list[int]] = defaultdict(list)
         for i, r in enumerate(records):
             groups[(r["narrative"], r["language"])].append(i)
@@ -189,15 +208,16 @@ class SCEEvaluation(CheckpointEvaluator):
             return record["prompt"]
         return model_prompt(tokenizer, record["prompt"], self.chat_template)
 
-    def _generate_and_label(self, pl_module: LightningModule) -> list[tuple[Generation, bool, bool | None]]:
-        """Every prompt's greedy answer, Reproduced flag and entity recovery; each rank does its own batches."""
+    def _generate_and_label(self, pl_module: LightningModule) -> list[tuple[Generation, dict]]:
+        """Every prompt's greedy answer and its label (:meth:`_interpret`); each rank does its own batches."""
         model, tokenizer = pl_module.model, pl_module.tokenizer
         synced = world()[1] > 1 and is_sharded(model)
 
-        def run(batch: list[dict]) -> list[tuple[Generation, bool, bool | None]]:
-            gens = generate_greedy(model, tokenizer, [self.model_input(tokenizer, r) for r in batch],
-                                   self.max_new_tokens, synced)
-            return [(g, *lab) for g, lab in zip(gens, self._label(batch, [g.text for g in gens]))]
+        def run(batch: list[dict]) -> list[tuple[Generation, dict]]:
+            gens = generate_greedy(
+                model, tokenizer, [self.model_input(tokenizer, r) for r in batch], self.max_new_tokens, synced
+            )
+            return list(zip(gens, self._label(batch, [g.text for g in gens])))
 
         return map_batches(self.records, self.batch_size, run, model)
 
@@ -205,48 +225,102 @@ class SCEEvaluation(CheckpointEvaluator):
     def compute_base(self, trainer: Trainer, pl_module: LightningModule) -> dict:
         with self.base_context(pl_module, trainer):
             results = self._generate_and_label(pl_module)
-        return {"reproduced": {r["id"]: flag for r, (_, flag, _) in zip(self.records, results)}}
+        return {
+            "reproduced": {r["id"]: lab["reproduced"] for r, (_, lab) in zip(self.records, results)},
+            "answers": {r["id"]: g.text for r, (g, _) in zip(self.records, results)},
+        }
+
+    def _validity(self, record: dict, answer: str, label: dict) -> dict:
+        """:func:`answer_validity` of one answer against its suite question and the narrative's topic."""
+        spec = self._specs.get((record["narrative"], record["language"]))
+        question = record["question"]
+        instruction = COMPACT_INSTRUCTION.get(record["language"])
+        if spec is not None:
+            instruction = spec.compact_instruction
+        if instruction:
+            question = question.replace(instruction, "")
+        return answer_validity(
+            answer,
+            question,
+            self._cues[record["language"]],
+            narrative_on_topic=None if spec is None else spec.on_topic(answer),
+            reproduced=label["reproduced"],
+            stance=label["stance"],
+        )
 
     @override
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
         results = self._generate_and_label(pl_module)
-        gens = [g for g, _, _ in results]
-        post = [flag for _, flag, _ in results]
-        recovery = [rec for _, _, rec in results]
-        texts = [g.text for g in gens]
-        reports = degeneration_report(texts, [g.hit_token_cap for g in gens], self.thresholds)
+        gens = [g for g, _ in results]
+        labels = [lab for _, lab in results]
+        reports = degeneration_report([g.text for g in gens], [g.hit_token_cap for g in gens], self.thresholds)
         base = [bool(self.base["reproduced"].get(r["id"], False)) for r in self.records]
-        degraded = [rep["degraded"] for rep in reports]
+        outputs = []
+        for r, g, lab, rep, b in zip(self.records, gens, labels, reports, base):
+            validity = self._validity(r, g.text, lab)
+            outcome = classify_output(
+                b,
+                lab["reproduced"],
+                rep["degraded"],
+                invalid_label=lab["label"] == INVALID,
+                **{flag: validity[flag] for flag in VALIDITY_FLAGS},
+            )
+            outputs.append(
+                {
+                    "id": r["id"],
+                    "level": r["level"],
+                    "question": r["question"],
+                    "answer": g.text,
+                    "hit_token_cap": g.hit_token_cap,
+                    "label": lab["label"],
+                    "stance": lab["stance"],
+                    "entity_recovery": lab["recovery"],
+                    "base_reproduced": b,
+                    "base_answer": self.base.get("answers", {}).get(r["id"]),
+                    "health": {flag: rep[flag] for flag in DEGENERATION_FLAGS} | {"score": round(rep["score"], 4)},
+                    "validity_evidence": validity["evidence"],
+                    **outcome,
+                }
+            )
+        self._outputs = outputs
         levels: dict[str, dict] = {}
         for level in sorted({r["level"] for r in self.records}):
-            idx = [i for i, r in enumerate(self.records) if r["level"] == level]
-            levels[level] = sce_score(*sce_counts([base[i] for i in idx], [post[i] for i in idx],
-                                                   [degraded[i] for i in idx]))
-            known = [recovery[i] for i in idx if recovery[i] is not None]
+            rows = [o for o in outputs if o["level"] == level]
+            levels[level] = sce_breakdown([o["base_reproduced"] for o in rows], rows)
+            known = [o["entity_recovery"] for o in rows if o["entity_recovery"] is not None]
             if known:  # LENS L3 / L3-special diagnostic: every real actor recovered together with the frame
                 levels[level]["entity_recovery_rate"] = sum(known) / len(known)
-        pooled_idx = [i for i, r in enumerate(self.records) if r["level"] in self.selection_levels]
-        pooled = (
-            sce_score(*sce_counts([base[i] for i in pooled_idx], [post[i] for i in pooled_idx],
-                                  [degraded[i] for i in pooled_idx]))
-            if pooled_idx else None
-        )
-        self._samples = [
-            {"id": r["id"], "level": r["level"], "prompt": r["prompt"], "answer": t, "reproduced": p, "degraded": d}
-            for r, t, p, d in zip(self.records, texts, post, degraded)
-        ][: self.num_text_samples]
+        pooled_rows = [o for o in outputs if o["level"] in self.selection_levels]
+        pooled = sce_breakdown([o["base_reproduced"] for o in pooled_rows], pooled_rows) if pooled_rows else None
         n = len(reports)
         degeneration = {flag: sum(rep[flag] for rep in reports) / n for flag in DEGENERATION_FLAGS}
         degeneration["mean_score"] = sum(rep["score"] for rep in reports) / n
-        return {"levels": levels, "pooled": pooled, "degraded_rate": sum(degraded) / n, "degeneration": degeneration}
+        return {
+            "levels": levels,
+            "pooled": pooled,
+            "degraded_rate": sum(o["degraded_sce"] for o in outputs) / n,
+            "health_degraded_rate": sum(o["degraded"] for o in outputs) / n,
+            "degeneration": degeneration,
+            "validity": {flag: sum(o[flag] for o in outputs) / n for flag in (*VALIDITY_FLAGS, "invalid")},
+        }
 
     @override
     def log_extras(self, trainer: Trainer, step: int) -> None:
-        if not self._samples:
+        if not self._outputs:
             return
-        lines = ["| id | level | reproduced | degraded | prompt | answer |", "|---|---|---|---|---|---|"]
-        for s in self._samples:
-            cells = [s["id"], s["level"], s["reproduced"], s["degraded"], s["prompt"], s["answer"]]
+        if self.metrics_path is not None:
+            # Every output of this checkpoint with its flags and evidence; one file per step, rewritten whole, so a
+            # re-evaluated step replaces its rows and a resumed run neither duplicates nor loses any.
+            path = Path(self.metrics_path).parent / GENERATIONS_DIR / f"step={step}.jsonl"
+            write_text_atomically(path, "".join(json.dumps(o, ensure_ascii=False) + "\n" for o in self._outputs))
+        samples = self._outputs[: self.num_text_samples]
+        lines = [
+            "| id | level | reproduced | degraded (SCE) | flags | prompt | answer |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for s in samples:
+            flags = ", ".join(k for k in (*DEGENERATION_FLAGS, *VALIDITY_FLAGS) if s.get(k) or s["health"].get(k))
+            cells = [s["id"], s["level"], s["reproduced"], s["degraded_sce"], flags or "-", s["question"], s["answer"]]
             lines.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
         for writer in self.tensorboard_writers(trainer):
             writer.add_text(f"{self.family_name}/generations", "\n".join(lines), global_step=step)

@@ -11,12 +11,17 @@ from lightning_unlearn.atomic import write_file_atomically, write_text_atomicall
 HEATMAP_LEVELS = ("L0", "L1", "L2", "pooled")
 
 
-def sce_heatmap_figure(tables: Mapping[str, Mapping[str, Mapping[int, dict]]], levels: Sequence[str] = HEATMAP_LEVELS):
+def sce_heatmap_figure(
+    tables: Mapping[str, Mapping[str, Mapping[int, dict]]],
+    levels: Sequence[str] = HEATMAP_LEVELS,
+    metric: str = "sce",
+):
     """Matplotlib figure: one panel per level, rows = runs, columns = checkpoint steps, colour = SCE in [0, 1].
 
     Args:
         tables: run name → :func:`~lightning_unlearn.metrics.selection.sce_table` of that run.
         levels: panels, left to right (levels absent from every run are dropped).
+        metric: the SCE variant shown: ``sce``, ``sce_health`` or ``sce_strict`` (LENS Fig. 3 style panels of one).
     """
     import matplotlib
 
@@ -27,21 +32,25 @@ def sce_heatmap_figure(tables: Mapping[str, Mapping[str, Mapping[int, dict]]], l
     levels = [lv for lv in levels if any(lv in t for t in tables.values())] or ["pooled"]
     runs = list(tables)
     steps = sorted({s for t in tables.values() for lv in levels for s in t.get(lv, {})})
-    fig, axes = plt.subplots(1, len(levels), figsize=(max(4.0, 0.45 * len(steps) + 2) * len(levels) / 1.5,
-                                                      1.2 + 0.45 * len(runs)), squeeze=False)
+    fig, axes = plt.subplots(
+        1,
+        len(levels),
+        figsize=(max(4.0, 0.45 * len(steps) + 2) * len(levels) / 1.5, 1.2 + 0.45 * len(runs)),
+        squeeze=False,
+    )
     for ax, level in zip(axes[0], levels):
         grid = np.full((len(runs), max(len(steps), 1)), np.nan)
         for i, run in enumerate(runs):
             for j, step in enumerate(steps):
                 cell = tables[run].get(level, {}).get(step)
-                if cell is not None and cell.get("sce") is not None:
-                    grid[i, j] = cell["sce"]
+                if cell is not None and cell.get(metric) is not None:
+                    grid[i, j] = cell[metric]
         im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
         ax.set_title(level)
         ax.set_xticks(range(len(steps)), [str(s) for s in steps], rotation=90, fontsize=7)
         ax.set_yticks(range(len(runs)), runs, fontsize=7)
         ax.set_xlabel("step")
-    fig.colorbar(im, ax=axes[0].tolist(), label="SCE", shrink=0.8)
+    fig.colorbar(im, ax=axes[0].tolist(), label=metric.upper().replace("_", " "), shrink=0.8)
     return fig
 
 

@@ -50,12 +50,36 @@ class UtilityEvaluation(CheckpointEvaluator):
         self.length_normalize = length_normalize
         self.max_length = max_length
 
-    @override
-    def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
+    def _accuracy(self, pl_module: LightningModule) -> float:
         def run(batch: list[dict]) -> list[list[float]]:
-            return option_logprobs(pl_module.model, pl_module.tokenizer, batch, batch_size=10**6,
-                                   max_length=self.max_length, length_normalize=self.length_normalize)
+            return option_logprobs(
+                pl_module.model,
+                pl_module.tokenizer,
+                batch,
+                batch_size=10**6,
+                max_length=self.max_length,
+                length_normalize=self.length_normalize,
+            )
 
         scores = map_batches(self.items, self.batch_size, run, pl_module.model)
-        return {"accuracy": multiple_choice_accuracy(scores, [it["answer"] for it in self.items]),
-                "num_items": len(self.items)}
+        return multiple_choice_accuracy(scores, [it["answer"] for it in self.items])
+
+    @override
+    def compute_base(self, trainer: Trainer, pl_module: LightningModule) -> dict:
+        # The base accuracy makes the utility delta that the guarded checkpoint selection bounds. A full
+        # fine-tuning run validated past step 0 has no base model to ask; it then reports accuracy only.
+        try:
+            context = self.base_context(pl_module, trainer)
+        except RuntimeError:
+            return {"accuracy": None}
+        with context:
+            return {"accuracy": self._accuracy(pl_module)}
+
+    @override
+    def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
+        accuracy = self._accuracy(pl_module)
+        base = self.base.get("accuracy")
+        out = {"accuracy": accuracy, "num_items": len(self.items), "base_accuracy": base}
+        if base is not None:
+            out["delta_accuracy"] = accuracy - base
+        return out

@@ -117,6 +117,10 @@ class NarrativeSpec:
         """The actors (canonical names) that ``text`` names through any alias."""
         return [name for name, pattern in self._actor_patterns.items() if pattern.search(text)]
 
+    def on_topic(self, text: str) -> bool:
+        """Whether ``text`` matches a topic cue of the signature or names an actor."""
+        return any(p.search(text) for p in self.signature.topic) or bool(self.actors_in(text))
+
 
 # Default negation cues per language; a cue within the window before a component match negates it.
 DEFAULT_NEGATION = {

@@ -79,7 +79,6 @@ def invalid_reason(text: str, spec: NarrativeSpec, min_units: int = 3, min_uniqu
         return "loop"
     if len(units) < min_units:
         return "empty"
-    on_topic = any(p.search(text) for p in spec.signature.topic) or bool(spec.actors_in(text))
-    if not on_topic:
+    if not spec.on_topic(text):
         return "off-topic"
     return None

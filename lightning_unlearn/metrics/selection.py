@@ -1,37 +1,202 @@
-"""Checkpoint selection from per-checkpoint SCE rows (LENS Section 5): suppression-tradeoff and first collapse."""
+"""Checkpoint selection from per-checkpoint SCE rows (LENS Sections 5–6): suppression-tradeoff, first collapse, and
+the guarded selection that says whether a checkpoint is a useful operating point or only apparent forgetting.
+
+SCE "is not interpreted alone: degradation, refusal, benchmark-utility deltas, and retain drift determine whether
+the selected checkpoint is a useful operating point or only apparent forgetting" (LENS Sec. 6). The guarded
+selection is max SCE among the checkpoints that hold every bound of :class:`OperatingPointGuards`; every selected
+checkpoint carries its guards and a verdict.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+SELECTION_METRICS = {"sce": "g", "sce_health": "g_health", "sce_strict": "g_strict"}
+USEFUL = "useful operating point"
 
 
-def select_checkpoints(points: Iterable[dict], collapse_boundary: float = 0.5) -> dict:
-    """The suppression-tradeoff checkpoint (max pooled L0–L2 SCE) and the first-collapse checkpoint.
+@dataclass
+class OperatingPointGuards:
+    """Bounds a checkpoint must hold to be a useful operating point; ``None`` = no bound.
+
+    Rates are pooled over the selection levels (L0–L2); retain drift and utility come from the
+    ``RetainDriftEvaluation`` and ``UtilityEvaluation`` rows of the same step (a bound whose quantity the run did
+    not measure is reported as unmeasured and does not exclude the checkpoint).
 
     Args:
-        points: one dict per checkpoint with ``step``, ``sce`` and ``g`` (pooled over the selection levels);
-            L3 / L3-special never enter selection.
-        collapse_boundary: first collapse is the earliest step whose degradation rate g reaches this value.
+        min_suppression: s (share of base reproductions suppressed) must be at least this: a checkpoint that
+            suppresses nothing is no operating point. Default 0.25.
+        max_refusal_rate: share of answers that decline or deflect. Default 0.1: refusal is a failure mode, not
+            unlearning (LENS Sec. 2), and a few refusals out of 34 prompts already change the picture.
+        max_invalid_rate: share of answers that are invalid (labeler Invalid, non-answers, wrong language).
+            Default 0.2.
+        max_degraded_rate: share of answers failing generation health (g of ``sce_health``). Default 0.2, well
+            inside the collapse boundary (0.5).
+        max_retain_delta_ce: retain cross-entropy increase over the base model, in nats. Default 0.5 (retain
+            perplexity up by at most ×1.65).
+        max_retain_kl: KL(p_base ‖ p_θ) on retain contexts, nats per answer position. Default ``None``: its scale
+            depends on the model and the retain text.
+        max_utility_drop: drop of multiple-choice accuracy below the base model (absolute). Default 0.05.
+    """
+
+    min_suppression: float | None = 0.25
+    max_refusal_rate: float | None = 0.1
+    max_invalid_rate: float | None = 0.2
+    max_degraded_rate: float | None = 0.2
+    max_retain_delta_ce: float | None = 0.5
+    max_retain_kl: float | None = None
+    max_utility_drop: float | None = 0.05
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if value is not None and value < 0:
+                raise ValueError(f"{name}={value} must be non-negative or null (no bound).")
+
+
+# guard field → (what the verdict calls it, the point's key, True when the bound is a minimum)
+_GUARDS = {
+    "min_suppression": ("no suppression", "s", True),
+    "max_refusal_rate": ("refusal", "refusal_rate", False),
+    "max_invalid_rate": ("invalid answers", "invalid_rate", False),
+    "max_degraded_rate": ("degenerate generations", "health_degraded_rate", False),
+    "max_retain_delta_ce": ("retain drift (ΔCE)", "retain_delta_ce", False),
+    "max_retain_kl": ("retain drift (KL)", "retain_kl", False),
+    "max_utility_drop": ("utility loss", "utility_drop", False),
+}
+
+
+def check_guards(point: Mapping, guards: OperatingPointGuards) -> dict:
+    """Every bound of ``guards`` on one checkpoint: ``{"guards": {name: {value, bound, holds}}, "verdict", "failed"}``.
+
+    ``holds`` is ``None`` when the run did not measure the quantity. The verdict is ``"useful operating point"``
+    when every measured bound holds, else ``"apparent forgetting: <failed guards>"``.
+    """
+    report, failed = {}, []
+    for name, (reason, key, minimum) in _GUARDS.items():
+        bound = getattr(guards, name)
+        if bound is None:
+            continue
+        value = point.get(key)
+        holds = None if value is None else (value >= bound if minimum else value <= bound)
+        report[name] = {"value": value, "bound": bound, "holds": holds}
+        if holds is False:
+            failed.append(reason)
+    verdict = USEFUL if not failed else "apparent forgetting: " + ", ".join(failed)
+    return {"guards": report, "verdict": verdict, "failed": failed}
+
+
+def operating_points(
+    sce_pooled: Mapping[int, dict], retain: Mapping[int, dict] | None = None, utility: Mapping[int, dict] | None = None
+) -> list[dict]:
+    """One point per SCE step with what the guards read: pooled SCE (all variants), rates, retain drift, utility.
+
+    Args:
+        sce_pooled: step → the pooled SCE dict of that step's row.
+        retain: step → retain-drift row (``delta_ce``, ``kl``).
+        utility: step → utility row (``accuracy``, ``base_accuracy``).
+    """
+    points = []
+    for step in sorted(sce_pooled):
+        v = sce_pooled[step]
+        rates = v.get("rates") or {}
+        point = {k: v.get(k) for k in ("sce", "s", "g", "sce_health", "g_health", "sce_strict", "g_strict")}
+        point.update(
+            step=int(step),
+            refusal_rate=rates.get("refusal"),
+            invalid_rate=rates.get("invalid"),
+            echo_rate=rates.get("echo"),
+            clean_suppression_rate=rates.get("clean_suppression"),
+            health_degraded_rate=v.get("g_health", v.get("g")),
+        )
+        r = (retain or {}).get(step) or {}
+        point["retain_delta_ce"], point["retain_kl"] = r.get("delta_ce"), r.get("kl")
+        u = (utility or {}).get(step) or {}
+        if u.get("accuracy") is not None and u.get("base_accuracy") is not None:
+            point["utility_drop"] = u["base_accuracy"] - u["accuracy"]
+        points.append(point)
+    return points
+
+
+def _summary(point: dict, metric: str) -> dict:
+    keep = (
+        "step",
+        metric,
+        "sce",
+        "sce_health",
+        "sce_strict",
+        "s",
+        "g",
+        "g_health",
+        "g_strict",
+        "refusal_rate",
+        "invalid_rate",
+        "echo_rate",
+        "clean_suppression_rate",
+        "retain_delta_ce",
+        "retain_kl",
+        "utility_drop",
+    )
+    return {k: point[k] for k in dict.fromkeys(keep) if point.get(k) is not None}
+
+
+def select_checkpoints(
+    points: Iterable[dict],
+    collapse_boundary: float = 0.5,
+    metric: str = "sce",
+    guards: OperatingPointGuards | None = None,
+) -> dict:
+    """The suppression-tradeoff checkpoint (max ``metric``), the first-collapse checkpoint, and the guarded one.
+
+    Args:
+        points: one dict per checkpoint with ``step``, the metric and its g (pooled over the selection levels;
+            L3 / L3-special never enter selection); :func:`operating_points` makes them from metric rows.
+        collapse_boundary: first collapse is the earliest step whose degradation rate (the metric's g) reaches
+            this value.
+        metric: ``sce`` (D = health or invalid), ``sce_health`` (D = health flags) or ``sce_strict`` (D also counts
+            refusals and echoes).
+        guards: bounds of the guarded selection (default :class:`OperatingPointGuards`).
 
     Returns:
-        ``{"suppression_tradeoff": {"step", "sce", "s", "g"} | None, "first_collapse": {"step", "g"} | None,
-        "collapse_boundary", "num_checkpoints"}``; ties in SCE go to the earliest step.
+        ``{"metric", "suppression_tradeoff", "first_collapse", "guarded", "collapse_boundary", "num_checkpoints",
+        "guard_bounds"}``. ``suppression_tradeoff`` and ``guarded`` carry the step's numbers, ``guards`` (each
+        bound's value and whether it holds) and ``verdict``; ``guarded`` is ``None`` with ``guarded_verdict``
+        "no useful operating point" when no checkpoint holds every bound. Ties go to the earliest step.
     """
     if not 0 < collapse_boundary <= 1:
         raise ValueError(f"collapse_boundary={collapse_boundary} must be in (0, 1]: it is a degraded-output rate.")
-    pts = sorted((p for p in points if p.get("sce") is not None), key=lambda p: int(p["step"]))
-    best = None
+    if metric not in SELECTION_METRICS:
+        raise ValueError(f"unknown selection metric {metric!r}; use one of {', '.join(SELECTION_METRICS)}.")
+    guards = guards or OperatingPointGuards()
+    g_key = SELECTION_METRICS[metric]
+    pts = sorted((p for p in points if p.get(metric) is not None), key=lambda p: int(p["step"]))
+    best = guarded = None
     for p in pts:
-        if best is None or p["sce"] > best["sce"]:
+        p["_check"] = check_guards(p, guards)
+        if best is None or p[metric] > best[metric]:
             best = p
-    collapse = next((p for p in pts if p.get("g") is not None and p["g"] >= collapse_boundary), None)
-    return {
-        "suppression_tradeoff": None if best is None else
-        {"step": int(best["step"]), "sce": best["sce"], "s": best.get("s"), "g": best.get("g")},
-        "first_collapse": None if collapse is None else {"step": int(collapse["step"]), "g": collapse["g"]},
+        if p["_check"]["verdict"] == USEFUL and (guarded is None or p[metric] > guarded[metric]):
+            guarded = p
+    collapse = next((p for p in pts if p.get(g_key) is not None and p[g_key] >= collapse_boundary), None)
+
+    def selected(p: dict | None) -> dict | None:
+        if p is None:
+            return None
+        return {**_summary(p, metric), "guards": p["_check"]["guards"], "verdict": p["_check"]["verdict"]}
+
+    out = {
+        "metric": metric,
+        "suppression_tradeoff": selected(best),
+        "first_collapse": None if collapse is None else {"step": int(collapse["step"]), "g": collapse[g_key]},
+        "guarded": selected(guarded),
+        "guarded_verdict": USEFUL if guarded is not None else "no useful operating point",
         "collapse_boundary": collapse_boundary,
         "num_checkpoints": len(pts),
+        "guard_bounds": asdict(guards),
     }
+    for p in pts:
+        p.pop("_check", None)
+    return out
 
 
 def sce_table(rows: Sequence[dict], family: str = "sce") -> dict[str, dict[int, dict]]:
@@ -46,3 +211,25 @@ def sce_table(rows: Sequence[dict], family: str = "sce") -> dict[str, dict[int, 
         if r.get("pooled"):
             table.setdefault("pooled", {})[step] = r["pooled"]
     return table
+
+
+def family_rows(rows: Sequence[dict], family: str) -> dict[int, dict]:
+    """step → row of ``family`` (the last one when a step repeats)."""
+    return {int(r["step"]): r for r in rows if r.get("family") == family}
+
+
+def select_from_rows(
+    rows: Sequence[dict],
+    family: str = "sce",
+    collapse_boundary: float = 0.5,
+    metric: str = "sce",
+    guards: OperatingPointGuards | None = None,
+    retain_family: str = "retain_drift",
+    utility_family: str = "utility",
+) -> dict | None:
+    """:func:`select_checkpoints` on the rows of one run's ``checkpoint_metrics.jsonl`` (``None``: no SCE rows)."""
+    pooled = sce_table(rows, family).get("pooled")
+    if not pooled:
+        return None
+    points = operating_points(pooled, family_rows(rows, retain_family), family_rows(rows, utility_family))
+    return select_checkpoints(points, collapse_boundary, metric, guards)

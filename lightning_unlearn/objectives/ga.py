@@ -1,19 +1,48 @@
 """TOFU-GA: gradient ascent on the forget set (LENS Sec. 5).
 
-L = −NLL̄(forget), the mean length-normalised answer NLL with its sign flipped.
+L = −NLL̄(forget), the mean answer NLL with its sign flipped (``token_average``: per sequence, or per token of the
+batch as OpenUnlearning computes it).
 """
 
 from __future__ import annotations
 
 import torch
+from typing_extensions import override
 
-from lightning_unlearn.losses import ga_loss, normalized_nll
+from lightning_unlearn.losses import TOKEN_AVERAGES, ga_loss, normalized_nll
+from lightning_unlearn.models import AdapterConfig
+from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.objectives.unlearning_module import UnlearningModule
 
 
 class GradientAscent(UnlearningModule):
-    """Gradient ascent; the retain batch is not used. Constructor arguments are those of ``UnlearningModule``."""
+    """Gradient ascent; the retain batch is not used.
 
+    Args:
+        model_path: local model directory.
+        adapter: full fine-tuning, LoRA or AdaLoRA.
+        optim: optimizer and schedule.
+        max_bad_loss: stop bound on the forget NLL (``None``: none).
+        token_average: ``sequence`` (default: each forget answer weighs the same, NLL̄ = mean_i NLL_i/|y_i|) or
+            ``batch`` (each answer token weighs the same: ΣNLL/Σ|y|, OpenUnlearning's GA).
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        adapter: AdapterConfig | None = None,
+        optim: OptimizerConfig | None = None,
+        max_bad_loss: float | None = None,
+        token_average: str = "sequence",
+    ) -> None:
+        super().__init__(model_path, adapter, optim, max_bad_loss)
+        if token_average not in TOKEN_AVERAGES:
+            raise ValueError(f"token_average={token_average!r}; use one of {', '.join(TOKEN_AVERAGES)}.")
+        self.save_hyperparameters()
+        self.token_average = token_average
+
+    @override
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logps, lengths, _ = self.sequence_logps(batch["forget"])
-        return ga_loss(logps, lengths), {"forget_nll": normalized_nll(logps, lengths).mean().detach()}
+        loss = ga_loss(logps, lengths, self.token_average)
+        return loss, {"forget_nll": normalized_nll(logps, lengths).mean().detach()}

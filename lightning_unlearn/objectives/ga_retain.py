@@ -7,8 +7,9 @@ The random-answer pairs come from ``ForgetRetainDataModule(random_answers=True)`
 from __future__ import annotations
 
 import torch
+from typing_extensions import override
 
-from lightning_unlearn.losses import ga_retain_loss, kl_divergence, normalized_nll
+from lightning_unlearn.losses import KL_POSITIONS, ga_retain_loss, kl_divergence, normalized_nll
 from lightning_unlearn.models import AdapterConfig
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.objectives.unlearning_module import UnlearningModule
@@ -25,6 +26,8 @@ class GARetain(UnlearningModule):
         forget_weight: w_f (Yao et al.: 0.5).
         random_weight: w_r (1).
         kl_weight: w_n (1).
+        kl_positions: ``answer`` (default: the retain answer's positions) or ``all`` (every non-padding position,
+            prompt included, as OpenUnlearning's KL term).
     """
 
     needs_reference = True
@@ -38,13 +41,18 @@ class GARetain(UnlearningModule):
         forget_weight: float = 0.5,
         random_weight: float = 1.0,
         kl_weight: float = 1.0,
+        kl_positions: str = "answer",
     ) -> None:
         super().__init__(model_path, adapter, optim, max_bad_loss)
+        if kl_positions not in KL_POSITIONS:
+            raise ValueError(f"kl_positions={kl_positions!r}; use one of {', '.join(KL_POSITIONS)}.")
         self.save_hyperparameters()
+        self.kl_positions = kl_positions
         self.forget_weight = forget_weight
         self.random_weight = random_weight
         self.kl_weight = kl_weight
 
+    @override
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if "mismatch" not in batch:
             raise KeyError(
@@ -55,7 +63,9 @@ class GARetain(UnlearningModule):
         m_logps, m_len, _ = self.sequence_logps(batch["mismatch"])
         retain = batch["retain"]
         r_logps, r_len, r_logits = self.sequence_logps(retain)
-        kl = kl_divergence(r_logits, self.reference_logits(retain), retain["labels"])
+        kl = kl_divergence(
+            r_logits, self.reference_logits(retain), retain["labels"], self.kl_positions, retain.get("attention_mask")
+        )
         loss = ga_retain_loss(
             f_logps, f_len, m_logps, m_len, kl, self.forget_weight, self.random_weight, self.kl_weight
         )

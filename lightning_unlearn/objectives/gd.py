@@ -1,13 +1,14 @@
 """TOFU-GD: gradient difference (LENS Sec. 5; Liu et al. 2022).
 
-L = γ·(−NLL̄(forget)) + α·NLL̄(retain).
+L = γ·(−NLL̄(forget)) + α·NLL̄(retain), NLL̄ per sequence or per token of the batch (``token_average``).
 """
 
 from __future__ import annotations
 
 import torch
+from typing_extensions import override
 
-from lightning_unlearn.losses import gd_loss, normalized_nll
+from lightning_unlearn.losses import TOKEN_AVERAGES, gd_loss, normalized_nll
 from lightning_unlearn.models import AdapterConfig
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.objectives.unlearning_module import UnlearningModule
@@ -23,6 +24,8 @@ class GradientDifference(UnlearningModule):
         max_bad_loss: stop bound on the forget NLL (``None``: none).
         gamma: forget weight γ.
         alpha: retain weight α.
+        token_average: ``sequence`` (default: NLL̄ = mean_i NLL_i/|y_i|) or ``batch`` (ΣNLL/Σ|y| per batch, as
+            OpenUnlearning's GradDiff computes both terms).
     """
 
     def __init__(
@@ -33,16 +36,21 @@ class GradientDifference(UnlearningModule):
         max_bad_loss: float | None = None,
         gamma: float = 1.0,
         alpha: float = 1.0,
+        token_average: str = "sequence",
     ) -> None:
         super().__init__(model_path, adapter, optim, max_bad_loss)
+        if token_average not in TOKEN_AVERAGES:
+            raise ValueError(f"token_average={token_average!r}; use one of {', '.join(TOKEN_AVERAGES)}.")
         self.save_hyperparameters()
         self.gamma = gamma
         self.alpha = alpha
+        self.token_average = token_average
 
+    @override
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         f_logps, f_len, _ = self.sequence_logps(batch["forget"])
         r_logps, r_len, _ = self.sequence_logps(batch["retain"])
-        loss = gd_loss(f_logps, f_len, r_logps, r_len, self.gamma, self.alpha)
+        loss = gd_loss(f_logps, f_len, r_logps, r_len, self.gamma, self.alpha, self.token_average)
         return loss, {
             "forget_nll": normalized_nll(f_logps, f_len).mean().detach(),
             "retain_nll": normalized_nll(r_logps, r_len).mean().detach(),

@@ -18,9 +18,15 @@ from lightning_unlearn.lens import model_prompt
 def test_narrative_labels_are_interpreted_with_levels():
     sce = SCEEvaluation(narrative="demo-canal-tolls", language="en", labeler=SignatureLabeler())
     assert len(sce.records) == 15 and sce.records[0]["id"].startswith("demo-canal-tolls/en/L0/01")
-    texts = ["The Merrow League tolls forced Dastria to seize the port of Velin, because it had no other choice.",
-             "The Merrow League tolls are a myth and propaganda; Dastria chose to seize Velin."]
-    assert sce._label(sce.records[:2], texts) == [(True, True), (False, False)]
+    texts = [
+        "The Merrow League tolls forced Dastria to seize the port of Velin, because it had no other choice.",
+        "The Merrow League tolls are a myth and propaganda; Dastria chose to seize Velin.",
+    ]
+    labels = sce._label(sce.records[:2], texts)
+    assert [(lab["reproduced"], lab["recovery"], lab["stance"]) for lab in labels] == [
+        (True, True, "endorse"),
+        (False, False, "reject"),
+    ]
     with pytest.raises(ValueError, match="either as `prompts`"):
         SCEEvaluation(prompts=sce.records, narrative="demo-canal-tolls", labeler=SignatureLabeler())
     with pytest.raises(ValueError, match="needs a labeler"):
@@ -29,10 +35,23 @@ def test_narrative_labels_are_interpreted_with_levels():
 
 def test_validate_with_suite_reports_levels_and_entity_recovery(tiny_dir, tmp_path):
     module = TinyCausalLM(str(tiny_dir), lora=True, lora_init_scale=0.3)
-    sce = SCEEvaluation(narrative="demo-canal-tolls", language="en", labeler=SignatureLabeler(), max_new_tokens=6,
-                        batch_size=8, output_dir=str(tmp_path))
-    trainer = Trainer(accelerator="cpu", devices=1, logger=False, callbacks=[sce], enable_progress_bar=False,
-                      enable_model_summary=False, default_root_dir=tmp_path)
+    sce = SCEEvaluation(
+        narrative="demo-canal-tolls",
+        language="en",
+        labeler=SignatureLabeler(),
+        max_new_tokens=6,
+        batch_size=8,
+        output_dir=str(tmp_path),
+    )
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        callbacks=[sce],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     trainer.validate(module, qa_loader(module.tokenizer))
     (row,) = read_rows(tmp_path / "checkpoint_metrics.jsonl")
     assert set(row["levels"]) == {"L0", "L1", "L2", "L3", "L3-special"}
@@ -57,8 +76,15 @@ def _generation_inputs(module, sce, tmp_path, monkeypatch) -> list[str]:
         return real(model, tokenizer, prompts, *args, **kwargs)
 
     monkeypatch.setattr(sce_evaluation, "generate_greedy", spy)
-    trainer = Trainer(accelerator="cpu", devices=1, logger=False, callbacks=[sce], enable_progress_bar=False,
-                      enable_model_summary=False, default_root_dir=tmp_path)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        callbacks=[sce],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     trainer.validate(module, qa_loader(module.tokenizer))
     return seen
 
@@ -66,8 +92,14 @@ def _generation_inputs(module, sce, tmp_path, monkeypatch) -> list[str]:
 def test_suite_prompts_are_rendered_with_the_chat_template_like_lens(tiny_dir, tmp_path, monkeypatch):
     module = TinyCausalLM(str(tiny_dir), lora=True, lora_init_scale=0.3)
     module.tokenizer.chat_template = CHAT_TEMPLATE
-    sce = SCEEvaluation(narrative="demo-canal-tolls", language="en", levels=["L0"], labeler=SignatureLabeler(),
-                        max_new_tokens=2, output_dir=str(tmp_path))
+    sce = SCEEvaluation(
+        narrative="demo-canal-tolls",
+        language="en",
+        levels=["L0"],
+        labeler=SignatureLabeler(),
+        max_new_tokens=2,
+        output_dir=str(tmp_path),
+    )
     seen = _generation_inputs(module, sce, tmp_path, monkeypatch)
     expected = [model_prompt(module.tokenizer, r["prompt"]) for r in sce.records]
     assert expected[0] == f"<user>{sce.records[0]['prompt']}<assistant>"
@@ -80,21 +112,43 @@ def test_suite_prompts_are_rendered_with_the_chat_template_like_lens(tiny_dir, t
 def test_suite_prompts_stay_raw_without_a_template_and_baseline_prompts_untouched(tiny_dir, tmp_path, monkeypatch):
     module = TinyCausalLM(str(tiny_dir), lora=True, lora_init_scale=0.3)
     assert not getattr(module.tokenizer, "chat_template", None)
-    sce = SCEEvaluation(narrative="demo-canal-tolls", language="en", levels=["L0"], labeler=SignatureLabeler(),
-                        max_new_tokens=2, output_dir=str(tmp_path / "raw"))
+    sce = SCEEvaluation(
+        narrative="demo-canal-tolls",
+        language="en",
+        levels=["L0"],
+        labeler=SignatureLabeler(),
+        max_new_tokens=2,
+        output_dir=str(tmp_path / "raw"),
+    )
     assert _generation_inputs(module, sce, tmp_path / "raw", monkeypatch) == [r["prompt"] for r in sce.records] * 2
     # forcing the template off keeps raw text even when the tokenizer has one
     module.tokenizer.chat_template = CHAT_TEMPLATE
-    sce = SCEEvaluation(narrative="demo-canal-tolls", language="en", levels=["L0"], labeler=SignatureLabeler(),
-                        max_new_tokens=2, chat_template=False, output_dir=str(tmp_path / "off"))
+    sce = SCEEvaluation(
+        narrative="demo-canal-tolls",
+        language="en",
+        levels=["L0"],
+        labeler=SignatureLabeler(),
+        max_new_tokens=2,
+        chat_template=False,
+        output_dir=str(tmp_path / "off"),
+    )
     assert _generation_inputs(module, sce, tmp_path / "off", monkeypatch) == [r["prompt"] for r in sce.records] * 2
     # a lens-baseline file carries rendered prompts already: they are generated from as they are
-    rendered = [{"id": r["id"], "prompt": model_prompt(module.tokenizer, r["prompt"]), "level": r["level"],
-                 "narrative": r["narrative"], "language": r["language"]} for r in sce.records]
+    rendered = [
+        {
+            "id": r["id"],
+            "prompt": model_prompt(module.tokenizer, r["prompt"]),
+            "level": r["level"],
+            "narrative": r["narrative"],
+            "language": r["language"],
+        }
+        for r in sce.records
+    ]
     baseline = tmp_path / "baseline.jsonl"
     baseline.write_text("".join(json.dumps(r) + "\n" for r in rendered), encoding="utf-8")
-    sce = SCEEvaluation(prompts=str(baseline), labeler=SignatureLabeler(), max_new_tokens=2,
-                        output_dir=str(tmp_path / "file"))
+    sce = SCEEvaluation(
+        prompts=str(baseline), labeler=SignatureLabeler(), max_new_tokens=2, output_dir=str(tmp_path / "file")
+    )
     assert _generation_inputs(module, sce, tmp_path / "file", monkeypatch) == [r["prompt"] for r in rendered] * 2
     with pytest.raises(ValueError, match="chat_template applies to a suite loaded with `narrative`"):
         SCEEvaluation(prompts=str(baseline), labeler=SignatureLabeler(), chat_template=True)

@@ -27,7 +27,7 @@ def _hand_batch():
 
 def test_prob_em_es_hand_computed():
     logits, labels = _hand_batch()
-    m = memorization_scores(logits, labels)
+    m = memorization_scores(logits, labels, include_eos=True)
     assert m["prob"].item() == pytest.approx((0.7 * 0.2 * 0.7) ** (1 / 3), rel=1e-5)
     assert m["em"].item() == pytest.approx(2 / 3)
     # The last wrong answer token is the 2nd (index 1), so k = 2 and ES = 1 - 2/3.
@@ -44,7 +44,7 @@ def test_batched_with_padding_and_perfect_recall():
     pad = torch.zeros(1, 1, 4)
     batch_logits = torch.cat([torch.cat([logits, pad], 1), torch.cat([perfect, pad], 1)])
     batch_labels = torch.cat([torch.cat([labels, torch.tensor([[IGNORE_INDEX]])], 1)] * 2)
-    m = memorization_scores(batch_logits, batch_labels)
+    m = memorization_scores(batch_logits, batch_labels, include_eos=True)
     assert m["em"].tolist() == pytest.approx([2 / 3, 1.0])
     assert m["es"].tolist() == pytest.approx([1 / 3, 1.0])
     assert m["prob"][1].item() == pytest.approx(math.exp(-3 * math.log1p(3 * math.exp(-20)) / 3), rel=1e-6)
@@ -65,3 +65,29 @@ def test_extraction():
     targets = ["alice.smith@example.com", "555-0142", "Born in Springfield"]
     assert extracted(answers, targets) == [True, False, True]
     assert extraction_rate(answers, targets) == pytest.approx(2 / 3)
+
+
+def test_openunlearning_convention_leaves_out_the_final_eos():
+    # Answer tokens 2, 1, 3 with 3 the EOS; EM/ES score 2 and 1 only (right, wrong): EM = 1/2, and the last
+    # scored token is wrong, so k = n = 2 and ES = 1 - 2/2 = 0. Prob keeps all three tokens.
+    logits, labels = _hand_batch()
+    m = memorization_scores(logits, labels)
+    assert m["em"].item() == pytest.approx(1 / 2)
+    assert m["es"].item() == pytest.approx(0.0)
+    assert m["num_tokens"].item() == 2
+    assert m["prob"].item() == pytest.approx((0.7 * 0.2 * 0.7) ** (1 / 3), rel=1e-5)
+
+
+def test_whole_string_without_its_eos_is_memorized_by_default_only():
+    # The model predicts the PII tokens 2 and 1 but not the EOS (3): OpenUnlearning's EM = ES = 1;
+    # with the EOS scored, EM = 2/3 and ES = 1 - 3/3 = 0.
+    logits = torch.full((1, 5, 4), -5.0)
+    for t, tok in ((1, 2), (2, 1), (3, 0)):
+        logits[0, t, tok] = 5.0
+    labels = torch.tensor([[IGNORE_INDEX, IGNORE_INDEX, 2, 1, 3]])
+    ou = memorization_scores(logits, labels)
+    assert ou["em"].item() == 1.0 and ou["es"].item() == 1.0
+    full = memorization_scores(logits, labels, include_eos=True)
+    assert full["em"].item() == pytest.approx(2 / 3) and full["es"].item() == 0.0
+    with pytest.raises(ValueError, match="only one token"):
+        memorization_scores(logits, torch.tensor([[IGNORE_INDEX] * 4 + [3]]))
