@@ -21,6 +21,7 @@ EXTRA_COMMANDS: dict[str, str] = {
     "lens-label": "lightning_unlearn.lens:label_main",
     "lens-calibrate": "lightning_unlearn.lens:calibrate_main",
     "lens-summary": "lightning_unlearn.trajectory_summary:main",
+    "lens-rescore": "lightning_unlearn.workflows.lens.rescore:main",
     "smollm2": "lightning_unlearn.smollm2:main",
     "lacuna": "lightning_unlearn.lacuna:main",
     "lacuna-localization": "lightning_unlearn.localization:main",

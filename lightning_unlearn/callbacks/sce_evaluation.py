@@ -251,12 +251,34 @@ class SCEEvaluation(CheckpointEvaluator):
     @override
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
         results = self._generate_and_label(pl_module)
-        gens = [g for g, _ in results]
-        labels = [lab for _, lab in results]
-        reports = degeneration_report([g.text for g in gens], [g.hit_token_cap for g in gens], self.thresholds)
         base = [bool(self.base["reproduced"].get(r["id"], False)) for r in self.records]
+        base_answers = [self.base.get("answers", {}).get(r["id"]) for r in self.records]
+        self._outputs, metrics = self.score([g for g, _ in results], [lab for _, lab in results], base, base_answers)
+        return metrics
+
+    def score(
+        self,
+        gens: Sequence[Generation],
+        labels: Sequence[dict],
+        base: Sequence[bool],
+        base_answers: Sequence[str | None] | None = None,
+    ) -> tuple[list[dict], dict]:
+        """Per-output flags and the checkpoint's metrics from its generations and labels (no model needed).
+
+        Args:
+            gens: one generation per record, in record order.
+            labels: :meth:`_interpret` of each generation's label.
+            base: per record, the base answer was Reproduced.
+            base_answers: per record, the base answer (kept in the output rows for reading them side by side).
+
+        Returns:
+            ``(outputs, metrics)``: one row per record (answer, label, health and validity flags with evidence,
+            :func:`classify_output`), and the row :meth:`compute` returns.
+        """
+        reports = degeneration_report([g.text for g in gens], [g.hit_token_cap for g in gens], self.thresholds)
+        base_answers = list(base_answers) if base_answers is not None else [None] * len(gens)
         outputs = []
-        for r, g, lab, rep, b in zip(self.records, gens, labels, reports, base):
+        for r, g, lab, rep, b, base_answer in zip(self.records, gens, labels, reports, base, base_answers):
             validity = self._validity(r, g.text, lab)
             outcome = classify_output(
                 b,
@@ -269,6 +291,8 @@ class SCEEvaluation(CheckpointEvaluator):
                 {
                     "id": r["id"],
                     "level": r["level"],
+                    "narrative": r["narrative"],
+                    "language": r["language"],
                     "question": r["question"],
                     "answer": g.text,
                     "hit_token_cap": g.hit_token_cap,
@@ -276,13 +300,12 @@ class SCEEvaluation(CheckpointEvaluator):
                     "stance": lab["stance"],
                     "entity_recovery": lab["recovery"],
                     "base_reproduced": b,
-                    "base_answer": self.base.get("answers", {}).get(r["id"]),
+                    "base_answer": base_answer,
                     "health": {flag: rep[flag] for flag in DEGENERATION_FLAGS} | {"score": round(rep["score"], 4)},
                     "validity_evidence": validity["evidence"],
                     **outcome,
                 }
             )
-        self._outputs = outputs
         levels: dict[str, dict] = {}
         for level in sorted({r["level"] for r in self.records}):
             rows = [o for o in outputs if o["level"] == level]
@@ -295,7 +318,7 @@ class SCEEvaluation(CheckpointEvaluator):
         n = len(reports)
         degeneration = {flag: sum(rep[flag] for rep in reports) / n for flag in DEGENERATION_FLAGS}
         degeneration["mean_score"] = sum(rep["score"] for rep in reports) / n
-        return {
+        return outputs, {
             "levels": levels,
             "pooled": pooled,
             "degraded_rate": sum(o["degraded_sce"] for o in outputs) / n,

@@ -1,0 +1,129 @@
+"""Re-score a finished (or running) LENS trajectory from its saved generations, without a model.
+
+``SCEEvaluation`` writes every answer of every checkpoint to ``<log_dir>/sce_generations/step=N.jsonl``. This
+command labels them again with the current labeler and answer-validity cues, recomputes every SCE variant per level,
+replaces the ``sce`` rows of ``checkpoint_metrics.jsonl`` (other families are kept), and rewrites the step files,
+``selection.json`` and ``sce_heatmap.png`` — so a new detector, cue or labeler reaches old runs without
+regenerating a single answer (the generations are deterministic given the weights, so the result equals a re-run).
+
+    lightning-unlearn lens-rescore runs/lens/smollm2/nato-forced-war-en/npo/trajectory
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from lightning_unlearn.atomic import write_text_atomically
+from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, merge_rows, read_rows
+from lightning_unlearn.callbacks.checkpoint_selection import HEATMAP_FILE, SELECTION_FILE
+from lightning_unlearn.callbacks.sce_evaluation import GENERATIONS_DIR, SCEEvaluation
+from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_figure, write_json
+from lightning_unlearn.labelers import SignatureLabeler
+from lightning_unlearn.metrics.generation import Generation
+from lightning_unlearn.metrics.selection import OperatingPointGuards, sce_table, select_from_rows
+
+log = logging.getLogger("lightning_unlearn")
+
+
+def _step_files(run_dir: Path) -> dict[int, Path]:
+    folder = run_dir / GENERATIONS_DIR
+    files = {int(p.stem.removeprefix("step=")): p for p in folder.glob("step=*.jsonl")}
+    if not files:
+        raise FileNotFoundError(
+            f"no {GENERATIONS_DIR}/step=N.jsonl under {str(run_dir)!r}: re-scoring needs a run evaluated by "
+            "SCEEvaluation with this version (it writes every answer of every checkpoint there)."
+        )
+    return dict(sorted(files.items()))
+
+
+def rescore(
+    run_dir: str,
+    prompts: str | None = None,
+    family: str = "sce",
+    collapse_boundary: float = 0.5,
+    metric: str = "sce",
+    guards: OperatingPointGuards | None = None,
+    validity_cues_dir: str | None = None,
+) -> dict:
+    """Re-label and re-score every saved checkpoint generation of one run; returns the new selection.
+
+    Args:
+        run_dir: the run's log directory (holding ``checkpoint_metrics.jsonl`` and ``sce_generations/``).
+        prompts: the suite file the run was evaluated on (e.g. its ``baseline.jsonl``), for generation rows that
+            predate the ``narrative``/``language`` fields; default: the rows' own fields.
+        family: the SCE rows' metric family.
+        collapse_boundary: degraded rate marking first collapse.
+        metric: selection metric: ``sce``, ``sce_health`` or ``sce_strict``.
+        guards: bounds of the guarded selection.
+        validity_cues_dir: a folder of per-language answer-validity cue files (default: the shipped ones).
+    """
+    root = Path(run_dir)
+    if not (root / METRICS_FILE).is_file():
+        raise FileNotFoundError(f"{str(root / METRICS_FILE)!r} does not exist; pass the run's log directory.")
+    files = _step_files(root)
+    first = [json.loads(line) for line in files[next(iter(files))].read_text(encoding="utf-8").splitlines() if line]
+    known = {}
+    if prompts is not None:
+        known = {str(r["id"]): r for r in (json.loads(x) for x in Path(prompts).read_text().splitlines() if x)}
+    records = []
+    for o in first:
+        extra = known.get(o["id"], {})
+        records.append(
+            {
+                "id": o["id"],
+                "level": o["level"],
+                "prompt": o["question"],
+                "question": extra.get("question") or o["question"],
+                "narrative": o.get("narrative") or extra.get("narrative", ""),
+                "language": o.get("language") or extra.get("language", "en"),
+            }
+        )
+    unknown = [r["id"] for r in records if not r["narrative"]]
+    if unknown:
+        raise ValueError(
+            f"the generation rows of {str(root)!r} name no narrative (e.g. {unknown[0]!r}), so they cannot be "
+            "labeled; pass --prompts with the suite file the run was evaluated on (its baseline.jsonl)."
+        )
+    sce = SCEEvaluation(prompts=records, labeler=SignatureLabeler(), validity_cues_dir=validity_cues_dir)
+    rows = {int(r["step"]): r for r in read_rows(root / METRICS_FILE) if r.get("family") == family}
+    base_answers = [o.get("base_answer") or "" for o in first]
+    base = [lab["reproduced"] for lab in sce._label(sce.records, base_answers)]
+    new_rows = []
+    for step, path in files.items():
+        outs = {o["id"]: o for o in (json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x)}
+        missing = [r["id"] for r in sce.records if r["id"] not in outs]
+        if missing:
+            raise ValueError(f"{path} lacks answers for {missing[:3]}…; it is not from the same suite.")
+        gens = [Generation(outs[r["id"]]["answer"], 0, bool(outs[r["id"]]["hit_token_cap"])) for r in sce.records]
+        labels = sce._label(sce.records, [g.text for g in gens])
+        outputs, metrics = sce.score(gens, labels, base, base_answers)
+        write_text_atomically(path, "".join(json.dumps(o, ensure_ascii=False) + "\n" for o in outputs))
+        old = rows.get(step, {"step": step, "family": family})
+        new_rows.append({**{k: old[k] for k in ("step", "family", "epoch", "fn", "seconds") if k in old}, **metrics})
+        log.info(
+            "rescored step %d: sce %.3f (health %.3f, strict %.3f)",
+            step,
+            metrics["pooled"]["sce"],
+            metrics["pooled"]["sce_health"],
+            metrics["pooled"]["sce_strict"],
+        )
+    all_rows = merge_rows(root / METRICS_FILE, new_rows)
+    selection = select_from_rows(all_rows, family, collapse_boundary, metric, guards)
+    write_json(root / SELECTION_FILE, selection)
+    fig = sce_heatmap_figure({root.parent.name or "run": sce_table(all_rows, family)}, metric=metric)
+    save_figure(fig, root / HEATMAP_FILE)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return selection
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``lightning-unlearn lens-rescore RUN_DIR``: re-score saved generations; prints the selection as JSON."""
+    from jsonargparse import auto_cli
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    selection = auto_cli(rescore, args=argv, as_positional=True)
+    print(json.dumps(selection, indent=1, ensure_ascii=False))
