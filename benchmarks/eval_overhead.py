@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from lightning_unlearn.callbacks import SCEEvaluation  # noqa: E402
 from lightning_unlearn.callbacks.checkpoint_metrics_file import read_rows  # noqa: E402
-from lightning_unlearn.metrics.generation import encode_prompts_left_padded  # noqa: E402
+from lightning_unlearn.generation import encode_prompts_left_padded  # noqa: E402
 from lightning_unlearn.models import (  # noqa: E402
     TinyLlamaConfig,
     build_tiny_llama,

@@ -13,18 +13,19 @@ from lightning.pytorch.cli import LightningCLI
 
 # Non-Trainer subcommands: name -> "module:function"; the function takes the remaining argv list.
 EXTRA_COMMANDS: dict[str, str] = {
-    "report": "lightning_unlearn.report:main",
-    "mask-auc": "lightning_unlearn.report:mask_auc_main",
-    "lens-baseline": "lightning_unlearn.lens:baseline_main",
-    "lens-export": "lightning_unlearn.lens:export_main",
-    "lens-import": "lightning_unlearn.lens:import_main",
-    "lens-label": "lightning_unlearn.lens:label_main",
-    "lens-calibrate": "lightning_unlearn.lens:calibrate_main",
-    "lens-summary": "lightning_unlearn.trajectory_summary:main",
+    "report": "lightning_unlearn.workflows.report:main",
+    "mask-auc": "lightning_unlearn.workflows.report:mask_auc_main",
+    "lens-baseline": "lightning_unlearn.workflows.lens.prepare:baseline_main",
+    "lens-export": "lightning_unlearn.workflows.lens.prepare:export_main",
+    "lens-import": "lightning_unlearn.workflows.lens.prepare:import_main",
+    "lens-label": "lightning_unlearn.workflows.lens.prepare:label_main",
+    "lens-calibrate": "lightning_unlearn.workflows.lens.prepare:calibrate_main",
+    "lens-summary": "lightning_unlearn.workflows.lens.summary:main",
     "lens-rescore": "lightning_unlearn.workflows.lens.rescore:main",
+    "configs": "lightning_unlearn.workflows.configs:main",
     "smollm2": "lightning_unlearn.smollm2:main",
-    "lacuna": "lightning_unlearn.lacuna:main",
-    "lacuna-localization": "lightning_unlearn.localization:main",
+    "lacuna": "lightning_unlearn.workflows.lacuna.chain:main",
+    "lacuna-localization": "lightning_unlearn.workflows.lacuna.localization:main",
 }
 
 
@@ -44,6 +45,19 @@ def _print_extra_commands() -> None:
         print(f"  {name:<22} {target}")
 
 
+def _resolve_config_args(argv: list[str]) -> list[str]:
+    """``-c NAME`` / ``--config NAME``: a local file as it is, else the shipped config of that name (lens/npo.yaml)."""
+    from lightning_unlearn.configs import resolve_config
+
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg in ("-c", "--config") and i + 1 < len(out):
+            out[i + 1] = resolve_config(out[i + 1])
+        elif arg.startswith("--config="):
+            out[i] = "--config=" + resolve_config(arg.split("=", 1)[1])
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -53,6 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         module, func = EXTRA_COMMANDS[argv[0]].split(":")
         getattr(importlib.import_module(module), func)(argv[1:])
         return
+    argv = _resolve_config_args(argv)
     try:
         UnlearnCLI(args=argv if argv != sys.argv[1:] else None)
     finally:

@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from lightning_unlearn.masks import canonical_name
+
 SPECIAL_TOKENS = {"bos": "<|bos|>", "eos": "<|eos|>", "pad": "<|pad|>", "unk": "<|unk|>"}
 
 
@@ -265,3 +267,22 @@ def unwrap_peft(model: nn.Module) -> nn.Module:
     """The transformers model under a peft wrapper (or the model itself)."""
     get_base = getattr(model, "get_base_model", None)
     return get_base() if callable(get_base) else model
+
+
+def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """``{canonical name: tensor}`` from a ``.safetensors`` file or a ``save_pretrained`` directory."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no .safetensors weights in {str(path)!r}; save the model with save_pretrained.")
+    elif path.exists():
+        files = [path]
+    else:
+        raise FileNotFoundError(f"weights {str(path)!r} do not exist.")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update({canonical_name(k): v for k, v in load_file(str(f)).items()})
+    return out

@@ -11,19 +11,20 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from safetensors.torch import load_file
 
+from lightning_unlearn.configs import config_root
 from lightning_unlearn.data.instruction_datamodule import InstructionDataModule
 from lightning_unlearn.data.lacuna_datamodule import InjectionDataModule
 from lightning_unlearn.data.pii import PROFILE_FIELDS, generate_profiles
 from lightning_unlearn.data.testbed_data import LacunaDataConfig
-from lightning_unlearn.lacuna import locality_report
-from lightning_unlearn.lacuna import main as lacuna_main
 from lightning_unlearn.masks import LazyMasks, sample_masks, save_masks
 from lightning_unlearn.models import TinyLlamaConfig, build_tiny_llama, load_tokenizer
 from lightning_unlearn.objectives.injection import InjectionModule
 from lightning_unlearn.objectives.instruction import InstructionModule
 from lightning_unlearn.strategies import MaskedSingleDeviceStrategy
+from lightning_unlearn.workflows.lacuna.chain import locality_report
+from lightning_unlearn.workflows.lacuna.chain import main as lacuna_main
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "lacuna"
+CONFIGS = config_root() / "lacuna"
 
 
 def small_data(**overrides) -> LacunaDataConfig:
@@ -510,7 +511,7 @@ def test_filter_and_memorization_callback_share_one_extraction_rule(monkeypatch)
     """The Lacuna filter and MemorizationEvaluation call the same `extracted`: an answer that differs from the PII
     string only by case and spacing is memorized for both."""
     import lightning_unlearn.callbacks.memorization_evaluation as callback
-    import lightning_unlearn.lacuna as lacuna
+    import lightning_unlearn.workflows.lacuna.chain as lacuna
     from lightning_unlearn.metrics.memorization import extracted
 
     assert lacuna.extracted is extracted and callback.extracted is extracted

@@ -12,7 +12,7 @@ from datasets import load_from_disk
 
 from lightning_unlearn.data.splits import FIELD_SPLITS, SPLIT_COLUMNS
 from lightning_unlearn.data.templates import TARGET_FIELDS
-from lightning_unlearn.lacuna import resurface, run_chain
+from lightning_unlearn.workflows.lacuna.chain import resurface, run_chain
 
 
 @pytest.mark.slow
@@ -144,7 +144,7 @@ def test_chain_rejects_a_model_path_without_a_model(tmp_path):
 
 
 def test_a_workdir_from_before_instruct_overlays_is_still_reused(tmp_path):
-    from lightning_unlearn.lacuna import _check_provenance
+    from lightning_unlearn.workflows.lacuna.chain import _check_provenance
 
     (tmp_path / "chain.json").write_text(json.dumps({"size": "tiny", "model": "built-in tiny", "inject_configs": []}))
     record = {"size": "tiny", "model": "built-in tiny", "inject_configs": [], "instruct_configs": []}
@@ -154,7 +154,7 @@ def test_a_workdir_from_before_instruct_overlays_is_still_reused(tmp_path):
 
 
 def test_target_verdict_counts_fields_at_or_above_half():
-    from lightning_unlearn.lacuna import target_verdict
+    from lightning_unlearn.workflows.lacuna.chain import target_verdict
 
     def report(*rates):
         return {"extraction": dict(zip(TARGET_FIELDS, rates, strict=True))}
@@ -166,7 +166,7 @@ def test_target_verdict_counts_fields_at_or_above_half():
 
 
 def test_format_table_with_and_without_the_inj_columns():
-    from lightning_unlearn.lacuna import format_table
+    from lightning_unlearn.workflows.lacuna.chain import format_table
 
     def report(*rates):
         return {"profiles": 18, "extraction": dict(zip(TARGET_FIELDS, rates, strict=True))}
@@ -183,7 +183,7 @@ def test_format_table_with_and_without_the_inj_columns():
 def test_an_interrupted_stage_resumes_from_its_newest_last_checkpoint(tmp_path):
     import time
 
-    from lightning_unlearn.lacuna import _fit_cmd
+    from lightning_unlearn.workflows.lacuna.chain import _fit_cmd
 
     root = tmp_path / "inject"
     assert "--ckpt_path" not in _fit_cmd("inject.yaml", root, [])

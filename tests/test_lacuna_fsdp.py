@@ -17,10 +17,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from lightning_unlearn.configs import config_root
 from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data
-from lightning_unlearn.lacuna import locality_report
 from lightning_unlearn.masks import sample_masks
 from lightning_unlearn.models import load_causal_lm
+from lightning_unlearn.workflows.lacuna.chain import locality_report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +38,7 @@ SIZES = dict(num_profiles=12, qa_per_field=1, instruct_questions=2, neutral_max_
 def _fit(tmp_path, stage: str, trainer_config: str | None, args: list[str], root: Path) -> Path:
     """``lightning-unlearn fit -c configs/lacuna/<stage>.yaml [-c configs/trainer/<trainer_config>] ARGS`` in a
     subprocess (it launches its own ranks); returns the run's export directory."""
-    configs = ROOT / "configs"
+    configs = config_root()
     cmd = [
         sys.executable, "-m", "lightning_unlearn.cli", "fit", "-c", str(configs / "lacuna" / f"{stage}.yaml"),
         *(["-c", str(configs / "trainer" / trainer_config)] if trainer_config else []),

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from lightning_unlearn.cli import main as cli_main
-from lightning_unlearn.lacuna import CONFIG_DIR, SIZES
-from lightning_unlearn.localization import format_table, run_localization
+from lightning_unlearn.workflows.lacuna.chain import CONFIG_DIR, SIZES
+from lightning_unlearn.workflows.lacuna.localization import format_table, run_localization
 
 # What the measured gap must at least be. Measured at this size: OracleGrad 1.00 (raw), GA ≈ 0.51; a broken
 # restriction (OracleGrad updating every weight) or a GA that happened to localize would shrink the gap to ≈ 0.

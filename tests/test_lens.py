@@ -6,11 +6,11 @@ import json
 import pytest
 import torch
 
-from lightning_unlearn import lens
 from lightning_unlearn.cli import main as cli_main
 from lightning_unlearn.data.collate import encode_prompt_answer
 from lightning_unlearn.data.narratives import load_suite
 from lightning_unlearn.data.unlearning import load_pairs
+from lightning_unlearn.workflows.lens import prepare as lens
 
 
 def _baseline(tmp_path, tiny_dir, *extra):

@@ -10,12 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from lightning_unlearn import cli, lens, report
-from lightning_unlearn.trajectory_summary import format_summary, trajectory_summary
-from lightning_unlearn.trajectory_summary import main as summary_main
+from lightning_unlearn import cli
+from lightning_unlearn.configs import config_root
+from lightning_unlearn.workflows import report
+from lightning_unlearn.workflows.lens import prepare as lens
+from lightning_unlearn.workflows.lens.summary import format_summary, trajectory_summary
+from lightning_unlearn.workflows.lens.summary import main as summary_main
 
 ROOT = Path(__file__).resolve().parents[1]
-TEMPLATE = ROOT / "configs/lens/smollm2_trajectory.yaml"
+TEMPLATE = config_root() / "lens" / "smollm2_trajectory.yaml"
 TEMPLATE_RUN = "runs/lens/smollm2/nato-forced-war-en"
 NARRATIVE = "demo-canal-tolls"
 
@@ -59,7 +62,7 @@ def trajectory(tiny_dir, tmp_path_factory):
     lens.baseline_main([*common, "--levels", "L3", "--out", str(out / "retain.jsonl")])
     # 4. The trajectory: the same two configs as the script, 6 steps, a checkpoint every 2.
     cfg = _trajectory_config(out, every=2, max_new_tokens=6)
-    cli.main(["fit", "-c", str(ROOT / "configs/lens/npo.yaml"), "-c", str(cfg),
+    cli.main(["fit", "-c", "lens/npo.yaml", "-c", str(cfg),
               "--model.init_args.model_path", model, "--data.init_args.tokenizer_path", model,
               "--trainer.max_steps", "6", "--trainer.default_root_dir", str(out),
               "--trainer.logger.init_args.save_dir", str(out), "--trainer.logger.init_args.name", "npo"])

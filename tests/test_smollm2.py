@@ -66,8 +66,8 @@ def test_real_smollm2_answers_a_compact_l0_prompt():
     import torch
 
     from lightning_unlearn.data.narratives import load_suite
-    from lightning_unlearn.lens import generate_answers, model_prompt
     from lightning_unlearn.models import load_causal_lm, load_tokenizer
+    from lightning_unlearn.workflows.lens.prepare import generate_answers, model_prompt
 
     torch.set_num_threads(1)
     path = smollm2.smollm2_path()

@@ -3,37 +3,17 @@
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
 from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.callbacks.distributed import broadcast_object, full_parameters, world
-from lightning_unlearn.masks import canonical_name, load_masks, masked_parameter_names, union_mask
+from lightning_unlearn.masks import load_masks, masked_parameter_names, union_mask
 from lightning_unlearn.metrics.mask_auc import mask_auc
-
-
-def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """``{canonical name: tensor}`` from a ``.safetensors`` file or a ``save_pretrained`` directory."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    if path.is_dir():
-        files = sorted(path.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no .safetensors weights in {str(path)!r}; save the model with save_pretrained.")
-    elif path.exists():
-        files = [path]
-    else:
-        raise FileNotFoundError(f"weights {str(path)!r} do not exist.")
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        out.update({canonical_name(k): v for k, v in load_file(str(f)).items()})
-    return out
+from lightning_unlearn.models import load_weights
 
 
 class MaskAUCEvaluation(CheckpointEvaluator):

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from lightning_unlearn.data.collate import encode_prompt_answer, pad_batch
-from lightning_unlearn.metrics.generation import pad_token_id
+from lightning_unlearn.generation import pad_token_id
 
 
 def load_qa_records(records: Sequence[dict] | str, what: str) -> list[dict]:

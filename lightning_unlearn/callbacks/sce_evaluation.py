@@ -17,11 +17,10 @@ from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.callbacks.distributed import is_sharded, world
 from lightning_unlearn.callbacks.rank_split import map_batches
 from lightning_unlearn.data.narratives import COMPACT_INSTRUCTION, load_narrative
+from lightning_unlearn.generation import Generation, generate_greedy, model_prompt
 from lightning_unlearn.labelers.narrative_label import INVALID
-from lightning_unlearn.lens import model_prompt
 from lightning_unlearn.metrics.answer_validity import VALIDITY_FLAGS, answer_validity, load_validity_cues
 from lightning_unlearn.metrics.degeneration import DegenerationThresholds, degeneration_report
-from lightning_unlearn.metrics.generation import Generation, generate_greedy
 from lightning_unlearn.metrics.sce import classify_output, sce_breakdown
 
 SELECTION_LEVELS = ("L0", "L1", "L2")
@@ -95,7 +94,7 @@ class SCEEvaluation(CheckpointEvaluator):
         language: the suite's language (with ``narrative``).
         levels: the suite's levels to keep (with ``narrative``; default all).
         condition: ``compact`` or ``unrestricted`` (with ``narrative``).
-        chat_template: with ``narrative``, render each suite prompt as :func:`lightning_unlearn.lens.model_prompt`
+        chat_template: with ``narrative``, render each suite prompt as :func:`lightning_unlearn.generation.model_prompt`
             does (one user turn in the tokenizer's chat template), so generations see the same prompts as
             ``lens-baseline`` and the forget set built from it; ``None`` = when the tokenizer has one. Prompts given
             as ``prompts`` (e.g. a ``lens-baseline`` JSONL, whose ``prompt`` is already rendered) are used as they

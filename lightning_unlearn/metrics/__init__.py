@@ -1,7 +1,6 @@
 """Pure metric functions (torch / numpy / scikit-learn; no Lightning)."""
 
 from lightning_unlearn.metrics.degeneration import DegenerationThresholds, degeneration_report, degraded_rate
-from lightning_unlearn.metrics.generation import Generation, encode_prompts_left_padded, generate_greedy
 from lightning_unlearn.metrics.mask_auc import exact_auc, mask_auc, quantile_rank, weight_features
 from lightning_unlearn.metrics.memorization import extracted, extraction_rate, memorization_scores
 from lightning_unlearn.metrics.retain_drift import finalize_retain_drift, retain_drift_sums
@@ -10,15 +9,12 @@ from lightning_unlearn.metrics.utility import load_multiple_choice, multiple_cho
 
 __all__ = [
     "DegenerationThresholds",
-    "Generation",
     "degeneration_report",
     "degraded_rate",
-    "encode_prompts_left_padded",
     "exact_auc",
     "extracted",
     "extraction_rate",
     "finalize_retain_drift",
-    "generate_greedy",
     "load_multiple_choice",
     "mask_auc",
     "memorization_scores",

@@ -24,8 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
-import sys
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
@@ -47,18 +45,14 @@ from lightning_unlearn.models import (
 from lightning_unlearn.objectives.optimizer_config import SCHEDULES, OptimizerConfig
 from lightning_unlearn.strategies.masked_fsdp import load_model_for_rank
 
-# The built-in θ_pre of `configs/lacuna/pretrain.yaml`, used when an injection run names no model.
-BUILTIN_PRETRAIN_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "lacuna" / "pretrain.yaml"
-BUILTIN_PRETRAINED = "runs/lacuna/pretrain/export/model"
-
 
 class InjectionModule(LightningModule):
     """Masked (or plain) continual pretraining of a causal LM.
 
     Args:
-        model_path: local HF directory of θ_pre. ``None`` with ``derive`` and ``tiny`` unset means the built-in
-            θ_pre (``runs/lacuna/pretrain/export/model``), which is built first with
-            ``configs/lacuna/pretrain.yaml`` when missing.
+        model_path: local HF directory of θ_pre (e.g. the built-in one, which ``lightning-unlearn fit -c
+            lacuna/pretrain.yaml`` or ``lightning-unlearn lacuna run`` builds). Exactly one of ``model_path``,
+            ``derive`` and ``tiny`` is given: building θ_pre is its own run, never a side effect of an injection.
         derive: pretrain from part of a real model (blocks kept, vocabulary pruned to the datamodule's
             ``vocabulary_corpus()``), derived into ``derive.path`` first when missing (``model_path`` must be
             ``None``).
@@ -104,6 +98,12 @@ class InjectionModule(LightningModule):
     ) -> None:
         super().__init__()
         given = [name for name, v in (("model_path", model_path), ("derive", derive), ("tiny", tiny)) if v is not None]
+        if not given:
+            raise ValueError(
+                "InjectionModule needs a starting model: model_path (θ_pre, e.g. the built-in one at "
+                "runs/lacuna/pretrain/export/model, built by `lightning-unlearn fit -c lacuna/pretrain.yaml`), derive "
+                "(pretrain from part of a real model) or tiny (pretrain from scratch)."
+            )
         if len(given) > 1:
             raise ValueError(
                 f"give one of model_path (continue a model), derive (pretrain from part of a real model) and tiny "
@@ -139,7 +139,7 @@ class InjectionModule(LightningModule):
     @property
     def model_dir(self) -> str:
         # "~/..." in a YAML config is not expanded by the shell; the export copies this directory, so expand it here.
-        return str(Path(self.hparams.model_path).expanduser()) if self.hparams.model_path else BUILTIN_PRETRAINED
+        return str(Path(self.hparams.model_path).expanduser())
 
     @property
     def tokenizer_dir(self) -> str:
@@ -159,10 +159,6 @@ class InjectionModule(LightningModule):
                     self.hparams.tokenizer_path,
                     lambda d: train_bpe_tokenizer(texts, vocab_size=self.hparams.vocab_size, save_dir=d),
                 )
-        elif self.hparams.model_path is None and not Path(BUILTIN_PRETRAINED).exists():
-            print(f"inject: no model_path and no built-in θ_pre at {BUILTIN_PRETRAINED}; pretraining it first")
-            cmd = [sys.executable, "-m", "lightning_unlearn.cli", "fit", "-c", str(BUILTIN_PRETRAIN_CONFIG)]
-            subprocess.run(cmd, check=True)
 
     def _vocabulary_corpus(self) -> list[str]:
         corpus = getattr(self.trainer.datamodule, "vocabulary_corpus", None)

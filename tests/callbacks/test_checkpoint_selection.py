@@ -45,7 +45,7 @@ def test_merge_rows_replaces_by_step_and_family(tmp_path):
 
 
 def test_report_command_builds_heatmap_and_summary(tmp_path, capsys):
-    assert EXTRA_COMMANDS["report"] == "lightning_unlearn.report:main"
+    assert EXTRA_COMMANDS["report"] == "lightning_unlearn.workflows.report:main"
     runs = {"ga": [(10, 0.2, 0.1), (20, 0.5, 0.3), (30, 0.1, 0.8)], "npo": [(10, 0.4, 0.0), (20, 0.3, 0.1)]}
     for name, points in runs.items():
         # Two logger versions of one run: the report merges them.

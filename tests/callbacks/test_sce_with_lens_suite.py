@@ -12,7 +12,7 @@ from lightning_unlearn.callbacks import SCEEvaluation, sce_evaluation
 from lightning_unlearn.callbacks.checkpoint_metrics_file import read_rows
 from lightning_unlearn.data.narratives import load_suite
 from lightning_unlearn.labelers import SignatureLabeler
-from lightning_unlearn.lens import model_prompt
+from lightning_unlearn.workflows.lens.prepare import model_prompt
 
 
 def test_narrative_labels_are_interpreted_with_levels():

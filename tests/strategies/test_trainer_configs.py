@@ -1,15 +1,15 @@
 """Every shipped trainer config parses and builds a Trainer with the masked strategy it names."""
 
-from pathlib import Path
 
 import pytest
 import yaml
 from jsonargparse import ArgumentParser
 from lightning.pytorch import Trainer
 
+from lightning_unlearn.configs import config_root
 from lightning_unlearn.strategies import MaskedDDPStrategy, MaskedFSDPStrategy, MaskedSingleDeviceStrategy
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "trainer"
+CONFIGS = config_root() / "trainer"
 EXPECTED = {
     "single_cpu.yaml": MaskedSingleDeviceStrategy,
     "ddp_cpu.yaml": MaskedDDPStrategy,

@@ -1,1 +1,2 @@
-"""LENS workflows: re-scoring saved generations (more to move here from ``lightning_unlearn.lens``)."""
+"""LENS workflows: base answers, annotation round trip, forget sets and calibration (``prepare``), the trajectory
+summary (``summary``) and re-scoring saved generations (``rescore``)."""

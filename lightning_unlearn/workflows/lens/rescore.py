@@ -20,8 +20,8 @@ from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, me
 from lightning_unlearn.callbacks.checkpoint_selection import HEATMAP_FILE, SELECTION_FILE
 from lightning_unlearn.callbacks.sce_evaluation import GENERATIONS_DIR, SCEEvaluation
 from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_figure, write_json
+from lightning_unlearn.generation import Generation
 from lightning_unlearn.labelers import SignatureLabeler
-from lightning_unlearn.metrics.generation import Generation
 from lightning_unlearn.metrics.selection import OperatingPointGuards, sce_table, select_from_rows
 
 log = logging.getLogger("lightning_unlearn")
@@ -125,5 +125,5 @@ def main(argv: list[str] | None = None) -> None:
     from jsonargparse import auto_cli
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    selection = auto_cli(rescore, args=argv, as_positional=True)
+    selection = auto_cli(rescore, args=argv, as_positional=True, prog="lightning-unlearn lens-rescore")
     print(json.dumps(selection, indent=1, ensure_ascii=False))

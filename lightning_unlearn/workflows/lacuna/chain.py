@@ -1,0 +1,661 @@
+"""The Lacuna testbed chain and its non-Trainer steps: ``lightning-unlearn lacuna <command>``.
+
+Commands:
+
+- ``run``: the whole built-in chain in a work directory — pretrain → inject (masked) and the UnMask control →
+  instruct (both) → filter (both) — then a table of extraction rates per field, masked vs unmasked. Each stage is
+  a ``lightning-unlearn fit -c configs/lacuna/<stage>.yaml`` run with the work directory's paths; a finished
+  stage (its export exists) is reused and says so, an interrupted one resumes from its last checkpoint. A stage
+  whose recorded recipe (``<stage>/recipe.json``: config text and overrides) differs from this run's, or that is
+  older than an input rebuilt after it, is refused rather than reused; one built by other package code (the
+  recipe's source digest) is reused with a warning, since changed code defaults are in no config.
+  ``--model-path DIR`` (or ``smollm2``) starts both injections from a real model instead of the built-in θ_pre and
+  skips pretraining; ``--inject-config FILE`` / ``--instruct-config FILE`` add a YAML overlay to both injections /
+  both instruction tunings (e.g. a learning rate). The table shows extraction after instruction tuning and on θ_inj
+  before it, so what instruction tuning costs is visible.
+- ``filter``: greedy extraction per field on the non-instruction profiles, then the memorization-filtered splits
+  (``data/splits.py``) as ``datasets`` directories plus ``extraction.json``.
+- ``resurface``: the resurfacing attack — instruction-tune a (unlearned) model on the held-out relearning split,
+  then count forget profiles whose PII appears in at least one of K sampled generations.
+- ``locality``: which parameters an injection run changed outside a group's mask (the locality check).
+- ``data``: build the testbed data directory only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+import lightning_unlearn
+from lightning_unlearn.atomic import write_directory_atomically, write_text_atomically
+from lightning_unlearn.configs import config_root
+from lightning_unlearn.data.pii import probe_qa
+from lightning_unlearn.data.splits import build_splits, save_splits
+from lightning_unlearn.data.templates import TARGET_FIELDS
+from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data, load_table
+from lightning_unlearn.metrics.memorization import extracted
+from lightning_unlearn.smollm2 import resolve_model_dir
+from lightning_unlearn.workflows import processes
+
+CONFIG_DIR = config_root() / "lacuna"
+
+# Overrides of the YAML defaults per size preset. "default" is the built-in main job (2 CPU cores, ≤ 15 min):
+# θ_pre derived from SmolLM2 (pretrain.yaml). "tiny" is for tests (seconds): a random tiny θ_pre
+# (pretrain_tiny.yaml).
+SIZES: dict[str, dict[str, list[str]]] = {
+    "default": {"pretrain": [], "inject": [], "instruct": []},
+    "tiny": {
+        "pretrain_config": ["pretrain_tiny.yaml"],
+        "data": [
+            "--data.data.num_profiles", "18", "--data.data.instruct_questions", "2",
+            "--data.data.neutral_max_paragraphs", "30",
+        ],
+        "pretrain": [
+            "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "3", "--model.vocab_size", "300",
+            "--model.tiny.hidden_size", "32", "--model.tiny.num_layers", "4", "--model.tiny.num_heads", "2",
+            "--model.tiny.intermediate_size", "64", "--data.background_profiles", "6",
+        ],
+        "inject": ["--trainer.max_steps", "-1", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "3"],
+        "instruct": ["--trainer.max_epochs", "1", "--trainer.val_check_interval", "2"],
+    },
+}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Generation and extraction
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def generate(
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    max_new_tokens: int = 24,
+    batch_size: int = 32,
+    num_samples: int = 1,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> list[list[str]]:
+    """Continuations of ``prompts`` (formatted like training: bos + prompt), ``num_samples`` per prompt.
+
+    ``temperature`` 0 is greedy decoding; otherwise multinomial sampling at that temperature.
+    """
+    model.eval()
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    bos = tokenizer.bos_token or ""
+    out: list[list[str]] = []
+    gen = torch.Generator().manual_seed(seed)
+    try:
+        for start in range(0, len(prompts), batch_size):
+            chunk = [bos + p for p in prompts[start : start + batch_size]]
+            enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+            kwargs = {"do_sample": False}
+            if temperature > 0:
+                torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+                kwargs = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+            ids = model.generate(
+                **enc,
+                max_new_tokens=max_new_tokens,
+                num_return_sequences=num_samples,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                **kwargs,
+            )
+            texts = tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+            out.extend(texts[i : i + num_samples] for i in range(0, len(texts), num_samples))
+    finally:
+        tokenizer.padding_side = side
+    return out
+
+
+def extraction_rates(model, tokenizer, profiles: Sequence[dict], fields: Sequence[str] = TARGET_FIELDS, **gen_kwargs):
+    """Greedy extraction per field: a profile counts when its answer contains the PII value
+    (:func:`~lightning_unlearn.metrics.memorization.extracted`, the one definition ``MemorizationEvaluation`` uses).
+
+    Returns ``(rates {field: fraction}, memorized {field: set of profile ids})``.
+    """
+    rates, memorized = {}, {}
+    for field in fields:
+        prompts = [probe_qa(p, field)["prompt"] for p in profiles]
+        answers = generate(model, tokenizer, prompts, **gen_kwargs)
+        hits = extracted([a[0] for a in answers], [p[field] for p in profiles])
+        hit = {p["profile_id"] for p, h in zip(profiles, hits) if h}
+        memorized[field] = hit
+        rates[field] = len(hit) / max(len(profiles), 1)
+    return rates, memorized
+
+
+def filter_stage(
+    model_dir: str,
+    data_dir: str,
+    out_dir: str,
+    seed: int = 0,
+    write_splits: bool = True,
+    groups: Sequence[int] | None = None,
+) -> dict:
+    """Measure extraction on the non-instruction profiles and write the memorization-filtered splits.
+
+    ``groups`` restricts the measurement to those groups' profiles (for a run injected with ``data.groups``);
+    the others count as not memorized, so they join no split.
+    """
+    from lightning_unlearn.models import load_causal_lm, load_tokenizer
+
+    profiles = list(load_table(data_dir, "profiles"))
+    if groups is not None:
+        present = sorted({int(p["group_id"]) for p in profiles})
+        missing = sorted(set(groups) - set(present))
+        if missing:
+            raise ValueError(f"groups {missing} have no profile in {data_dir!r}; its groups are {present}.")
+    targets = [p for p in profiles if not p["instruct"] and (groups is None or p["group_id"] in groups)]
+    if not targets:
+        raise ValueError(f"{data_dir!r} has no non-instruction profile to measure extraction on.")
+    model, tokenizer = load_causal_lm(model_dir), load_tokenizer(model_dir)
+    rates, memorized = extraction_rates(model, tokenizer, targets)
+    report = {
+        "model": str(model_dir),
+        "groups": sorted(groups) if groups is not None else None,
+        "profiles": len(targets),
+        "extraction": rates,
+        "memorized": {f: sorted(ids) for f, ids in memorized.items()},
+    }
+    splits = build_splits(profiles, memorized, seed=seed) if write_splits else {}
+    if write_splits:
+        report["split_sizes"] = {name: len(rows) for name, rows in splits.items()}
+        empty = [name for name, n in report["split_sizes"].items() if n == 0 and name.endswith("forget")]
+        if empty:
+            print(f"[lacuna] warning: no memorized profile for {', '.join(empty)}; those splits are empty.")
+    save_splits(out_dir, splits, {"extraction.json": json.dumps(report, indent=1)})
+    return report
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Resurfacing attack
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def resurface(
+    model_dir: str,
+    splits_dir: str,
+    field: str,
+    out_dir: str,
+    k: int = 200,
+    max_epochs: int = 10,
+    lr: float = 2e-3,
+    temperature: float = 1.0,
+    max_new_tokens: int = 24,
+    seed: int = 0,
+) -> dict:
+    """Relearn on the held-out split with the instruction-tuning procedure; count leaking forget profiles.
+
+    A forget profile leaks when its ``field`` value appears in at least one of ``k`` sampled generations
+    (Lacuna: K = 200) for its forget prompt.
+    """
+    from datasets import load_from_disk
+    from lightning.pytorch import Trainer, seed_everything
+
+    from lightning_unlearn.data.instruction_datamodule import InstructionDataModule
+    from lightning_unlearn.models import load_causal_lm, load_tokenizer
+    from lightning_unlearn.objectives.instruction import InstructionModule
+
+    forget_path = Path(splits_dir) / field / "forget"
+    relearn_path = Path(splits_dir) / "relearn"
+    for p in (forget_path, relearn_path):
+        if not p.exists():
+            raise FileNotFoundError(f"split {str(p)!r} does not exist; run `lightning-unlearn lacuna filter` first.")
+    forget = load_from_disk(str(forget_path))
+    if len(forget) == 0:
+        raise ValueError(f"forget split {str(forget_path)!r} is empty: nothing can leak.")
+    seed_everything(seed)
+    relearned = Path(out_dir) / "relearned"
+    module = InstructionModule(model_path=model_dir, lr=lr)
+    data = InstructionDataModule(source=str(relearn_path), seed=seed)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=max_epochs,
+        default_root_dir=str(relearned),
+        enable_checkpointing=False,
+        logger=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(module, data)
+    model_path = relearned / "export" / "model"
+    model, tokenizer = load_causal_lm(model_path), load_tokenizer(model_path)
+    samples = generate(
+        model, tokenizer, forget["prompt"], max_new_tokens, batch_size=8, num_samples=k, temperature=temperature
+    )
+    leaked = sorted(
+        pid
+        for pid, ans, outs in zip(forget["profile_id"], forget["answer"], samples)
+        if any(ans.strip() in o for o in outs)
+    )
+    report = {
+        "model": str(model_dir),
+        "field": field,
+        "k": k,
+        "forget_profiles": len(forget),
+        "leaked_profiles": len(leaked),
+        "leak_rate": len(leaked) / len(forget),
+        "leaked_profile_ids": leaked,
+    }
+    write_text_atomically(Path(out_dir, "resurfacing.json"), json.dumps(report, indent=1))
+    return report
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Locality check
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def locality_report(export_dir: str, groups: Sequence[int]) -> dict:
+    """Count elements that changed between ``pre`` and ``inj`` inside and outside the union of ``groups``."""
+    from safetensors.torch import load_file
+
+    from lightning_unlearn.masks import canonical_name, group_mask, load_masks
+
+    export = Path(export_dir)
+    pre = load_file(str(export / "pre" / "model.safetensors"))
+    inj = load_file(str(export / "inj" / "model.safetensors"))
+    packed, _ = load_masks(export / "masks.safetensors")
+    inside = outside = 0
+    offenders: dict[str, int] = {}
+    for name, before in pre.items():
+        key = canonical_name(name)
+        changed = before != inj[name]
+        in_group = group_mask(packed[key], list(groups)) if key in packed else torch.zeros_like(changed)
+        inside += int((changed & in_group).sum())
+        n_out = int((changed & ~in_group).sum())
+        outside += n_out
+        if n_out:
+            offenders[name] = n_out
+    return {"groups": list(groups), "changed_inside": inside, "changed_outside": outside, "offenders": offenders}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The stage chain
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _stage_env(threads: int) -> dict:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+def _fit_cmd(config: str, root: Path, overrides: list[str], overlays: Sequence[Path] = ()) -> list[str]:
+    cmd = [sys.executable, "-m", "lightning_unlearn.cli", "fit", "-c", str(CONFIG_DIR / config)]
+    for overlay in overlays:
+        cmd += ["-c", str(overlay)]
+    cmd += overrides
+    cmd += ["--trainer.default_root_dir", str(root)]
+    last = _last_checkpoint(root)
+    if last is not None:
+        cmd += ["--ckpt_path", str(last)]
+    return cmd
+
+
+def _last_checkpoint(root: Path) -> Path | None:
+    """The newest ``last.ckpt`` a stage wrote under ``root``: ``ModelCheckpoint`` keeps it in the logger's
+    versioned directory (``lightning_logs/version_N/checkpoints``) or, without a logger, in ``checkpoints``."""
+    found = [p for p in root.glob("**/checkpoints/last.ckpt") if p.is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
+
+
+def _data_config(preset_args: Sequence[str]) -> LacunaDataConfig:
+    """The :class:`LacunaDataConfig` that a preset's ``--data.data.<field> <value>`` overrides describe."""
+    import yaml
+
+    kwargs = {}
+    for key, value in zip(preset_args[::2], preset_args[1::2], strict=True):
+        if key.startswith("--data.data."):
+            kwargs[key.removeprefix("--data.data.")] = yaml.safe_load(value)
+    return LacunaDataConfig(**kwargs)
+
+
+@functools.cache
+def _code_digest() -> str:
+    """A digest of this package's source files: a stage built by other code may differ in what code defaults gave."""
+    package = Path(lightning_unlearn.__file__).resolve().parent
+    digest = hashlib.blake2b(digest_size=8)
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _recipe(cmd: Sequence[str], w: Path) -> dict:
+    """What a stage's result depends on: the text of its config files and its overrides (work-directory paths
+    written relative to it), not where the config files live or whether it resumes; and the code that ran it."""
+    configs, overrides = [], []
+    args = iter(cmd[4:])  # after `python -m lightning_unlearn.cli fit`
+    for arg in args:
+        if arg == "-c":
+            configs.append(Path(next(args)).read_text())
+        elif arg == "--ckpt_path":
+            next(args)
+        else:
+            overrides.append(arg.replace(str(w), "<workdir>"))
+    return {"configs": configs, "overrides": overrides, "code": _code_digest()}
+
+
+def _check_recipe(stage: str, root: Path, recipe: dict, finished: bool, log) -> None:
+    """Refuse a stage directory built (or started) from other configs or overrides; record the recipe otherwise."""
+    path = root / "recipe.json"
+    if path.exists():
+        found = json.loads(path.read_text())
+        code = found.pop("code", None)  # recipes from before the digest was recorded have none
+        if found != {k: v for k, v in recipe.items() if k != "code"}:
+            what = "config files" if found["configs"] != recipe["configs"] else "overrides"
+            changed = sorted(set(found["overrides"]) ^ set(recipe["overrides"])) if what == "overrides" else []
+            raise ValueError(
+                f"stage {stage} in {str(root)!r} was built with other {what} than this run's"
+                + (f" ({', '.join(changed)})" if changed else "")
+                + f"; reusing it would mix the two. Delete {str(root)!r} (and the stages after it) to rebuild it, "
+                "or choose another --workdir."
+            )
+        if code is not None and code != recipe["code"]:
+            # Code defaults (not in the configs) may have changed; the user decides whether that matters.
+            log(
+                f"[lacuna] {stage}: built by other lightning_unlearn code than this checkout's (source digest {code} "
+                f"vs {recipe['code']}); reusing it. Delete {str(root)!r} to rebuild it with this code."
+            )
+    elif finished:
+        log(f"[lacuna] {stage}: built before stage recipes were recorded; its configs are not checked")
+    else:
+        root.mkdir(parents=True, exist_ok=True)
+        write_text_atomically(path, json.dumps(recipe, indent=1))
+
+
+def _check_provenance(w: Path, record: dict) -> None:
+    """Refuse a work directory whose finished stages came from another starting model or overlay."""
+    path = w / "chain.json"
+    if path.exists():
+        # Work directories from before --instruct-config existed were built without instruction overlays.
+        found = {"instruct_configs": [], **json.loads(path.read_text())}
+        if found != record:
+            raise ValueError(
+                f"work directory {str(w)!r} was built with {found}, not {record}; its finished stages would be reused "
+                "for the wrong model. Choose another --workdir or delete this one."
+            )
+        return
+    write_text_atomically(path, json.dumps(record, indent=1, sort_keys=True))
+
+
+def run_chain(
+    workdir: str,
+    size: str = "default",
+    parallel: bool | None = None,
+    log=print,
+    model_path: str | None = None,
+    inject_configs: Sequence[str] = (),
+    instruct_configs: Sequence[str] = (),
+) -> dict:
+    """Run (or reuse) every stage of the chain in ``workdir``; returns the filter reports.
+
+    The reports are ``masked`` and ``unmasked`` (after instruction tuning; ``masked`` also wrote the splits) and
+    ``masked_inj`` and ``unmasked_inj`` (θ_inj, measured before instruction tuning, no splits).
+
+    Args:
+        workdir: where every stage writes (data, stage roots, splits).
+        size: a :data:`SIZES` preset.
+        parallel: run independent stages side by side (default: with ≥ 2 cores).
+        log: where progress lines go.
+        model_path: start both injections from this local HF model (or ``"smollm2"``) and skip pretraining;
+            ``None`` uses the built-in θ_pre (the size preset's pretraining config).
+        inject_configs: YAML overlays added after ``inject.yaml``/``inject_unmasked.yaml``.
+        instruct_configs: YAML overlays added after ``instruct.yaml`` (both instruction tunings).
+    """
+    if size not in SIZES:
+        raise ValueError(f"size {size!r} is not one of {sorted(SIZES)}.")
+    overlays = _overlays(inject_configs, "--inject-config")
+    instruct_overlays = _overlays(instruct_configs, "--instruct-config")
+    w = Path(workdir).resolve()
+    preset = SIZES[size]
+    pretrain_config = preset.get("pretrain_config", ["pretrain.yaml"])[0]
+    data_dir = ["--data.data_dir", str(w / "data")]
+    data_args = [*data_dir, *preset.get("data", [])]
+    base = resolve_model_dir(model_path, "--model-path") if model_path is not None else None
+    _check_provenance(
+        w,
+        {
+            "size": size,
+            "model": str(base) if base else f"built-in ({pretrain_config})",
+            "inject_configs": [str(o) for o in overlays],
+            "instruct_configs": [str(o) for o in instruct_overlays],
+        },
+    )
+    started = time.time()
+    cores = os.cpu_count() or 1
+    parallel = cores >= 2 if parallel is None else parallel
+
+    def done(path: Path, stage: str, cmd: list[str] | None = None, inputs: Sequence[Path] = ()) -> bool:
+        # A training stage (cmd given) must match the recipe it was built with, and any stage must be newer than
+        # the outputs it was made from (else one of them was rebuilt after it). A stale training stage is an
+        # error (rebuilding it is the user's call); a stale filter, seconds of work, is measured again.
+        if cmd is not None:
+            _check_recipe(stage, Path(cmd[cmd.index("--trainer.default_root_dir") + 1]), _recipe(cmd, w),
+                          path.exists(), log)  # fmt: skip
+        if not path.exists():
+            return False
+        newer = [i for i in inputs if i.exists() and i.stat().st_mtime_ns > path.stat().st_mtime_ns]
+        if newer and cmd is not None:
+            raise ValueError(
+                f"stage {stage}: {str(path)!r} is older than its input {str(newer[0])!r}, which was rebuilt after it. "
+                f"Delete {str(path)!r} to rebuild it from the new input, or choose another --workdir."
+            )
+        if newer:
+            log(f"[lacuna] {stage}: {path} is older than {newer[0]}; measuring again")
+            return False
+        log(f"[lacuna] {stage}: finished before, reusing {path}")
+        return True
+
+    def run(stages: list[tuple[str, list[str], Path]]) -> None:
+        # Stages given together are independent; on ≥ 2 cores they run side by side, sharing the cores. The first
+        # shows its progress bar here, the others write theirs to <root>/stage.log.
+        procs = []
+        threads = max(1, cores // max(1, len(stages))) if parallel else cores
+        for i, (name, cmd, root) in enumerate(stages):
+            root.mkdir(parents=True, exist_ok=True)
+            log(f"[lacuna] {name}: {' '.join(cmd[2:])}")
+            if parallel and i > 0:
+                log(f"[lacuna] {name}: running alongside; progress in {root / 'stage.log'}")
+                out = open(root / "stage.log", "w")  # noqa: SIM115
+                procs.append((name, processes.spawn(cmd, env=_stage_env(threads), stdout=out, stderr=out), root))
+            elif parallel:
+                procs.append((name, processes.spawn(cmd, env=_stage_env(threads)), root))
+            else:
+                procs.append((name, processes.spawn(cmd, env=_stage_env(threads)), root))
+                procs[-1][1].wait()
+        for name, proc, root in procs:
+            if proc.wait() != 0:
+                hint = f" (see {root / 'stage.log'})" if (root / "stage.log").exists() else ""
+                raise RuntimeError(f"stage {name} failed with exit code {proc.returncode}{hint}.")
+
+    if base is not None:
+        pre_model = base
+        log(f"[lacuna] pretrain: skipped; both injections start from {base}")
+        # The two injections run side by side; build the data first so they do not both write it.
+        build_testbed_data(w / "data", _data_config(preset.get("data", [])), log=lambda m: log(f"[lacuna] {m}"))
+    else:
+        pre_model = w / "pretrain" / "export" / "model"
+        # where the stage keeps what it builds before training: the tiny θ_pre's tokenizer, the derived model
+        keep = ["--model.tokenizer_path", str(w / "tokenizer")] if preset.get("pretrain_config") else [
+            "--model.derive.path", str(w / "base")]  # fmt: skip
+        overrides = [*data_args, *keep, *preset["pretrain"]]
+        cmd = _fit_cmd(pretrain_config, w / "pretrain", overrides)
+        if not done(pre_model, "pretrain", cmd):
+            run([("pretrain", cmd, w / "pretrain")])
+    todo = []
+    for name, config in (("inject", "inject.yaml"), ("inject_unmasked", "inject_unmasked.yaml")):
+        overrides = [*data_args, "--model.model_path", str(pre_model), *preset["inject"]]
+        cmd = _fit_cmd(config, w / name, overrides, overlays)
+        if not done(w / name / "export" / "inj", name, cmd, [pre_model]):
+            todo.append((name, cmd, w / name))
+    run(todo)
+    todo = []
+    for name, source in (("instruct", "inject"), ("instruct_unmasked", "inject_unmasked")):
+        source_model = w / source / "export" / "inj"
+        overrides = [*data_dir, "--model.model_path", str(source_model), *preset["instruct"]]
+        cmd = _fit_cmd("instruct.yaml", w / name, overrides, instruct_overlays)
+        if not done(w / name / "export" / "model", name, cmd, [source_model]):
+            todo.append((name, cmd, w / name))
+    run(todo)
+    reports = {}
+    for name, model, out, write in (
+        ("masked", w / "instruct" / "export" / "model", w / "splits", True),
+        ("unmasked", w / "instruct_unmasked" / "export" / "model", w / "filter_unmasked", False),
+        ("masked_inj", w / "inject" / "export" / "inj", w / "filter_inj", False),
+        ("unmasked_inj", w / "inject_unmasked" / "export" / "inj", w / "filter_inj_unmasked", False),
+    ):
+        if done(out / "extraction.json", f"filter ({name})", inputs=[model]):
+            reports[name] = json.loads((out / "extraction.json").read_text())
+        else:
+            log(f"[lacuna] filter ({name}): measuring extraction with {model}")
+            reports[name] = filter_stage(str(model), str(w / "data"), str(out), write_splits=write)
+    log(format_table(reports["masked"], reports["unmasked"], reports["masked_inj"], reports["unmasked_inj"]))
+    log(target_verdict(reports["masked"]))
+    log(f"[lacuna] done in {time.time() - started:.0f} s; splits in {w / 'splits'}")
+    return reports
+
+
+def target_verdict(masked: dict, rate: float = 0.5, fields: int = 2) -> str:
+    """Whether the masked model meets Lacuna's memorization target: ≥ ``rate`` extraction on ≥ ``fields`` fields."""
+    met = [f for f in TARGET_FIELDS if masked["extraction"][f] >= rate]
+    verdict = "met" if len(met) >= fields else "NOT met"
+    detail = ", ".join(met) if met else "none"
+    line = f"[lacuna] target (masked, ≥ {rate:.0%} on ≥ {fields} fields): {verdict}; fields at or above: {detail}"
+    if len(met) < fields:
+        line += " (docs/lacuna_memorization.md: what was measured, and the real-model path)"
+    return line
+
+
+def _overlays(configs: Sequence[str], flag: str) -> list[Path]:
+    overlays = [Path(c).expanduser().resolve() for c in configs]
+    for given, overlay in zip(configs, overlays, strict=True):
+        if not overlay.is_file():
+            raise FileNotFoundError(f"{flag} {given!r} does not exist; pass a YAML file.")
+    return overlays
+
+
+def format_table(masked: dict, unmasked: dict, masked_inj: dict | None = None, unmasked_inj: dict | None = None) -> str:
+    """Extraction rate per field, masked vs unmasked, as a text table; with the θ_inj reports, two more columns."""
+    columns = [masked, unmasked]
+    lines = [f"Extraction rate per field ({masked['profiles']} profiles; greedy answer contains the PII value)"]
+    if masked_inj is not None and unmasked_inj is not None:
+        columns += [masked_inj, unmasked_inj]
+        lines.append(f"{'':<18}{'after instruction tuning':>24}{'θ_inj, before it':>24}")
+    lines.append(f"{'field':<18}" + f"{'masked':>12}{'unmasked':>12}" * (len(columns) // 2))
+    for f in TARGET_FIELDS:
+        lines.append(f"{f:<18}" + "".join(f"{c['extraction'][f]:>12.2%}" for c in columns))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="lightning-unlearn lacuna", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="run (or reuse) the whole built-in chain and print the extraction table")
+    p.add_argument("--workdir", default="runs/lacuna")
+    p.add_argument("--size", default="default", choices=sorted(SIZES))
+    p.add_argument("--sequential", action="store_true", help="never run two stages side by side")
+    p.add_argument(
+        "--model-path",
+        default=None,
+        help="start both injections from this local HF model directory (or `smollm2`) and skip pretraining",
+    )
+    p.add_argument(
+        "--inject-config",
+        action="append",
+        default=[],
+        help="YAML overlay for both injections (repeatable), e.g. configs/lacuna/inject_smollm2.yaml",
+    )
+    p.add_argument(
+        "--instruct-config",
+        action="append",
+        default=[],
+        help="YAML overlay for both instruction tunings (repeatable), e.g. one that sets model.init_args.lr",
+    )
+    p = sub.add_parser("filter", help="measure extraction and write the memorization-filtered splits")
+    p.add_argument("--model", default="runs/lacuna/instruct/export/model")
+    p.add_argument("--data", default="runs/lacuna/data")
+    p.add_argument("--out", default="runs/lacuna/splits")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--groups", type=int, nargs="+", default=None, help="measure only these groups (after --data.groups)"
+    )
+    p = sub.add_parser("resurface", help="resurfacing attack: relearn on held-out PII, count leaking profiles")
+    p.add_argument("--model", required=True, help="the (unlearned) model directory to attack")
+    p.add_argument("--splits", default="runs/lacuna/splits")
+    p.add_argument("--field", default="email", choices=TARGET_FIELDS)
+    p.add_argument("--out", required=True)
+    p.add_argument("--k", type=int, default=200, help="sampled generations per forget prompt (Lacuna: 200)")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p = sub.add_parser("locality", help="count parameters an injection changed outside the given groups' masks")
+    p.add_argument("--export", default="runs/lacuna/inject/export")
+    p.add_argument("--group", type=int, nargs="+", required=True)
+    p = sub.add_parser("data", help="build the testbed data directory")
+    p.add_argument("--out", default="runs/lacuna/data")
+    p.add_argument("--num-profiles", type=int, default=LacunaDataConfig.num_profiles)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profiles-jsonl", default=None)
+    p.add_argument("--neutral", default=None)
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        with processes.terminate_children_on_exit():  # SIGTERM / SIGHUP end every stage too
+            run_chain(
+                args.workdir,
+                args.size,
+                parallel=False if args.sequential else None,
+                model_path=args.model_path,
+                inject_configs=args.inject_config,
+                instruct_configs=args.instruct_config,
+            )
+    elif args.command == "filter":
+        report = filter_stage(args.model, args.data, args.out, args.seed, groups=args.groups)
+        print(json.dumps({k: report[k] for k in ("profiles", "extraction", "split_sizes")}, indent=1))
+    elif args.command == "resurface":
+        report = resurface(
+            args.model, args.splits, args.field, args.out, args.k, args.epochs, temperature=args.temperature
+        )
+        print(json.dumps({k: v for k, v in report.items() if k != "leaked_profile_ids"}, indent=1))
+    elif args.command == "locality":
+        report = locality_report(args.export, args.group)
+        print(json.dumps(report, indent=1))
+        if report["changed_outside"]:
+            raise SystemExit(f"{report['changed_outside']} elements changed outside groups {args.group}.")
+    elif args.command == "data":
+        cfg = LacunaDataConfig(
+            num_profiles=args.num_profiles, seed=args.seed, profiles_jsonl=args.profiles_jsonl, neutral=args.neutral
+        )
+        build_testbed_data(args.out, cfg)
+
+
+__all__ = [
+    "extraction_rates",
+    "filter_stage",
+    "format_table",
+    "generate",
+    "locality_report",
+    "resurface",
+    "run_chain",
+    "target_verdict",
+    "write_directory_atomically",
+]

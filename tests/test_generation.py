@@ -1,0 +1,31 @@
+from lightning_unlearn.generation import encode_prompts_left_padded, generate_greedy
+
+
+def test_left_padding_puts_prompts_at_the_end(tiny_tokenizer):
+    ids, attn = encode_prompts_left_padded(tiny_tokenizer, ["Where was Alice born?", "Hi"])
+    assert ids.shape == attn.shape and attn[:, -1].tolist() == [1, 1]
+    assert attn[1, 0] == 0 and attn[0].all()
+    assert ids[0, 0] == tiny_tokenizer.bos_token_id
+
+
+def test_batched_generation_equals_one_prompt_at_a_time(tiny_model, tiny_tokenizer):
+    prompts = ["Where was Alice Smith born?", "Python is", "What is the phone number of Bob Jones?"]
+    batched = generate_greedy(tiny_model, tiny_tokenizer, prompts, max_new_tokens=8)
+    single = [generate_greedy(tiny_model, tiny_tokenizer, [p], max_new_tokens=8)[0] for p in prompts]
+    assert [g.text for g in batched] == [g.text for g in single]
+    for g in batched:
+        assert g.num_tokens <= 8
+        assert g.hit_token_cap == (g.num_tokens == 8)
+
+
+def test_matches_transformers_generate(tiny_model, tiny_tokenizer):
+    import torch
+
+    prompts = ["Where was Alice Smith born?", "Python is"]
+    ids, attn = encode_prompts_left_padded(tiny_tokenizer, prompts)
+    with torch.no_grad():
+        ref = tiny_model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=6, do_sample=False,
+                                  pad_token_id=tiny_tokenizer.pad_token_id, eos_token_id=tiny_tokenizer.eos_token_id)
+    ref_text = [tiny_tokenizer.decode(r[ids.shape[1]:], skip_special_tokens=True).strip() for r in ref]
+    ours = generate_greedy(tiny_model, tiny_tokenizer, prompts, max_new_tokens=6)
+    assert [g.text for g in ours] == ref_text

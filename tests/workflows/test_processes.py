@@ -1,0 +1,70 @@
+"""Killing a chain leaves no stage running: SIGTERM (handled) and SIGKILL (the kernel's parent-death signal)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from lightning_unlearn.workflows import processes
+
+
+def _wait_for_child(parent: psutil.Process, needle: str, timeout: float = 120.0) -> psutil.Process:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in parent.children(recursive=True):
+            try:
+                if needle in " ".join(child.cmdline()):
+                    return child
+            except psutil.NoSuchProcess:
+                continue
+        time.sleep(0.2)
+    raise AssertionError(f"no child running {needle!r} within {timeout} s")
+
+
+def _alive_with(marker: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if marker in " ".join(p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_killing_lacuna_run_leaves_no_stage_alive(tmp_path, sig):
+    workdir = tmp_path / f"chain-{sig.name}"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    chain = subprocess.Popen(
+        [sys.executable, "-m", "lightning_unlearn.cli", "lacuna", "run", "--size", "tiny", "--workdir", str(workdir)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        stage = _wait_for_child(psutil.Process(chain.pid), "fit")
+        chain.send_signal(sig)
+        chain.wait(timeout=60)
+        psutil.wait_procs([stage], timeout=30)
+        assert not stage.is_running() or stage.status() == psutil.STATUS_ZOMBIE
+        assert _alive_with(str(workdir)) == []
+    finally:
+        for p in _alive_with(str(workdir)):
+            p.kill()
+        if chain.poll() is None:
+            chain.kill()
+
+
+def test_terminate_children_on_exit_stops_a_sleeping_child():
+    with pytest.raises(SystemExit) as exit_info, processes.terminate_children_on_exit():
+        child = processes.spawn([sys.executable, "-c", "import time; time.sleep(60)"])
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+    assert exit_info.value.code == 128 + signal.SIGTERM
+    assert child.wait(timeout=10) is not None and child.returncode != 0
