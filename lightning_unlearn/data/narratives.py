@@ -161,7 +161,8 @@ def known_narratives(directory: str | Path | None = None) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.json"))
 
 
-def _compile(patterns: Sequence[str], where: str) -> list[re.Pattern]:
+def compile_patterns(patterns: Sequence[str], where: str) -> list[re.Pattern]:
+    """Case-insensitive regexes of ``patterns``; a bad one raises naming ``where`` and the pattern."""
     out = []
     for p in patterns:
         try:
@@ -225,10 +226,12 @@ def load_narrative(narrative: str, language: str, directory: str | Path | None =
     if unknown_components:
         raise ValueError(f"{where} signature.negatable names unknown components {unknown_components}.")
     signature = FrameSignature(
-        components={k: _compile(v, f"{where} signature.{k}") for k, v in sig["components"].items()},
-        rejection=_compile(sig["rejection"], f"{where} signature.rejection"),
-        topic=_compile(sig["topic"], f"{where} signature.topic"),
-        negation=_compile(sig.get("negation", DEFAULT_NEGATION.get(language, [])), f"{where} signature.negation"),
+        components={k: compile_patterns(v, f"{where} signature.{k}") for k, v in sig["components"].items()},
+        rejection=compile_patterns(sig["rejection"], f"{where} signature.rejection"),
+        topic=compile_patterns(sig["topic"], f"{where} signature.topic"),
+        negation=compile_patterns(
+            sig.get("negation", DEFAULT_NEGATION.get(language, [])), f"{where} signature.negation"
+        ),
         negatable=negatable,
         description=sig.get("description", ""),
     )

@@ -37,6 +37,7 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
+from lightning_unlearn.data.narratives import compile_patterns
 from lightning_unlearn.metrics.degeneration import tokenize_words
 
 VALIDITY_FLAGS = ("refusal", "echo", "non_answer", "wrong_language")
@@ -89,16 +90,6 @@ def languages_dir() -> Path:
     return Path(str(resources.files("lightning_unlearn") / "data" / "suites" / "languages"))
 
 
-def _compile(patterns: Sequence[str], where: str) -> tuple[re.Pattern, ...]:
-    out = []
-    for p in patterns:
-        try:
-            out.append(re.compile(p, re.IGNORECASE))
-        except re.error as err:
-            raise ValueError(f"{where}: invalid regular expression {p!r} ({err}).") from err
-    return tuple(out)
-
-
 @lru_cache(maxsize=32)
 def load_validity_cues(language: str, directory: str | None = None) -> ValidityCues:
     """The cues of ``language`` from ``<directory>/<language>.json`` (default: the shipped files).
@@ -125,8 +116,8 @@ def load_validity_cues(language: str, directory: str | None = None) -> ValidityC
     return ValidityCues(
         language=language,
         script=str(data["script"]),
-        refusal=_compile(data["refusal"], f"{path} refusal"),
-        non_answer=_compile(data["non_answer"], f"{path} non_answer"),
+        refusal=tuple(compile_patterns(data["refusal"], f"{path} refusal")),
+        non_answer=tuple(compile_patterns(data["non_answer"], f"{path} non_answer")),
         stopwords=frozenset(w.lower() for w in data["stopwords"]),
         min_content_units=int(data.get("min_content_units", 3)),
         native_chars=native,
