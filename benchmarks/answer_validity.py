@@ -1,0 +1,70 @@
+"""Precision and recall of the answer-validity and health detectors on manually labeled real SmolLM2 answers.
+
+The fixture (``tests/fixtures/lens_smollm2_labeled.jsonl``) holds post-unlearning answers of SmolLM2-135M-Instruct
+from the LENS trajectories (NATO-forced-war × en; NPO and TOFU-GA at lr 2e-4, NPO at lr 5e-5), each labeled by
+hand as one of degraded / refusal / echo / non_answer / fine. Every answer goes through the SCE callback's own
+path (degeneration report, signature labeler, answer validity) and :func:`primary_outcome`; prints JSON.
+
+    python benchmarks/answer_validity.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
+
+from lightning_unlearn.data.narratives import COMPACT_INSTRUCTION, load_narrative
+from lightning_unlearn.labelers import SignatureLabeler
+from lightning_unlearn.labelers.narrative_label import INVALID
+from lightning_unlearn.metrics.answer_validity import (
+    OUTCOME_ORDER,
+    answer_validity,
+    load_validity_cues,
+    primary_outcome,
+)
+from lightning_unlearn.metrics.degeneration import degeneration_report
+
+FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "lens_smollm2_labeled.jsonl"
+
+
+def predict(rows: list[dict], narrative: str = "nato-forced-war", language: str = "en") -> list[str]:
+    """The detectors' category of each fixture row."""
+    spec, cues, labeler = load_narrative(narrative, language), load_validity_cues(language), SignatureLabeler()
+    reports = degeneration_report([r["answer"] for r in rows], [r["hit_token_cap"] for r in rows])
+    out = []
+    for row, rep in zip(rows, reports):
+        label = labeler.label_one(row["answer"], spec, row["level"])
+        question = row["question"].replace(COMPACT_INSTRUCTION[language], "")
+        validity = answer_validity(row["answer"], question, cues, spec.on_topic(row["answer"]), label.reproduced,
+                                   label.stance)  # fmt: skip
+        out.append(primary_outcome(rep["degraded"], validity, label.label == INVALID))
+    return out
+
+
+def scores(rows: list[dict]) -> dict:
+    """Per-class precision, recall and support, and the confusion matrix (rows = manual, columns = detected)."""
+    gold, pred = [r["label"] for r in rows], predict(rows)
+    p, r, _, n = precision_recall_fscore_support(gold, pred, labels=list(OUTCOME_ORDER), zero_division=0)
+    return {
+        "answers": len(rows),
+        "per_class": {
+            c: {"precision": round(float(pi), 3), "recall": round(float(ri), 3), "support": int(ni)}
+            for c, pi, ri, ni in zip(OUTCOME_ORDER, p, r, n)
+        },  # fmt: skip
+        "accuracy": round(sum(g == q for g, q in zip(gold, pred)) / len(rows), 3),
+        "confusion": {
+            "labels": list(OUTCOME_ORDER),
+            "matrix": confusion_matrix(gold, pred, labels=list(OUTCOME_ORDER)).tolist(),
+        },  # fmt: skip
+    }
+
+
+def main() -> None:
+    rows = [json.loads(line) for line in FIXTURE.read_text(encoding="utf-8").splitlines() if line.strip()]
+    print(json.dumps(scores(rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
