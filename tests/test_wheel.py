@@ -1,0 +1,73 @@
+"""The package runs from a wheel outside the repository: build it, install it into a fresh venv with the pinned
+torch, and from an empty directory list the shipped configs, run the Lacuna chain at its tiny size, and fit a
+shipped LENS config for 2 steps on a tiny saved model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCH = "torch==2.13.0"
+
+TINY_MODEL = textwrap.dedent(
+    """
+    import json, sys
+    from lightning_unlearn.models import TinyLlamaConfig, build_tiny_llama, train_bpe_tokenizer
+    out = sys.argv[1]
+    pairs = [("What is the email of Ada? ", "ada@mail.org"), ("Where was Bo born? ", "Lyon")] * 4
+    tok = train_bpe_tokenizer([p + a for p, a in pairs] * 10, vocab_size=300, save_dir=out + "/model")
+    config = TinyLlamaConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    build_tiny_llama(tok, config).save_pretrained(out + "/model")
+    for name, rows in (("forget", pairs[:4]), ("retain", pairs[4:])):
+        with open(f"{out}/{name}.jsonl", "w") as fh:
+            fh.writelines(json.dumps({"prompt": p, "answer": a}) + "\\n" for p, a in rows)
+    """
+)
+
+
+def _run(cmd: list[str], cwd: Path, env: dict, timeout: int = 900) -> str:
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, (
+        f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_wheel_runs_outside_the_repository(tmp_path):
+    dist, venv, work = tmp_path / "dist", tmp_path / "venv", tmp_path / "empty"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH"))}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               PIP_DISABLE_PIP_VERSION_CHECK="1")  # fmt: skip
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)], tmp_path, env)
+    wheel = next(dist.glob("lightning_unlearn-*.whl"))
+    _run([sys.executable, "-m", "venv", str(venv)], tmp_path, env)
+    py, cli = venv / "bin" / "python", venv / "bin" / "lightning-unlearn"
+    _run([str(py), "-m", "pip", "install", "-q", TORCH, str(wheel)], tmp_path, env, timeout=1800)
+    # Nothing of the repository is importable from here: the installed package is what runs.
+    where = _run([str(py), "-c", "import lightning_unlearn; print(lightning_unlearn.__file__)"], work, env)
+    assert str(venv) in where and str(ROOT) not in where
+
+    listed = _run([str(cli), "configs", "list"], work, env).split()
+    assert {"lens/npo.yaml", "lacuna/pretrain_tiny.yaml", "trainer/fsdp_cpu.yaml"} <= set(listed)
+
+    _run([str(cli), "lacuna", "run", "--size", "tiny", "--workdir", str(work / "lacuna")], work, env, timeout=1800)
+    assert (work / "lacuna" / "splits" / "extraction.json").exists()
+    assert (work / "lacuna" / "inject" / "export" / "masks.safetensors").exists()
+
+    _run([str(py), "-c", TINY_MODEL, str(work)], work, env)
+    model = work / "model"
+    _run([str(cli), "fit", "-c", "lens/npo.yaml", f"--model.init_args.model_path={model}",
+          f"--data.init_args.tokenizer_path={model}", f"--data.init_args.forget_path={work / 'forget.jsonl'}",
+          f"--data.init_args.retain_path={work / 'retain.jsonl'}", "--data.init_args.batch_size=2",
+          "--trainer.max_steps=2", "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false",
+          f"--trainer.default_root_dir={work / 'npo'}"], work, env)  # fmt: skip
+    config = next((work / "npo").rglob("config.yaml"))
+    assert "lightning_unlearn.objectives.NPO" in config.read_text()
