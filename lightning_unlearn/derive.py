@@ -45,10 +45,10 @@ class DeriveConfig:
             source, blocks and corpus, refused otherwise.
     """
 
+    path: str
     source: str = "smollm2"
     blocks: int | list[int] | None = None
     prune_vocabulary: bool = True
-    path: str = "runs/lacuna/base"
 
 
 def keep_blocks(model: nn.Module, blocks: Sequence[int]) -> nn.Module:

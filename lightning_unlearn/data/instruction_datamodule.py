@@ -23,7 +23,7 @@ class InstructionDataModule(LightningDataModule):
     Args:
         source: a ``datasets`` directory with ``prompt``/``answer`` columns (e.g. a testbed's ``instruct_qa`` or
             the ``relearn`` split for the resurfacing attack). ``None`` = ``<data_dir>/instruct_qa``.
-        data_dir: testbed data directory (used when ``source`` is ``None``).
+        data_dir: testbed data directory (used when ``source`` is ``None``; one of the two is required).
         tokenizer_dir: tokenizer directory; ``None`` = the model's (``LightningModule.tokenizer_dir``).
         val_fraction: share held out for validation (Lacuna: 0.3).
         split_by: ``"rows"`` holds out ``val_fraction`` of the pairs; ``"profiles"`` holds out that share of the
@@ -37,7 +37,7 @@ class InstructionDataModule(LightningDataModule):
     def __init__(
         self,
         source: str | None = None,
-        data_dir: str = "runs/lacuna/data",
+        data_dir: str | None = None,
         tokenizer_dir: str | None = None,
         val_fraction: float = 0.3,
         split_by: str = "rows",
@@ -46,6 +46,11 @@ class InstructionDataModule(LightningDataModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
+        if source is None and data_dir is None:
+            raise ValueError(
+                "InstructionDataModule needs source (a datasets directory of prompt/answer pairs) or data_dir (a "
+                "testbed data directory, e.g. runs/lacuna/data); give one."
+            )
         if not 0 <= val_fraction < 1:
             raise ValueError(f"val_fraction={val_fraction} must be in [0, 1).")
         if split_by not in ("rows", "profiles"):

@@ -137,7 +137,7 @@ class InjectionDataModule(LightningDataModule):
 
     def __init__(
         self,
-        data_dir: str = "runs/lacuna/data",
+        data_dir: str,
         data: LacunaDataConfig | None = None,
         tokenizer_dir: str | None = None,
         neutral_fraction: float = 0.55,

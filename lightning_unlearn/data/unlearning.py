@@ -25,6 +25,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import DataLoader, Dataset
+from typing_extensions import override
 
 from lightning_unlearn.data.collate import encode_prompt_answer, pad_batch
 from lightning_unlearn.models import load_tokenizer
@@ -148,6 +149,7 @@ class ForgetRetainDataModule(LightningDataModule):
         self.retain: EncodedPairs | None = None
         self.mismatch: EncodedPairs | None = None
 
+    @override
     def setup(self, stage: str | None = None) -> None:
         if self.forget is not None:
             return
@@ -180,6 +182,7 @@ class ForgetRetainDataModule(LightningDataModule):
             num_workers=self.hparams.num_workers,
         )
 
+    @override
     def train_dataloader(self) -> CombinedLoader:
         hp = self.hparams
         retain_bs = hp.retain_batch_size or hp.batch_size
@@ -194,6 +197,7 @@ class ForgetRetainDataModule(LightningDataModule):
         retain_batches = -(-len(self.retain) // retain_bs)
         return CombinedLoader(loaders, mode="min_size" if retain_batches >= forget_batches else "max_size_cycle")
 
+    @override
     def val_dataloader(self) -> list[DataLoader]:
         """Forget (index 0) and retain (index 1) pairs in order, for the forget/retain NLL of a checkpoint."""
         return [self.forget_eval_dataloader(), self.retain_eval_dataloader()]

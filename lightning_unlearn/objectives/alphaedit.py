@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import move_data_to_device
 from torch import nn
+from typing_extensions import override
 
 from lightning_unlearn.losses import IGNORE_INDEX, kl_divergence, nll_loss, normalized_nll, sequence_logprobs
 from lightning_unlearn.models import load_causal_lm, load_tokenizer
@@ -101,15 +102,18 @@ class AlphaEdit(LightningModule):
         return self._get(self.hparams.block_path, layer)
 
     # -- Lightning --------------------------------------------------------------------------------------------
+    @override
     def setup(self, stage: str) -> None:
         if self.trainer.world_size > 1:
             raise RuntimeError("AlphaEdit runs in one process (a closed-form edit of full weights); use devices=1.")
 
+    @override
     def configure_optimizers(self):
         # No gradient step: SGD over the edited weights only makes Lightning count one step per edit batch, so
         # max_steps and ModelCheckpoint(every_n_train_steps) work as for the other objectives.
         return torch.optim.SGD([self._down_proj(layer).weight for layer in self.layers], lr=0.0)
 
+    @override
     def on_train_start(self) -> None:
         if not self.projectors:
             datamodule = getattr(self.trainer, "datamodule", None)
@@ -118,6 +122,7 @@ class AlphaEdit(LightningModule):
             self.projectors = self.null_space_projectors(datamodule.retain_eval_dataloader())
         self.model.eval()
 
+    @override
     def training_step(self, batch: dict, batch_idx: int) -> None:
         forget = batch["forget"]
         positions = _last_prompt_positions(forget["labels"])
@@ -131,6 +136,7 @@ class AlphaEdit(LightningModule):
         self.log_dict({"train/forget_nll": normalized_nll(logps, lengths).mean(), "train/delta_norm": delta_norm})
         self.optimizers().step()  # counts the edit batch as one step (no gradients, so nothing else happens)
 
+    @override
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
         logps, lengths = sequence_logprobs(self._logits(batch), batch["labels"])
         name = ("forget", "retain")[dataloader_idx] if dataloader_idx < 2 else f"set{dataloader_idx}"

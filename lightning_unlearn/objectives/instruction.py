@@ -38,7 +38,7 @@ class InstructionModule(LightningModule):
 
     def __init__(
         self,
-        model_path: str = "runs/lacuna/inject/export/inj",
+        model_path: str,
         adapter: AdapterConfig | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.0,

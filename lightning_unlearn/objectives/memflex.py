@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from lightning.pytorch.utilities import move_data_to_device
+from typing_extensions import override
 
 from lightning_unlearn.losses import nll_loss, normalized_nll, weighted_nll_loss
 from lightning_unlearn.models import AdapterConfig
@@ -63,12 +64,14 @@ class MemFlex(UnlearningModule):
             "retain_nll": normalized_nll(r_logps, r_len).mean().detach(),
         }
 
+    @override
     def on_train_start(self) -> None:
         super().on_train_start()
         if self.selected is None:
             self.selected = self.localize()
         self.log("train/memflex_selected_tensors", float(len(self.selected)), rank_zero_only=True)
 
+    @override
     def on_before_optimizer_step(self, optimizer) -> None:
         super().on_before_optimizer_step(optimizer)
         keep = set(self.selected or ())
@@ -136,10 +139,12 @@ class MemFlex(UnlearningModule):
             n_batches += 1
         return [t / max(n_batches, 1) for t in totals]
 
+    @override
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
         checkpoint["memflex_selected"] = list(self.selected or [])
 
+    @override
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.selected = checkpoint.get("memflex_selected") or None
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 from lightning.pytorch.utilities import move_data_to_device
+from typing_extensions import override
 
 from lightning_unlearn.losses import nll_loss, normalized_nll, npo_loss, sequence_logprobs
 from lightning_unlearn.models import AdapterConfig
@@ -77,6 +78,7 @@ class NPO(UnlearningModule):
             logs["retain_nll"] = retain_nll.detach()
         return loss, logs
 
+    @override
     def on_train_start(self) -> None:
         super().on_train_start()
         if self.reference == "precomputed" and self.reference_logps is None:
@@ -99,10 +101,12 @@ class NPO(UnlearningModule):
         self.model.train(was_training)
         return values
 
+    @override
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
         if self.reference_logps is not None:
             checkpoint["npo_reference_logps"] = self.reference_logps
 
+    @override
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.reference_logps = checkpoint.get("npo_reference_logps")

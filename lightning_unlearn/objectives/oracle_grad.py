@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from typing_extensions import override
 
 from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.losses import gd_loss, normalized_nll
@@ -92,6 +93,7 @@ class OracleGrad(UnlearningModule):
             layer.register_buffer("forget_mask", group_mask(packed[key], self.forget_groups), persistent=False)
             layer.forward = types.MethodType(_masked_lora_forward, layer)
 
+    @override
     def setup(self, stage: str) -> None:
         if self.adapter_config.kind == "full" and not hasattr(self.trainer.strategy, "masked"):
             raise TypeError(

@@ -32,6 +32,7 @@ import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
+from typing_extensions import override
 
 from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.losses import nll_loss, sequence_logprobs
@@ -127,6 +128,7 @@ class UnlearningModule(LightningModule):
         ``MaskedFSDPStrategy`` they are meta-device skeletons here, filled from rank 0 after sharding, so read
         names and shapes only."""
 
+    @override
     def configure_model(self) -> None:
         if "model" not in self._modules:
             self._build_model(load_model_for_rank(self.model_path, self._trainer))
@@ -163,6 +165,7 @@ class UnlearningModule(LightningModule):
         """The objective: ``(loss, logs)``; ``logs["forget_nll"]`` (mean NLL̄ of the forget batch) is required."""
         raise NotImplementedError
 
+    @override
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss, logs = self.unlearning_loss(batch)
         forget_nll = float(logs["forget_nll"])
@@ -188,6 +191,7 @@ class UnlearningModule(LightningModule):
         self.log_dict({f"train/{k}": v.detach().float() for k, v in logs.items()})
         return loss
 
+    @override
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
         logps, lengths, _ = self.sequence_logps(batch)
         name = ("forget", "retain")[dataloader_idx] if dataloader_idx < 2 else f"set{dataloader_idx}"
@@ -196,15 +200,18 @@ class UnlearningModule(LightningModule):
             batch_size=len(logps),
         )
 
+    @override
     def on_train_start(self) -> None:
         self._skip_update = False  # a new fit after a stop starts updating again
 
     # -- optimisation -----------------------------------------------------------------------------------------
+    @override
     def on_before_optimizer_step(self, optimizer) -> None:
         if self._skip_update:
             for param in self.model.parameters():
                 param.grad = None  # AdamW skips parameters without a gradient: no step, no decay, no momentum
 
+    @override
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         # AdaLoRA's rank budget: peft asks for this call after every optimizer step, while the gradients exist
@@ -217,6 +224,7 @@ class UnlearningModule(LightningModule):
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
+    @override
     def configure_optimizers(self):
         cfg = self.optim_config
         optimizer = torch.optim.AdamW(
@@ -227,6 +235,7 @@ class UnlearningModule(LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # -- checkpoints ------------------------------------------------------------------------------------------
+    @override
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         hparams = checkpoint.get("hyper_parameters")
         if hparams is not None:
@@ -249,6 +258,7 @@ class UnlearningModule(LightningModule):
         if self.adapter_config.kind == "adalora":
             checkpoint["adalora"] = self._adalora_state()
 
+    @override
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if self.adapter_config.kind == "adalora" and checkpoint.get("adalora"):
             self._restore_adalora_state(checkpoint["adalora"])
@@ -287,6 +297,7 @@ class UnlearningModule(LightningModule):
         """State-dict keys of the frozen parameters (with an adapter: the base model, reloaded from model_path)."""
         return {f"model.{n}" for n, p in self.model.named_parameters(remove_duplicate=False) if not p.requires_grad}
 
+    @override
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """With an adapter, accept checkpoints without the frozen base weights, and nothing else missing."""
         _ = self.model  # built (a Trainer built it already in configure_model)

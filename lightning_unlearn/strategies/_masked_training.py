@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningModule
+from typing_extensions import override
 
 from lightning_unlearn.masks import LazyMasks
 from lightning_unlearn.strategies.lockstep import local_tensor, lockstep_masked_backward
@@ -100,6 +101,7 @@ class MaskedTraining:
             )
         return self._engine
 
+    @override
     def training_step(
         self, module: LightningModule, call: Callable[..., Any], backward: Callable[[torch.Tensor], None], args, kwargs
     ) -> Any:
@@ -171,6 +173,7 @@ class MaskedTraining:
             self._restrict_key = key
         return self._restrict
 
+    @override
     def optimizer_step(self, module: LightningModule, step: Callable[[Callable[[], Any]], Any], closure) -> Any:
         """``step(closure)`` with gradients masked after the closure and out-of-mask values restored after."""
         restrict = self.restriction(module)
@@ -217,15 +220,18 @@ class MaskedStrategyHooks:
 
     masked: MaskedTraining
 
+    @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         backward = lambda loss: self.precision_plugin.backward(loss, self.lightning_module, None)  # noqa: E731
         return self.masked.training_step(self.lightning_module, super().training_step, backward, args, kwargs)
 
+    @override
     def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         if self.masked.grads_ready:
             return backward_hooks_only(self, closure_loss)
         return super().backward(closure_loss, optimizer, *args, **kwargs)
 
+    @override
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         parent_step = super().optimizer_step
         step = lambda c: parent_step(optimizer, c, model, **kwargs)  # noqa: E731
