@@ -33,6 +33,7 @@ from typing_extensions import override
 
 from lightning_unlearn.losses import IGNORE_INDEX, kl_divergence, nll_loss, normalized_nll, sequence_logprobs
 from lightning_unlearn.models import load_causal_lm, load_tokenizer
+from lightning_unlearn.null_space import alphaedit_update, null_space_projector
 
 
 class AlphaEdit(LightningModule):
@@ -172,12 +173,10 @@ class AlphaEdit(LightningModule):
         finally:
             for h in hooks:
                 h.remove()
-        projectors = {}
-        for layer in self.layers:
-            u, s, _ = torch.linalg.svd(sums[layer] / max(counts, 1))
-            null = u[:, s < self.nullspace_threshold]
-            projectors[layer] = null @ null.T  # float64
-        return projectors
+        return {
+            layer: null_space_projector(sums[layer] / max(counts, 1), self.nullspace_threshold)
+            for layer in self.layers
+        }
 
     def target_values(self, forget: dict, positions: torch.Tensor, retain: dict) -> tuple[torch.Tensor, float]:
         """z = h + δ at block ``layers[-1]``'s output, position p of each forget sample; also mean ‖δ‖."""
@@ -251,15 +250,27 @@ class AlphaEdit(LightningModule):
     def _edit(self, layer: int, keys: torch.Tensor, residual: torch.Tensor) -> None:
         weight = self._down_proj(layer).weight  # (d, d_ff)
         projector = self.projectors[layer].to(weight.device, torch.float64)
-        keys, residual = keys.double(), residual.double()
-        previous = self.previous_keys.get(layer, torch.zeros_like(projector))
-        eye = torch.eye(projector.shape[0], device=weight.device, dtype=torch.float64)
-        lhs = projector @ (keys @ keys.T + previous) + self.l2 * eye
-        update = torch.linalg.solve(lhs, projector @ keys @ residual)  # (d_ff, d)
-        # The exact solution already lies in range(P); projecting again removes round-off that a small l2 amplifies.
-        update = projector @ update
+        previous = self.previous_keys.get(layer)
+        update = alphaedit_update(keys, residual, projector, previous, self.l2)  # (d_ff, d)
         weight.add_(update.T.to(weight.dtype))
-        self.previous_keys[layer] = previous + keys @ keys.T
+        keys = keys.double()
+        self.previous_keys[layer] = (keys @ keys.T) + (0 if previous is None else previous.to(keys.device))
+
+    # -- resume -----------------------------------------------------------------------------------------------
+    @override
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # The projectors and the accumulated keys of earlier edit batches are the edit's state: without them a
+        # resumed run would recompute P from the already-edited model and forget to preserve earlier edits.
+        checkpoint["alphaedit"] = {
+            "projectors": {int(k): v.cpu() for k, v in self.projectors.items()},
+            "previous_keys": {int(k): v.cpu() for k, v in self.previous_keys.items()},
+        }
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        state = checkpoint.get("alphaedit") or {}
+        self.projectors = {int(k): v for k, v in state.get("projectors", {}).items()}
+        self.previous_keys = {int(k): v for k, v in state.get("previous_keys", {}).items()}
 
 
 def _hidden(out) -> torch.Tensor:

@@ -37,3 +37,37 @@ def test_alphaedit_update_lies_in_the_null_space_of_retain_keys(testbed):
 def test_alphaedit_names_a_missing_layer(testbed):
     with pytest.raises(ValueError, match="layers"):
         AlphaEdit(testbed.model_dir, layers=[9])
+
+
+def test_null_space_projector_and_update_by_hand():
+    from lightning_unlearn.null_space import alphaedit_update, null_space_projector
+
+    # Keys span e1 only: covariance diag(2, 0, 0) → the null space is span(e2, e3), P = diag(0, 1, 1).
+    cov = torch.diag(torch.tensor([2.0, 0.0, 0.0]))
+    projector = null_space_projector(cov, threshold=1e-3)
+    assert torch.allclose(projector, torch.diag(torch.tensor([0.0, 1.0, 1.0], dtype=torch.float64)))
+    # One key k = e2 with residual r = (3,): P(kkᵀ) + l2·I = diag(l2, 1 + l2, l2), P k r = (0, 3, 0)ᵀ
+    # → update = (0, 3 / (1 + l2), 0)ᵀ; with l2 = 0.5 that is 2.0, and the retain key e1 gets no change.
+    update = alphaedit_update(torch.tensor([[0.0], [1.0], [0.0]]), torch.tensor([[3.0]]), projector, l2=0.5)
+    assert torch.allclose(update, torch.tensor([[0.0], [2.0], [0.0]], dtype=torch.float64))
+    # An earlier edit batch's key e2 (C_prev = e2 e2ᵀ) makes the same edit smaller: 3 / (2 + l2) = 1.2.
+    previous = torch.diag(torch.tensor([0.0, 1.0, 0.0]))
+    again = alphaedit_update(torch.tensor([[0.0], [1.0], [0.0]]), torch.tensor([[3.0]]), projector, previous, l2=0.5)
+    assert torch.allclose(again, torch.tensor([[0.0], [1.2], [0.0]], dtype=torch.float64))
+    with pytest.raises(ValueError, match="one residual per key"):
+        alphaedit_update(torch.zeros(3, 2), torch.zeros(1, 1), projector)
+    with pytest.raises(ValueError, match="square"):
+        null_space_projector(torch.zeros(2, 3), 1e-3)
+
+
+def test_alphaedit_resume_keeps_its_projectors_and_earlier_keys(testbed, tmp_path):
+    module = _alphaedit(testbed)
+    fit(module, testbed, max_steps=2)
+    checkpoint = {}
+    module.on_save_checkpoint(checkpoint)
+    fresh = _alphaedit(testbed)
+    fresh.on_load_checkpoint(checkpoint)
+    assert set(fresh.projectors) == set(fresh.previous_keys) == {0, 1}
+    for layer in (0, 1):
+        assert torch.equal(fresh.projectors[layer], module.projectors[layer].cpu())
+        assert torch.equal(fresh.previous_keys[layer], module.previous_keys[layer].cpu())
