@@ -1,32 +1,80 @@
-"""The ``lightning-unlearn`` entry point: LightningCLI for ``fit``/``validate``/``test``/``predict``, plus a
-few non-Trainer commands (listed in ``EXTRA_COMMANDS``) dispatched before LightningCLI sees the arguments.
+"""The ``lightning-unlearn`` entry point: LightningCLI for ``fit``/``validate``/``test``/``predict``, plus the
+non-Trainer commands (listed in ``EXTRA_COMMANDS``) dispatched before LightningCLI sees the arguments.
+
+Each non-Trainer command is a typed function exposed through ``jsonargparse.auto_cli`` (see
+:mod:`lightning_unlearn.workflows.command`), so all take ``-c/--config FILE``, ``--print_config`` and ``--help``
+with LightningCLI's underscore flags. This module only names them: it imports no workflow until one is run.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
 
-# Non-Trainer subcommands: name -> "module:function"; the function takes the remaining argv list.
-EXTRA_COMMANDS: dict[str, str] = {
-    "report": "lightning_unlearn.workflows.report:main",
-    "mask-auc": "lightning_unlearn.workflows.report:mask_auc_main",
-    "lens-baseline": "lightning_unlearn.workflows.lens.prepare:baseline_main",
-    "lens-export": "lightning_unlearn.workflows.lens.prepare:export_main",
-    "lens-import": "lightning_unlearn.workflows.lens.prepare:import_main",
-    "lens-label": "lightning_unlearn.workflows.lens.prepare:label_main",
-    "lens-calibrate": "lightning_unlearn.workflows.lens.prepare:calibrate_main",
-    "lens-summary": "lightning_unlearn.workflows.lens.summary:main",
-    "lens-rescore": "lightning_unlearn.workflows.lens.rescore:main",
-    "configs": "lightning_unlearn.workflows.configs:main",
-    "smollm2": "lightning_unlearn.smollm2:main",
-    "lacuna": "lightning_unlearn.workflows.lacuna.chain:main",
-    "lacuna-localization": "lightning_unlearn.workflows.lacuna.localization:main",
+# Non-Trainer commands: name -> ("module:function", one-line description). The function takes the remaining argv;
+# the description is the first docstring line of the command function (tests/test_cli.py checks they agree).
+EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
+    "report": (
+        "lightning_unlearn.workflows.report:main",
+        "Cross-run SCE heatmap and checkpoint-selection table of one or more run directories.",
+    ),
+    "mask-auc": (
+        "lightning_unlearn.workflows.report:mask_auc_main",
+        "Localization AUC of one unlearned model against the forget mask, as JSON.",
+    ),
+    "lens": (
+        "lightning_unlearn.workflows.lens:main",
+        "LENS steps: base answers, annotation, forget sets, calibration, trajectory summary, rescoring.",
+    ),
+    "lacuna": (
+        "lightning_unlearn.workflows.lacuna.chain:main",
+        "The Lacuna testbed: the chain, each of its steps, and the localization precision run.",
+    ),
+    "smollm2": (
+        "lightning_unlearn.workflows.smollm2:main",
+        "Convert the packaged SmolLM2-135M-Instruct GGUF to an fp32 model directory once; print its path.",
+    ),
+    "configs": ("lightning_unlearn.workflows.configs:main", "Name the shipped configs, or copy one to edit."),
 }
+# The subcommands of the commands that have them: name -> one-line description (the function's first docstring line).
+SUBCOMMANDS: dict[str, dict[str, str]] = {
+    "lens": {
+        "baseline": "Generate base answers to a suite and write them as JSONL (plus a .meta.json sidecar).",
+        "export": "Write the forget-eligible baseline answers as a CSV for annotators to label.",
+        "import": "Build a forget set from baseline answers: strict (manual labels) or weak (a labeler).",
+        "label": "Label a baseline file with a labeler; the result is the Reproduced count per level.",
+        "calibrate": "Compare a labeler's Reproduced labels with manual labels, as LENS Table 8.",
+        "summary": "One LENS trajectory at its selected checkpoint, as a short table.",
+        "rescore": "Re-label and re-score every saved checkpoint generation of one run; returns the new selection.",
+    },
+    "lacuna": {
+        "run": "Run (or reuse) the whole Lacuna chain: pretrain, inject and control, instruct, filter.",
+        "data": "Build the Lacuna testbed data directory; the result is its path.",
+        "filter": "Measure extraction per field and write the memorization-filtered splits.",
+        "resurface": "Resurfacing attack: relearn on held-out PII, then count the forget profiles that leak.",
+        "locality": "Locality check: count elements an injection changed inside and outside the groups' masks.",
+        "localization": "Localization precision on a Lacuna testbed: OracleGrad vs GA and SimNPO, by mask AUC.",
+    },
+    "configs": {
+        "list": "Print every shipped config (``group``: only ``lens``, ``lacuna`` or ``trainer``).",
+        "copy": "Copy the shipped config NAME (e.g. lens/npo.yaml) to DESTINATION (a file or a folder).",
+    },
+}
+# Old spellings, kept for one release: alias -> the command words it stands for. An alias also accepts the old
+# dashed flags (--max-new-tokens for --max_new_tokens).
+ALIASES: dict[str, tuple[str, ...]] = {
+    **{f"lens-{sub}": ("lens", sub) for sub in SUBCOMMANDS["lens"]},
+    "lacuna-localization": ("lacuna", "localization"),
+}
+# Old flags of the aliases that are not just the dashed spelling of a new one: old -> new words.
+RENAMED_FLAGS: dict[str, tuple[str, ...]] = {"--no_control": ("--control", "false")}  # lacuna-localization
+# What a workflow command raises for a bad path or value: one line on stderr and a non-zero exit, not a traceback.
+USER_ERRORS = (FileNotFoundError, FileExistsError, ValueError)
 
 
 class UnlearnCLI(LightningCLI):
@@ -39,10 +87,17 @@ class UnlearnCLI(LightningCLI):
         super().__init__(LightningModule, LightningDataModule, *args, **kwargs)
 
 
-def _print_extra_commands() -> None:
-    print("\nOther commands (lightning-unlearn COMMAND --help):")
-    for name, target in EXTRA_COMMANDS.items():
-        print(f"  {name:<22} {target}")
+def command_help() -> str:
+    """The non-Trainer commands, their subcommands and the aliases, one line each with its description."""
+    lines = ["", "Other commands (lightning-unlearn COMMAND --help):"]
+    for name, (_, description) in EXTRA_COMMANDS.items():
+        lines.append(f"  {name:<22} {description}")
+        for sub, sub_description in SUBCOMMANDS.get(name, {}).items():
+            lines.append(f"    {sub:<20} {sub_description}")
+    lines += ["", "Aliases (the old spellings, kept for one release; they also accept --dashed-flags):"]
+    for alias, words in ALIASES.items():
+        lines.append(f"  {alias:<22} alias of {' '.join(words)}")
+    return "\n".join(lines)
 
 
 def _resolve_config_args(argv: list[str]) -> list[str]:
@@ -58,21 +113,58 @@ def _resolve_config_args(argv: list[str]) -> list[str]:
     return out
 
 
+def underscore_flags(argv: list[str]) -> list[str]:
+    """Old dashed flags in jsonargparse's spelling: ``--max-new-tokens=60`` → ``--max_new_tokens=60``, and the
+    :data:`RENAMED_FLAGS` (``--no-control`` → ``--control false``).
+
+    Only option names change (a word starting with ``--``, up to any ``=``); values and ``--`` stay as they are.
+    """
+    out: list[str] = []
+    for arg in argv:
+        if arg.startswith("--") and len(arg) > 2:
+            name, sep, value = arg[2:].partition("=")
+            arg = "--" + name.replace("-", "_") + sep + value
+        out += RENAMED_FLAGS.get(arg, (arg,))
+    return out
+
+
+def run_extra_command(argv: list[str]) -> None:
+    """Run the non-Trainer command (or alias) named by ``argv[0]`` with the rest of ``argv``.
+
+    ``-c`` is short for ``--config``. A :data:`USER_ERRORS` exception ends the command with
+    ``lightning-unlearn <command>: error: <message>`` (one line, exit code 1).
+    """
+    name, args = argv[0], argv[1:]
+    if name in ALIASES:
+        words = ALIASES[name]
+        name, args = words[0], [*words[1:], *underscore_flags(args)]
+    args = ["--config" if arg == "-c" else arg for arg in args]
+    shown = name
+    if args and args[0] in SUBCOMMANDS.get(name, {}):
+        shown = f"{name} {args[0]}"
+    module, func = EXTRA_COMMANDS[name][0].split(":")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        getattr(importlib.import_module(module), func)(args)
+    except USER_ERRORS as err:
+        message = " ".join(str(err).splitlines())
+        raise SystemExit(f"lightning-unlearn {shown}: error: {message}") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    if argv and argv[0] in EXTRA_COMMANDS:
-        module, func = EXTRA_COMMANDS[argv[0]].split(":")
-        getattr(importlib.import_module(module), func)(argv[1:])
+    if argv and (argv[0] in EXTRA_COMMANDS or argv[0] in ALIASES):
+        run_extra_command(argv)
         return
     argv = _resolve_config_args(argv)
     try:
         UnlearnCLI(args=argv if argv != sys.argv[1:] else None)
     finally:
         if argv in ([], ["-h"], ["--help"]):
-            _print_extra_commands()
+            print(command_help())
 
 
 if __name__ == "__main__":

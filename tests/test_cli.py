@@ -1,9 +1,53 @@
+"""The ``lightning-unlearn`` entry point: LightningCLI for the Trainer commands, and every other command (and its
+old spelling) with jsonargparse's ``--help``, ``--print_config`` and ``-c/--config``, and one-line errors."""
+
 import subprocess
 import sys
 
 import pytest
+import yaml
 
-from lightning_unlearn.cli import EXTRA_COMMANDS, main
+from lightning_unlearn.cli import ALIASES, EXTRA_COMMANDS, SUBCOMMANDS, main, underscore_flags
+
+# Every command as the words that name it: the commands, their subcommands, and the aliases.
+COMMANDS = [(name,) for name in EXTRA_COMMANDS] + [(name, sub) for name, subs in SUBCOMMANDS.items() for sub in subs]
+ALIAS_COMMANDS = [(alias,) for alias in ALIASES]
+# The fewest arguments each runnable command needs to parse (the paths need not exist: --print_config does no work).
+MINIMAL = {
+    ("report",): ["runs/a", "runs/b"],
+    ("mask-auc",): ["--pre", "pre", "--inj", "inj", "--unl", "unl", "--masks", "masks.safetensors"],
+    ("smollm2",): [],
+    ("lens", "baseline"): ["--model", "m", "--narrative", "nato-forced-war", "--language", "en", "--out", "b.jsonl"],
+    ("lens", "export"): ["--baseline", "b.jsonl", "--out", "a.csv"],
+    ("lens", "import"): ["--baseline", "b.jsonl", "--out", "f.jsonl"],
+    ("lens", "label"): ["--baseline", "b.jsonl", "--out", "l.jsonl"],
+    ("lens", "calibrate"): ["--labels", "a.csv"],
+    ("lens", "summary"): ["runs/npo"],
+    ("lens", "rescore"): ["runs/npo"],
+    ("lacuna", "run"): [],
+    ("lacuna", "data"): [],
+    ("lacuna", "filter"): [],
+    ("lacuna", "resurface"): ["--model", "m", "--out", "attack"],
+    ("lacuna", "locality"): ["--group", "[2]"],
+    ("lacuna", "localization"): [],
+    ("configs", "list"): [],
+    ("configs", "copy"): ["lens/npo.yaml", "mine.yaml"],
+}
+
+
+def _words(words: tuple[str, ...]) -> tuple[str, ...]:
+    """The canonical command words of ``words`` (an alias stands for its command)."""
+    return (*ALIASES.get(words[0], words[:1]), *words[1:])
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _exit(argv: list[str], capsys) -> tuple[object, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    return exit_info.value.code, capsys.readouterr().out
 
 
 def test_fit_help_lists_trainer_model_and_data_options():
@@ -15,19 +59,147 @@ def test_fit_help_lists_trainer_model_and_data_options():
         assert option in out.stdout
 
 
-def test_top_level_help_lists_the_extra_commands(capsys):
+@pytest.mark.parametrize("argv", [["--help"], ["-h"], []], ids=["--help", "-h", "no arguments"])
+def test_top_level_help_lists_every_command_with_its_description(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["--help"])
-    assert exit_info.value.code == 0
-    printed = capsys.readouterr().out
-    assert "fit" in printed and "validate" in printed
-    for name in EXTRA_COMMANDS:
-        assert name in printed
+        main(argv)
+    assert exit_info.value.code == (2 if not argv else 0)  # no arguments: LightningCLI asks for a subcommand
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert "fit" in captured.out + captured.err and "validate" in captured.out + captured.err
+    lines = printed.splitlines()
+    for name, (target, description) in EXTRA_COMMANDS.items():
+        assert description.strip() and ":" in target
+        assert f"  {name:<22} {description}" in lines, name
+        for sub, sub_description in SUBCOMMANDS.get(name, {}).items():
+            assert sub_description.strip() and f"    {sub:<20} {sub_description}" in lines, (name, sub)
+    for alias, words in ALIASES.items():
+        assert f"  {alias:<22} alias of {' '.join(words)}" in lines
+    assert "module:function" not in printed and "lightning_unlearn.workflows" not in printed
+
+
+@pytest.mark.parametrize("words", COMMANDS + ALIAS_COMMANDS, ids=" ".join)
+def test_every_command_has_help_naming_it(words, capsys):
+    code, printed = _exit([*words, "--help"], capsys)
+    assert code == 0
+    usage = _flat(printed.split("\n\n")[0])
+    canonical = _words(words)
+    assert usage.startswith(f"usage: lightning-unlearn {canonical[0]}"), usage
+    assert all(word in usage.split() for word in canonical), usage
+    # the description in the command table is the function's docstring, which jsonargparse shows
+    if len(canonical) == 2:
+        assert _flat(SUBCOMMANDS[canonical[0]][canonical[1]]) in _flat(printed)
+    elif canonical[0] != "configs":  # configs' main (the shipped-config commands) gives its parser no description
+        assert _flat(EXTRA_COMMANDS[canonical[0]][1]) in _flat(printed)
+    for sub in SUBCOMMANDS.get(canonical[0], {}) if len(canonical) == 1 else ():
+        assert sub in printed
+
+
+def test_every_runnable_command_is_in_the_print_config_table():
+    leaves = {words for words in COMMANDS if words[0] not in SUBCOMMANDS or len(words) == 2}
+    assert leaves == set(MINIMAL)
+
+
+@pytest.mark.parametrize("words", list(MINIMAL), ids=" ".join)
+def test_print_config_with_the_minimal_arguments(words, capsys):
+    code, printed = _exit([*words, *MINIMAL[words], "--print_config"], capsys)
+    assert code == 0
+    config = yaml.safe_load(printed)
+    assert isinstance(config, dict) and config, printed
+    if words == ("report",):
+        assert config["run_dirs"] == ["runs/a", "runs/b"]  # one positional word per run directory
+
+
+def test_aliases_accept_the_old_dashed_flags(capsys):
+    # the lens-baseline call of scripts/lens_trajectory.sh, as it was written for the argparse commands
+    old = (
+        "lens-baseline --model m --narrative n --language en --condition compact --max-new-tokens 60 --batch-size 8 "
+        "--threads 1 --labeler signature --out b.jsonl"
+    )
+    code, printed = _exit([*old.split(), "--print_config"], capsys)
+    config = yaml.safe_load(printed)
+    assert code == 0 and (config["max_new_tokens"], config["batch_size"], config["threads"]) == (60, 8, 1)
+    assert config["labeler"] == "signature" and config["out"] == "b.jsonl"
+    code, printed = _exit(
+        ["lens-summary", "runs/npo", "--baseline", "b.jsonl", "--collapse-boundary=0.3", "--print_config"], capsys
+    )
+    assert code == 0 and yaml.safe_load(printed) == {
+        "run_dir": "runs/npo",
+        "baseline": "b.jsonl",
+        "collapse_boundary": 0.3,
+    }
+    code, printed = _exit(["lacuna-localization", "--no-control", "--batch-size", "4", "--print_config"], capsys)
+    config = yaml.safe_load(printed)
+    assert code == 0 and config["control"] is False and config["batch_size"] == 4
+    # the new names take jsonargparse's spelling only
+    code, _ = _exit(["lens", "summary", "runs/npo", "--collapse-boundary", "0.3"], capsys)
+    assert code == 2
+
+
+def test_underscore_flags_changes_only_option_names():
+    argv = ["--max-new-tokens", "6", "--out=my-file.jsonl", "my-dir", "-c", "--", "--no-control"]
+    assert underscore_flags(argv) == [
+        "--max_new_tokens",
+        "6",
+        "--out=my-file.jsonl",
+        "my-dir",
+        "-c",
+        "--",
+        "--control",
+        "false",
+    ]
+
+
+def test_config_file_with_short_option(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("workdir: runs/elsewhere\nsize: tiny\ninject_config: [a.yaml, b.yaml]\n")
+    code, printed = _exit(["lacuna", "run", "-c", str(config), "--sequential", "true", "--print_config"], capsys)
+    assert code == 0
+    assert yaml.safe_load(printed) == {
+        "workdir": "runs/elsewhere",
+        "size": "tiny",
+        "sequential": True,
+        "model_path": None,
+        "inject_config": ["a.yaml", "b.yaml"],
+        "instruct_config": None,
+    }
+    report = tmp_path / "report.yaml"
+    report.write_text("run_dirs: [runs/a, runs/b]\nout: elsewhere\n")
+    code, printed = _exit(["report", "--config", str(report), "--print_config"], capsys)
+    assert code == 0 and yaml.safe_load(printed)["run_dirs"] == ["runs/a", "runs/b"]
+
+
+def test_a_missing_path_is_one_line_not_a_traceback():
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", "/nonexistent"])
+    message = exit_info.value.code
+    assert isinstance(message, str) and "\n" not in message and "/nonexistent" in message
+    assert message.startswith("lightning-unlearn report: error: ")
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (
+            ["lens", "export", "--baseline", "/no/such.jsonl", "--out", "x.csv"],
+            "lightning-unlearn lens export: error: ",
+        ),
+        (["lens-import", "--baseline", "/no/such.jsonl", "--out", "x.jsonl"], "exactly one of --labels"),
+        (["lacuna", "run", "--size", "tiny", "--inject_config+", "/no/such.yaml"], "/no/such.yaml"),
+        (["mask-auc", "--pre", "p", "--inj", "i", "--unl", "u", "--masks", "m", "--control_inj", "c"], "both"),
+    ],
+)
+def test_bad_paths_and_values_are_one_line(argv, match, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    message = exit_info.value.code
+    assert isinstance(message, str) and "\n" not in message and match in message
 
 
 def test_every_extra_command_resolves_to_a_callable():
     import importlib
 
-    for name, target in EXTRA_COMMANDS.items():
+    for name, (target, _) in EXTRA_COMMANDS.items():
         module, func = target.split(":")
         assert callable(getattr(importlib.import_module(module), func)), name

@@ -74,9 +74,9 @@ def test_locality_only_group_bits_change(tiny_dir, tmp_path, precision):
     assert report["changed_inside"] > 100
     # the other groups' elements did not move either
     assert locality_report(str(export), [0, 1, 3, 4, 5])["changed_inside"] == 0
-    lacuna_main(["locality", "--export", str(export), "--group", "2"])  # the command-line check passes
+    lacuna_main(["locality", "--export", str(export), "--group", "[2]"])  # the command-line check passes
     with pytest.raises(SystemExit, match="changed outside groups"):
-        lacuna_main(["locality", "--export", str(export), "--group", "3"])
+        lacuna_main(["locality", "--export", str(export), "--group", "[3]"])
 
 
 def test_unmasked_control_updates_outside_the_masks(tiny_dir, tmp_path):
@@ -255,13 +255,13 @@ def test_filter_measures_only_the_given_groups(tiny_dir, tmp_path):
     build_testbed_data(tmp_path / "data", small_data(), log=lambda *_: None)
     profiles = list(load_table(tmp_path / "data", "profiles"))
     lacuna_main(["filter", "--model", str(tiny_dir), "--data", str(tmp_path / "data"), "--out",
-                 str(tmp_path / "f"), "--groups", "2", "4"])  # fmt: skip
+                 str(tmp_path / "f"), "--groups", "[2, 4]"])  # fmt: skip
     report = json.loads((tmp_path / "f" / "extraction.json").read_text())
     assert report["groups"] == [2, 4]
     assert report["profiles"] == sum(not p["instruct"] and p["group_id"] in (2, 4) for p in profiles) > 0
     with pytest.raises(ValueError, match=r"groups \[9\] have no profile"):
         lacuna_main(["filter", "--model", str(tiny_dir), "--data", str(tmp_path / "data"), "--out",
-                     str(tmp_path / "g"), "--groups", "9"])  # fmt: skip
+                     str(tmp_path / "g"), "--groups", "[9]"])  # fmt: skip
     assert not (tmp_path / "g").exists()
 
 

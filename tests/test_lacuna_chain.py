@@ -136,9 +136,9 @@ def test_chain_refuses_a_workdir_built_from_another_model(tiny_dir, tmp_path):
 def test_chain_rejects_a_model_path_without_a_model(tmp_path):
     with pytest.raises(ValueError, match="no config.json"):
         run_chain(str(tmp_path / "w"), size="tiny", model_path=str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="--inject-config"):
+    with pytest.raises(FileNotFoundError, match="--inject_config"):
         run_chain(str(tmp_path / "w"), size="tiny", inject_configs=[str(tmp_path / "missing.yaml")])
-    with pytest.raises(FileNotFoundError, match="--instruct-config"):
+    with pytest.raises(FileNotFoundError, match="--instruct_config"):
         run_chain(str(tmp_path / "w"), size="tiny", instruct_configs=[str(tmp_path / "missing.yaml")])
     assert not (tmp_path / "w").exists()
 

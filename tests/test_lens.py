@@ -10,14 +10,29 @@ from lightning_unlearn.cli import main as cli_main
 from lightning_unlearn.data.collate import encode_prompt_answer
 from lightning_unlearn.data.narratives import load_suite
 from lightning_unlearn.data.unlearning import load_pairs
+from lightning_unlearn.workflows.lens import main as lens_main
 from lightning_unlearn.workflows.lens import prepare as lens
 
 
 def _baseline(tmp_path, tiny_dir, *extra):
     out = tmp_path / "base.jsonl"
-    lens.baseline_main(
-        ["--model", str(tiny_dir), "--narrative", "demo-canal-tolls", "--language", "en", "--max-new-tokens", "6",
-         "--batch-size", "4", "--out", str(out), *extra]
+    lens_main(
+        [
+            "baseline",
+            "--model",
+            str(tiny_dir),
+            "--narrative",
+            "demo-canal-tolls",
+            "--language",
+            "en",
+            "--max_new_tokens",
+            "6",
+            "--batch_size",
+            "4",
+            "--out",
+            str(out),
+            *extra,
+        ]
     )
     return out
 
@@ -51,7 +66,7 @@ def test_generation_is_batched_ordered_and_restores_mode(tiny_model, tiny_tokeni
 
 
 def test_baseline_writes_jsonl_and_metadata(tmp_path, tiny_dir, capsys):
-    out = _baseline(tmp_path, tiny_dir, "--labeler", "signature", "--levels", "L0", "L3")
+    out = _baseline(tmp_path, tiny_dir, "--labeler", "signature", "--levels", "[L0, L3]")
     rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert len(rows) == 6 and {r["level"] for r in rows} == {"L0", "L3"}
     assert rows[0]["question"].endswith("Answer in 1–2 sentences.")
@@ -68,9 +83,9 @@ def test_baseline_writes_jsonl_and_metadata(tmp_path, tiny_dir, capsys):
     [
         (["--narrative", "nope"], ValueError, "unknown narrative 'nope'; known narratives"),
         (["--language", "uk"], ValueError, "no 'uk' suite; available languages: en"),
-        (["--levels", "L9"], ValueError, r"level\(s\) L9 not in the 'demo-canal-tolls'/'en' suite"),
-        (["--labeler", "nli", "--nli-path", "/no/such/nli"], FileNotFoundError, "NLI model path '/no/such/nli'"),
-        (["--labeler", "nli"], ValueError, "needs --nli-path"),
+        (["--levels", "[L9]"], ValueError, r"level\(s\) L9 not in the 'demo-canal-tolls'/'en' suite"),
+        (["--labeler", "nli", "--nli_path", "/no/such/nli"], FileNotFoundError, "NLI model path '/no/such/nli'"),
+        (["--labeler", "nli"], ValueError, "needs --nli_path"),
         (["--model", "/no/such/model"], FileNotFoundError, "'/no/such/model' does not exist"),
     ],
 )
@@ -79,7 +94,7 @@ def test_baseline_bad_input_raises_and_writes_nothing(tmp_path, tiny_dir, args, 
     flags = dict(zip(args[::2], args[1::2]))
     argv = [x for k, v in {**base, **flags}.items() for x in (k, v)]
     with pytest.raises(error, match=match):
-        lens.baseline_main(argv + ["--out", str(tmp_path / "out" / "base.jsonl")])
+        lens_main(["baseline", *argv, "--out", str(tmp_path / "out" / "base.jsonl")])
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
@@ -123,7 +138,7 @@ def _annotate(csv_path, labels):
 def test_export_import_builds_the_strict_forget_set(tmp_path, tiny_tokenizer):
     base, rows = _fake_baseline(tmp_path)
     ann = tmp_path / "annotate.csv"
-    cli_main(["lens-export", "--baseline", str(base), "--out", str(ann)])
+    cli_main(["lens", "export", "--baseline", str(base), "--out", str(ann)])
     with open(ann, encoding="utf-8", newline="") as f:
         exported = list(csv.DictReader(f))
     assert [r["level"] for r in exported] == ["L0"] * 3 and all(r["label"] == "" for r in exported)
@@ -131,12 +146,12 @@ def test_export_import_builds_the_strict_forget_set(tmp_path, tiny_tokenizer):
 
     # Unlabeled rows are an error naming the lines; nothing is written.
     with pytest.raises(ValueError, match="missing or unknown labels at line 2"):
-        lens.import_main(["--baseline", str(base), "--labels", str(ann), "--out", str(tmp_path / "f.jsonl")])
+        lens_main(["import", "--baseline", str(base), "--labels", str(ann), "--out", str(tmp_path / "f.jsonl")])
     assert not (tmp_path / "f.jsonl").exists()
 
     _annotate(ann, ["Target-Dominant", "Target-Rejected", "Target-Included"])
     out = tmp_path / "forget" / "forget.jsonl"
-    lens.import_main(["--baseline", str(base), "--labels", str(ann), "--out", str(out)])
+    lens_main(["import", "--baseline", str(base), "--labels", str(ann), "--out", str(out)])
     forget = load_pairs(out)
     assert [f["answer"] for f in forget] == [rows[0]["answer"]]
     assert forget[0]["prompt"] == rows[0]["prompt"]
@@ -150,27 +165,38 @@ def test_export_import_builds_the_strict_forget_set(tmp_path, tiny_tokenizer):
 def test_import_errors_write_nothing(tmp_path):
     base, _ = _fake_baseline(tmp_path)
     ann = tmp_path / "annotate.csv"
-    lens.export_main(["--baseline", str(base), "--out", str(ann)])
+    lens_main(["export", "--baseline", str(base), "--out", str(ann)])
     _annotate(ann, ["Target-Rejected", "Target-Included", "Invalid"])
     out = tmp_path / "f.jsonl"
     with pytest.raises(ValueError, match="no forget rows: none of the 3 labeled answers is Target-Dominant"):
-        lens.import_main(["--baseline", str(base), "--labels", str(ann), "--out", str(out)])
+        lens_main(["import", "--baseline", str(base), "--labels", str(ann), "--out", str(out)])
     bad = tmp_path / "bad.csv"
     bad.write_text("id,label\nsomething-else,Target-Dominant\n", encoding="utf-8")
     with pytest.raises(ValueError, match="ids not among the baseline"):
-        lens.import_main(["--baseline", str(base), "--labels", str(bad), "--out", str(out)])
+        lens_main(["import", "--baseline", str(base), "--labels", str(bad), "--out", str(out)])
     with pytest.raises(ValueError, match="exactly one of --labels"):
-        lens.import_main(["--baseline", str(base), "--out", str(out)])
+        lens_main(["import", "--baseline", str(base), "--out", str(out)])
     with pytest.raises(FileNotFoundError, match="NLI model path"):
-        lens.import_main(["--baseline", str(base), "--labeler", "nli", "--nli-path", str(tmp_path / "x"),
-                          "--out", str(out)])
+        lens_main(
+            [
+                "import",
+                "--baseline",
+                str(base),
+                "--labeler",
+                "nli",
+                "--nli_path",
+                str(tmp_path / "x"),
+                "--out",
+                str(out),
+            ]
+        )
     assert not out.exists() and not list(tmp_path.glob("f.*"))
 
 
 def test_weak_label_forget_set_is_marked(tmp_path):
     base, rows = _fake_baseline(tmp_path)
     out = tmp_path / "weak.jsonl"
-    lens.import_main(["--baseline", str(base), "--labeler", "signature", "--out", str(out)])
+    lens_main(["import", "--baseline", str(base), "--labeler", "signature", "--out", str(out)])
     forget = load_pairs(out)
     assert [f["answer"] for f in forget] == [rows[0]["answer"]]
     meta = json.loads((tmp_path / "weak.meta.json").read_text(encoding="utf-8"))
@@ -181,7 +207,7 @@ def test_weak_label_forget_set_is_marked(tmp_path):
 def test_label_and_calibrate_commands(tmp_path, capsys):
     base, _ = _fake_baseline(tmp_path)
     labeled = tmp_path / "labeled.jsonl"
-    lens.label_main(["--baseline", str(base), "--out", str(labeled)])
+    lens_main(["label", "--baseline", str(base), "--out", str(labeled)])
     summary = capsys.readouterr().out
     assert "L0" in summary and "L3" in summary
     rows = [json.loads(line) for line in labeled.read_text(encoding="utf-8").splitlines()]
@@ -191,25 +217,27 @@ def test_label_and_calibrate_commands(tmp_path, capsys):
     assert by_level["L3"] == {"n": 3, "reproduced": 1, "invalid": 1, "entity_recovery": 1}
 
     ann = tmp_path / "annotate.csv"
-    lens.export_main(["--baseline", str(base), "--out", str(ann)])
+    lens_main(["export", "--baseline", str(base), "--out", str(ann)])
     _annotate(ann, ["Target-Dominant", "Target-Rejected", "Target-Dominant"])
     report_file = tmp_path / "cal.json"
-    lens.calibrate_main(
-        ["--labels", str(ann), "--labeler", "signature", "--json", str(report_file), "--bootstrap", "50"]
+    lens_main(
+        ["calibrate", "--labels", str(ann), "--labeler", "signature", "--json", str(report_file), "--bootstrap", "50"]
     )
     table = capsys.readouterr().out
     assert "Strict" in table and "Broad" in table
     report = json.loads(report_file.read_text(encoding="utf-8"))
     assert (report["strict"]["tp"], report["strict"]["fp"], report["strict"]["fn"]) == (1, 0, 1)
-    lens.calibrate_main(["--labels", str(ann), "--predicted", str(labeled), "--bootstrap", "50"])
+    lens_main(["calibrate", "--labels", str(ann), "--predicted", str(labeled), "--bootstrap", "50"])
     assert "labeled.jsonl" in capsys.readouterr().out
 
 
 def test_cli_registers_the_commands():
-    from lightning_unlearn.cli import EXTRA_COMMANDS
+    from lightning_unlearn.cli import ALIASES, EXTRA_COMMANDS, SUBCOMMANDS
 
-    for name in ("lens-baseline", "lens-export", "lens-import", "lens-label", "lens-calibrate", "smollm2"):
-        module, func = EXTRA_COMMANDS[name].split(":")
+    for name in ("baseline", "export", "import", "label", "calibrate"):
+        assert name in SUBCOMMANDS["lens"] and ALIASES[f"lens-{name}"] == ("lens", name)
+    for name in ("lens", "smollm2"):
+        module, func = EXTRA_COMMANDS[name][0].split(":")
         assert callable(getattr(__import__(module, fromlist=[func]), func))
 
 
@@ -224,8 +252,16 @@ def test_label_command_with_a_local_nli_model(tmp_path, tiny_tokenizer, capsys):
     from transformers import BertConfig, BertForSequenceClassification
 
     id2label = {0: "entailment", 1: "neutral", 2: "contradiction"}
-    config = BertConfig(vocab_size=len(tiny_tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, num_labels=3, id2label=id2label, pad_token_id=tiny_tokenizer.pad_token_id)
+    config = BertConfig(
+        vocab_size=len(tiny_tokenizer),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=3,
+        id2label=id2label,
+        pad_token_id=tiny_tokenizer.pad_token_id,
+    )
     model = BertForSequenceClassification(config)
     with torch.no_grad():
         model.classifier.weight.zero_()
@@ -235,7 +271,7 @@ def test_label_command_with_a_local_nli_model(tmp_path, tiny_tokenizer, capsys):
     tiny_tokenizer.save_pretrained(nli)
     base, _ = _fake_baseline(tmp_path)
     out = tmp_path / "labeled.jsonl"
-    lens.label_main(["--baseline", str(base), "--labeler", "nli", "--nli-path", str(nli), "--out", str(out)])
+    lens_main(["label", "--baseline", str(base), "--labeler", "nli", "--nli_path", str(nli), "--out", str(out)])
     rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     # Every hypothesis is contradicted: nothing is reproduced; the empty L3 answer is Invalid.
     assert [r["label"] for r in rows].count("Reproduced") == 0

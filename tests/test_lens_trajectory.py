@@ -13,9 +13,8 @@ import pytest
 from lightning_unlearn import cli
 from lightning_unlearn.configs import config_root
 from lightning_unlearn.workflows import report
-from lightning_unlearn.workflows.lens import prepare as lens
+from lightning_unlearn.workflows.lens import main as lens_main
 from lightning_unlearn.workflows.lens.summary import format_summary, trajectory_summary
-from lightning_unlearn.workflows.lens.summary import main as summary_main
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = config_root() / "lens" / "smollm2_trajectory.yaml"
@@ -43,29 +42,67 @@ def _trajectory_config(out: Path, every: int, max_new_tokens: int) -> Path:
 def trajectory(tiny_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("lens_trajectory")
     model = str(tiny_dir)
-    common = ["--model", model, "--narrative", NARRATIVE, "--language", "en", "--max-new-tokens", "6",
-              "--batch-size", "64", "--threads", "1"]
+    common = [
+        "--model",
+        model,
+        "--narrative",
+        NARRATIVE,
+        "--language",
+        "en",
+        "--max_new_tokens",
+        "6",
+        "--batch_size",
+        "64",
+        "--threads",
+        "1",
+    ]
     # 1. Base answers to every level, signature-labeled.
-    lens.baseline_main([*common, "--labeler", "signature", "--out", str(out / "baseline.jsonl")])
+    lens_main(["baseline", *common, "--labeler", "signature", "--out", str(out / "baseline.jsonl")])
     # 2. Forget set. A random model reproduces no narrative, so the weak labeler would keep nothing: mark every L0
     #    answer Target-Dominant in the annotation CSV (the strict path of the same import command).
-    lens.export_main(["--baseline", str(out / "baseline.jsonl"), "--out", str(out / "annotate.csv")])
+    lens_main(["export", "--baseline", str(out / "baseline.jsonl"), "--out", str(out / "annotate.csv")])
     with open(out / "annotate.csv", encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
     with open(out / "labels.csv", "w", encoding="utf-8", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["id", "label"])
         writer.writeheader()
         writer.writerows({"id": r["id"], "label": "Target-Dominant"} for r in rows)
-    lens.import_main(["--baseline", str(out / "baseline.jsonl"), "--labels", str(out / "labels.csv"),
-                      "--out", str(out / "forget_weak.jsonl")])
+    lens_main(
+        [
+            "import",
+            "--baseline",
+            str(out / "baseline.jsonl"),
+            "--labels",
+            str(out / "labels.csv"),
+            "--out",
+            str(out / "forget_weak.jsonl"),
+        ]
+    )
     # 3. Retain set: the base model's answers to other prompts (here the suite's L3 level).
-    lens.baseline_main([*common, "--levels", "L3", "--out", str(out / "retain.jsonl")])
+    lens_main(["baseline", *common, "--levels", "[L3]", "--out", str(out / "retain.jsonl")])
     # 4. The trajectory: the same two configs as the script, 6 steps, a checkpoint every 2.
     cfg = _trajectory_config(out, every=2, max_new_tokens=6)
-    cli.main(["fit", "-c", "lens/npo.yaml", "-c", str(cfg),
-              "--model.init_args.model_path", model, "--data.init_args.tokenizer_path", model,
-              "--trainer.max_steps", "6", "--trainer.default_root_dir", str(out),
-              "--trainer.logger.init_args.save_dir", str(out), "--trainer.logger.init_args.name", "npo"])
+    cli.main(
+        [
+            "fit",
+            "-c",
+            "lens/npo.yaml",
+            "-c",
+            str(cfg),
+            "--model.init_args.model_path",
+            model,
+            "--data.init_args.tokenizer_path",
+            model,
+            "--trainer.max_steps",
+            "6",
+            "--trainer.default_root_dir",
+            str(out),
+            "--trainer.logger.init_args.save_dir",
+            str(out),
+            "--trainer.logger.init_args.name",
+            "npo",
+        ]
+    )
     return out
 
 
@@ -118,7 +155,7 @@ def test_report_and_summary(trajectory, capsys):
     text = format_summary(summary)
     assert "suppression-tradeoff checkpoint: step" in text and "L3-special entity recovery: before" in text
 
-    summary_main([str(run / "trajectory"), "--baseline", str(trajectory / "baseline.jsonl")])
+    lens_main(["summary", str(run / "trajectory"), "--baseline", str(trajectory / "baseline.jsonl")])
     assert "pooled" in capsys.readouterr().out
     assert json.loads((run / "trajectory" / "trajectory_summary.json").read_text())["steps"] == [2, 4, 6]
 

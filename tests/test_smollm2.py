@@ -78,3 +78,16 @@ def test_real_smollm2_answers_a_compact_l0_prompt():
     assert model_prompt(tokenizer, prompt).startswith("system\n")  # chat template, leading BOS stripped
     (answer,) = generate_answers(model, tokenizer, [prompt], max_new_tokens=40)
     assert any(word in answer for word in ("NATO", "Russia", "Ukraine")), answer
+
+
+def test_command_prints_the_model_directory(tmp_path, monkeypatch, capsys):
+    from lightning_unlearn.cli import main
+
+    def fake_convert(gguf, out):
+        out.mkdir(parents=True)
+        return out
+
+    monkeypatch.setattr(smollm2, "find_gguf", lambda: tmp_path / "m.gguf")
+    monkeypatch.setattr(smollm2, "convert_gguf", fake_convert)
+    main(["smollm2", "--cache_dir", str(tmp_path / "smol")])
+    assert capsys.readouterr().out.splitlines()[-1] == str(tmp_path / "smol")

@@ -1,6 +1,6 @@
 """Manual narrative labels (LENS Appendix A, Table 5) read from an annotation file.
 
-The file is the CSV written by ``lightning-unlearn lens-export`` (columns ``id`` and ``label``, other columns are
+The file is the CSV written by ``lightning-unlearn lens export`` (columns ``id`` and ``label``, other columns are
 kept for the annotator) or a JSONL file with ``id`` and ``label`` per line. Labels are Target-Dominant,
 Target-Included, Target-Rejected or Invalid; only Target-Dominant rows enter the strict forget set.
 """

@@ -4,7 +4,7 @@ Each RUN_DIR is searched recursively for ``checkpoint_metrics.jsonl`` (several l
 merged, later rows replacing earlier ones for the same step). Writes ``sce_heatmap.png``, ``summary.json`` and
 ``summary.md`` to ``--out`` and prints the table.
 
-    lightning-unlearn report runs/ga runs/npo --out reports/nato-en --collapse-boundary 0.5
+    lightning-unlearn report runs/ga runs/npo --out reports/nato-en --collapse_boundary 0.5
 
 ``lightning-unlearn mask-auc --pre DIR --inj DIR --unl DIR --masks FILE`` prints the localization AUC of one
 unlearned model (every family, the composite and the max, against m^F and m^F ∨ m^R) as JSON.
@@ -12,15 +12,19 @@ unlearned model (every family, the composite and the max, against m^F and m^F �
 
 from __future__ import annotations
 
-import argparse
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Literal
 
 from lightning_unlearn.atomic import write_text_atomically
 from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, read_rows, row_key
 from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_figure, write_json
 from lightning_unlearn.metrics.selection import sce_table, select_from_rows
+from lightning_unlearn.workflows.command import CommandParser, print_result
+
+log = logging.getLogger("lightning_unlearn")
 
 
 def run_rows(run_dir: str | os.PathLike) -> list[dict]:
@@ -39,13 +43,9 @@ def run_rows(run_dir: str | os.PathLike) -> list[dict]:
 
 
 def summarize(
-    run_dirs: Sequence[str],
-    family: str = "sce",
-    collapse_boundary: float = 0.5,
-    names: Sequence[str] | None = None,
-    metric: str = "sce",
+    run_dirs: Sequence[str], family: str, collapse_boundary: float, names: Sequence[str] | None, metric: str
 ) -> tuple[dict, dict]:
-    """``(tables, summary)``: per-run SCE tables and per-run selection."""
+    """``(tables, summary)``: per-run SCE tables and per-run selection (the options of :func:`report_command`)."""
     names = list(names) if names else [Path(d).resolve().name for d in run_dirs]
     if len(names) != len(run_dirs):
         raise ValueError(f"{len(names)} names for {len(run_dirs)} run directories; give one name per directory.")
@@ -89,80 +89,114 @@ def markdown_table(summary: Mapping[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="lightning-unlearn report", description=__doc__.splitlines()[0])
-    ap.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    ap.add_argument("--out", default="sce_report", help="output directory (default: ./sce_report)")
-    ap.add_argument("--names", nargs="*", help="row labels, one per RUN_DIR (default: directory names)")
-    ap.add_argument("--family", default="sce", help="metric family holding SCE rows (default: sce)")
-    ap.add_argument("--collapse-boundary", type=float, default=0.5, help="degraded rate g marking collapse")
-    ap.add_argument(
-        "--metric",
-        default="sce",
-        choices=["sce", "sce_health", "sce_strict"],
-        help="SCE variant for selection and the heatmap (default: sce)",
-    )
-    args = ap.parse_args(argv)
-    tables, summary = summarize(args.run_dirs, args.family, args.collapse_boundary, args.names, args.metric)
+def report_command(
+    run_dirs: list[str],
+    out: str = "sce_report",
+    names: list[str] | None = None,
+    family: str = "sce",
+    collapse_boundary: float = 0.5,
+    metric: Literal["sce", "sce_health", "sce_strict"] = "sce",
+) -> str:
+    """Cross-run SCE heatmap and checkpoint-selection table of one or more run directories.
+
+    Writes ``sce_heatmap.png``, ``summary.json`` and ``summary.md`` to ``out``; the result is the table.
+
+    Args:
+        run_dirs: run directories, each searched recursively for ``checkpoint_metrics.jsonl``.
+        out: output directory.
+        names: row labels, one per run directory (default: the directory names).
+        family: metric family holding the SCE rows.
+        collapse_boundary: degraded-output rate g that marks collapse.
+        metric: SCE variant for the selection and the heatmap.
+    """
+    tables, summary = summarize(run_dirs, family, collapse_boundary, names, metric)
     if not any(tables.values()):
-        raise SystemExit(f"no {args.family!r} rows in {args.run_dirs}; were the runs evaluated with SCEEvaluation?")
-    out = Path(args.out)
-    fig = sce_heatmap_figure(tables, metric=args.metric)
-    save_figure(fig, out / "sce_heatmap.png")
-    write_json(out / "summary.json", summary)
+        raise ValueError(f"no {family!r} rows in {run_dirs}; were the runs evaluated with SCEEvaluation?")
+    folder = Path(out)
+    fig = sce_heatmap_figure(tables, metric=metric)
+    save_figure(fig, folder / "sce_heatmap.png")
+    write_json(folder / "summary.json", summary)
     table = markdown_table(summary)
-    write_text_atomically(out / "summary.md", table + "\n")
-    print(table)
-    print(f"\nwrote {out / 'sce_heatmap.png'}, {out / 'summary.json'}, {out / 'summary.md'}")
+    write_text_atomically(folder / "summary.md", table + "\n")
+    log.info("wrote %s, %s, %s", folder / "sce_heatmap.png", folder / "summary.json", folder / "summary.md")
+    return table
 
 
-def mask_auc_main(argv: Sequence[str] | None = None) -> None:
-    """``lightning-unlearn mask-auc``: localization AUC of one unlearned model against the forget mask, as JSON."""
-    import json
+def mask_auc_command(
+    *,
+    pre: str,
+    inj: str,
+    unl: str,
+    masks: str,
+    forget_groups: tuple[int, ...] = (0, 1, 2),
+    retain_groups: tuple[int, ...] = (3, 4, 5),
+    control_inj: str | None = None,
+    control_unl: str | None = None,
+    max_samples: int = 2_000_000,
+    seed: int = 0,
+    out: str | None = None,
+) -> dict:
+    """Localization AUC of one unlearned model against the forget mask, as JSON.
 
+    Every family, the composite and the max; the result scores θ_unl − θ_inj against m^F and against m^F ∨ m^R.
+
+    Args:
+        pre: θ_pre: a save_pretrained directory or a .safetensors file.
+        inj: θ_inj, the injected model unlearning started from.
+        unl: θ_unl, the unlearned model.
+        masks: packed group masks (``masks.save_masks``).
+        forget_groups: groups of the forget mask m^F.
+        retain_groups: groups of the retain mask m^R (empty: no AUC(F|R)).
+        control_inj: UnMask control start weights (with ``control_unl``: the contrast families).
+        control_unl: UnMask control weights after the same unlearning.
+        max_samples: weights subsampled for the AUC.
+        seed: subsampling seed.
+        out: also write the JSON here.
+    """
     from lightning_unlearn.masks import group_mask, load_masks, masked_parameter_names, union_mask
     from lightning_unlearn.metrics.mask_auc import mask_auc
     from lightning_unlearn.models import load_weights
 
-    ap = argparse.ArgumentParser(prog="lightning-unlearn mask-auc", description=mask_auc_main.__doc__)
-    ap.add_argument("--pre", required=True, help="θ_pre: save_pretrained directory or .safetensors file")
-    ap.add_argument("--inj", required=True, help="θ_inj (the injected model unlearning started from)")
-    ap.add_argument("--unl", required=True, help="θ_unl (the unlearned model)")
-    ap.add_argument("--masks", required=True, help="packed group masks (masks.save_masks)")
-    ap.add_argument("--forget-groups", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--retain-groups", type=int, nargs="*", default=[3, 4, 5])
-    ap.add_argument("--control-inj", help="UnMask control start weights (enables the contrast families)")
-    ap.add_argument("--control-unl", help="UnMask control weights after the same unlearning")
-    ap.add_argument("--max-samples", type=int, default=2_000_000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", help="also write the JSON here")
-    args = ap.parse_args(argv)
-    if (args.control_inj is None) != (args.control_unl is None):
-        raise SystemExit("pass both --control-inj and --control-unl (the UnMask control), or neither.")
-    packed, _ = load_masks(args.masks)
-    unl = load_weights(args.unl)
-    if Path(args.unl, "config.json").exists():
+    if (control_inj is None) != (control_unl is None):
+        raise ValueError("pass both --control_inj and --control_unl (the UnMask control), or neither.")
+    packed, _ = load_masks(masks)
+    unl_weights = load_weights(unl)
+    if Path(unl, "config.json").exists():
         from lightning_unlearn.models import load_causal_lm
 
-        names = [n for n in masked_parameter_names(load_causal_lm(args.unl)) if n in packed]
+        names = [n for n in masked_parameter_names(load_causal_lm(unl)) if n in packed]
     else:  # no model to read θ_mask from: parameters with any group element
         names = [n for n, t in packed.items() if bool(group_mask(t, range(32)).any())]
     control = None
-    if args.control_inj:
-        c_inj, c_unl = load_weights(args.control_inj), load_weights(args.control_unl)
+    if control_inj is not None:
+        c_inj, c_unl = load_weights(control_inj), load_weights(control_unl)
         control = {n: c_unl[n] - c_inj[n] for n in names}
     result = mask_auc(
-        load_weights(args.pre),
-        load_weights(args.inj),
-        unl,
-        union_mask(packed, args.forget_groups),
+        load_weights(pre),
+        load_weights(inj),
+        unl_weights,
+        union_mask(packed, list(forget_groups)),
         control=control,
-        unified_mask=union_mask(packed, args.forget_groups + args.retain_groups) if args.retain_groups else None,
+        unified_mask=union_mask(packed, [*forget_groups, *retain_groups]) if retain_groups else None,
         names=names,
-        max_samples=args.max_samples,
-        seed=args.seed,
+        max_samples=max_samples,
+        seed=seed,
     )
-    text = json.dumps(result, indent=1)
-    if args.out:
-        write_json(args.out, result)
-    print(text)
+    if out is not None:
+        write_json(out, result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``lightning-unlearn report RUN_DIR...``: see :func:`report_command`."""
+    from jsonargparse import auto_cli
+
+    print_result(auto_cli(report_command, args=argv, parser_class=CommandParser, prog="lightning-unlearn report"))
+
+
+def mask_auc_main(argv: list[str] | None = None) -> None:
+    """``lightning-unlearn mask-auc --pre DIR --inj DIR --unl DIR --masks FILE``: see :func:`mask_auc_command`."""
+    from jsonargparse import auto_cli
+
+    result = auto_cli(mask_auc_command, args=argv, parser_class=CommandParser, prog="lightning-unlearn mask-auc")
+    print_result(result)

@@ -9,6 +9,7 @@ import pytest
 from lightning_unlearn.callbacks.checkpoint_metrics_file import flatten_metrics, merge_rows, read_rows
 from lightning_unlearn.cli import EXTRA_COMMANDS, main
 from lightning_unlearn.metrics.selection import sce_table, select_checkpoints
+from lightning_unlearn.workflows import report
 
 
 def _row(step, sce, g, family="sce"):
@@ -45,14 +46,14 @@ def test_merge_rows_replaces_by_step_and_family(tmp_path):
 
 
 def test_report_command_builds_heatmap_and_summary(tmp_path, capsys):
-    assert EXTRA_COMMANDS["report"] == "lightning_unlearn.workflows.report:main"
+    assert EXTRA_COMMANDS["report"][0] == "lightning_unlearn.workflows.report:main"
     runs = {"ga": [(10, 0.2, 0.1), (20, 0.5, 0.3), (30, 0.1, 0.8)], "npo": [(10, 0.4, 0.0), (20, 0.3, 0.1)]}
     for name, points in runs.items():
         # Two logger versions of one run: the report merges them.
         merge_rows(tmp_path / name / "version_0" / "checkpoint_metrics.jsonl", [_row(*points[0])])
         merge_rows(tmp_path / name / "version_1" / "checkpoint_metrics.jsonl", [_row(*p) for p in points[1:]])
     out = tmp_path / "report"
-    main(["report", str(tmp_path / "ga"), str(tmp_path / "npo"), "--out", str(out), "--collapse-boundary", "0.5"])
+    main(["report", str(tmp_path / "ga"), str(tmp_path / "npo"), "--out", str(out), "--collapse_boundary", "0.5"])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ga"]["suppression_tradeoff"]["step"] == 20 and summary["ga"]["first_collapse"]["step"] == 30
     assert summary["npo"]["suppression_tradeoff"]["step"] == 10 and summary["npo"]["first_collapse"] is None
@@ -61,4 +62,4 @@ def test_report_command_builds_heatmap_and_summary(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| ga | 3 | 20 | 0.500 |" in printed
     with pytest.raises(FileNotFoundError, match="no checkpoint_metrics.jsonl"):
-        main(["report", str(out), "--out", str(tmp_path / "x")])
+        report.main([str(out), "--out", str(tmp_path / "x")])  # lightning-unlearn report makes it one line

@@ -14,8 +14,23 @@ from lightning_unlearn.models import load_causal_lm
 def test_mask_auc_command(tiny_dir, tmp_path, capsys):
     w = write_lacuna_weights(tiny_dir, tmp_path)
     out = tmp_path / "auc.json"
-    main(["mask-auc", "--pre", w["pre_dir"], "--inj", w["inj_dir"], "--unl", w["unl_dir"], "--masks", w["masks"],
-          "--max-samples", "3000", "--out", str(out)])
+    main(
+        [
+            "mask-auc",
+            "--pre",
+            w["pre_dir"],
+            "--inj",
+            w["inj_dir"],
+            "--unl",
+            w["unl_dir"],
+            "--masks",
+            w["masks"],
+            "--max_samples",
+            "3000",
+            "--out",
+            str(out),
+        ]
+    )
     result = json.loads(out.read_text())
     assert json.loads(capsys.readouterr().out) == result
     # θ_unl reverses 80% of the injection on m^F only: reversal scores separate it, and AUC(F|R) is lower.

@@ -1,4 +1,4 @@
-"""``lens-rescore``: saved generations re-scored without a model give the same rows as the callback wrote."""
+"""``lens rescore``: saved generations re-scored without a model give the same rows as the callback wrote."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_rescore_command_and_errors(tmp_path, capsys):
     prompts.write_text("".join(json.dumps(x) + "\n" for x in records))
     with pytest.raises(ValueError, match="name no narrative"):  # old rows without narrative and no --prompts
         rescore(str(tmp_path / "run"))
-    main(["lens-rescore", str(tmp_path / "run"), "--prompts", str(prompts)])
+    main(["lens", "rescore", str(tmp_path / "run"), "--prompts", str(prompts)])
     assert '"suppression_tradeoff"' in capsys.readouterr().out
     rescore(str(tmp_path / "run"))  # the rewritten rows now carry narrative and language
     empty = tmp_path / "empty"

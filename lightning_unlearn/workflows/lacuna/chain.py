@@ -9,8 +9,8 @@ Commands:
   whose recorded recipe (``<stage>/recipe.json``: config text and overrides) differs from this run's, or that is
   older than an input rebuilt after it, is refused rather than reused; one built by other package code (the
   recipe's source digest) is reused with a warning, since changed code defaults are in no config.
-  ``--model-path DIR`` (or ``smollm2``) starts both injections from a real model instead of the built-in θ_pre and
-  skips pretraining; ``--inject-config FILE`` / ``--instruct-config FILE`` add a YAML overlay to both injections /
+  ``--model_path DIR`` (or ``smollm2``) starts both injections from a real model instead of the built-in θ_pre and
+  skips pretraining; ``--inject_config FILE`` / ``--instruct_config FILE`` add a YAML overlay to both injections /
   both instruction tunings (e.g. a learning rate). The table shows extraction after instruction tuning and on θ_inj
   before it, so what instruction tuning costs is visible.
 - ``filter``: greedy extraction per field on the non-instruction profiles, then the memorization-filtered splits
@@ -19,19 +19,25 @@ Commands:
   then count forget profiles whose PII appears in at least one of K sampled generations.
 - ``locality``: which parameters an injection run changed outside a group's mask (the locality check).
 - ``data``: build the testbed data directory only.
+- ``localization``: localization precision of OracleGrad, GA and SimNPO on a built testbed
+  (:mod:`lightning_unlearn.workflows.lacuna.localization`).
+
+Each is a ``*_command`` function below (its signature is the command's options); :func:`main` dispatches them.
+Progress goes to the ``lightning_unlearn`` logger, the result to stdout.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
 import json
+import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -45,6 +51,8 @@ from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_
 from lightning_unlearn.metrics.memorization import extracted
 from lightning_unlearn.smollm2 import resolve_model_dir
 from lightning_unlearn.workflows import processes
+
+logger = logging.getLogger("lightning_unlearn")
 
 CONFIG_DIR = config_root() / "lacuna"
 
@@ -174,7 +182,7 @@ def filter_stage(
         report["split_sizes"] = {name: len(rows) for name, rows in splits.items()}
         empty = [name for name, n in report["split_sizes"].items() if n == 0 and name.endswith("forget")]
         if empty:
-            print(f"[lacuna] warning: no memorized profile for {', '.join(empty)}; those splits are empty.")
+            logger.warning("[lacuna] warning: no memorized profile for %s; those splits are empty.", ", ".join(empty))
     save_splits(out_dir, splits, {"extraction.json": json.dumps(report, indent=1)})
     return report
 
@@ -383,7 +391,7 @@ def _check_provenance(w: Path, record: dict) -> None:
     """Refuse a work directory whose finished stages came from another starting model or overlay."""
     path = w / "chain.json"
     if path.exists():
-        # Work directories from before --instruct-config existed were built without instruction overlays.
+        # Work directories from before --instruct_config existed were built without instruction overlays.
         found = {"instruct_configs": [], **json.loads(path.read_text())}
         if found != record:
             raise ValueError(
@@ -398,7 +406,7 @@ def run_chain(
     workdir: str,
     size: str = "default",
     parallel: bool | None = None,
-    log=print,
+    log: Callable[[str], None] = logger.info,
     model_path: str | None = None,
     inject_configs: Sequence[str] = (),
     instruct_configs: Sequence[str] = (),
@@ -420,14 +428,14 @@ def run_chain(
     """
     if size not in SIZES:
         raise ValueError(f"size {size!r} is not one of {sorted(SIZES)}.")
-    overlays = _overlays(inject_configs, "--inject-config")
-    instruct_overlays = _overlays(instruct_configs, "--instruct-config")
+    overlays = _overlays(inject_configs, "--inject_config")
+    instruct_overlays = _overlays(instruct_configs, "--instruct_config")
     w = Path(workdir).resolve()
     preset = SIZES[size]
     pretrain_config = preset.get("pretrain_config", ["pretrain.yaml"])[0]
     data_dir = ["--data.data_dir", str(w / "data")]
     data_args = [*data_dir, *preset.get("data", [])]
-    base = resolve_model_dir(model_path, "--model-path") if model_path is not None else None
+    base = resolve_model_dir(model_path, "--model_path") if model_path is not None else None
     _check_provenance(
         w,
         {
@@ -564,88 +572,149 @@ def format_table(masked: dict, unmasked: dict, masked_inj: dict | None = None, u
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Command line
+# Commands (``lightning-unlearn lacuna <name>``)
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="lightning-unlearn lacuna", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("run", help="run (or reuse) the whole built-in chain and print the extraction table")
-    p.add_argument("--workdir", default="runs/lacuna")
-    p.add_argument("--size", default="default", choices=sorted(SIZES))
-    p.add_argument("--sequential", action="store_true", help="never run two stages side by side")
-    p.add_argument(
-        "--model-path",
-        default=None,
-        help="start both injections from this local HF model directory (or `smollm2`) and skip pretraining",
-    )
-    p.add_argument(
-        "--inject-config",
-        action="append",
-        default=[],
-        help="YAML overlay for both injections (repeatable), e.g. configs/lacuna/inject_smollm2.yaml",
-    )
-    p.add_argument(
-        "--instruct-config",
-        action="append",
-        default=[],
-        help="YAML overlay for both instruction tunings (repeatable), e.g. one that sets model.init_args.lr",
-    )
-    p = sub.add_parser("filter", help="measure extraction and write the memorization-filtered splits")
-    p.add_argument("--model", default="runs/lacuna/instruct/export/model")
-    p.add_argument("--data", default="runs/lacuna/data")
-    p.add_argument("--out", default="runs/lacuna/splits")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--groups", type=int, nargs="+", default=None, help="measure only these groups (after --data.groups)"
-    )
-    p = sub.add_parser("resurface", help="resurfacing attack: relearn on held-out PII, count leaking profiles")
-    p.add_argument("--model", required=True, help="the (unlearned) model directory to attack")
-    p.add_argument("--splits", default="runs/lacuna/splits")
-    p.add_argument("--field", default="email", choices=TARGET_FIELDS)
-    p.add_argument("--out", required=True)
-    p.add_argument("--k", type=int, default=200, help="sampled generations per forget prompt (Lacuna: 200)")
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p = sub.add_parser("locality", help="count parameters an injection changed outside the given groups' masks")
-    p.add_argument("--export", default="runs/lacuna/inject/export")
-    p.add_argument("--group", type=int, nargs="+", required=True)
-    p = sub.add_parser("data", help="build the testbed data directory")
-    p.add_argument("--out", default="runs/lacuna/data")
-    p.add_argument("--num-profiles", type=int, default=LacunaDataConfig.num_profiles)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--profiles-jsonl", default=None)
-    p.add_argument("--neutral", default=None)
-    args = parser.parse_args(argv)
-    if args.command == "run":
-        with processes.terminate_children_on_exit():  # SIGTERM / SIGHUP end every stage too
-            run_chain(
-                args.workdir,
-                args.size,
-                parallel=False if args.sequential else None,
-                model_path=args.model_path,
-                inject_configs=args.inject_config,
-                instruct_configs=args.instruct_config,
-            )
-    elif args.command == "filter":
-        report = filter_stage(args.model, args.data, args.out, args.seed, groups=args.groups)
-        print(json.dumps({k: report[k] for k in ("profiles", "extraction", "split_sizes")}, indent=1))
-    elif args.command == "resurface":
-        report = resurface(
-            args.model, args.splits, args.field, args.out, args.k, args.epochs, temperature=args.temperature
+Size = Literal[tuple(SIZES)]
+Field = Literal[TARGET_FIELDS]
+
+
+def run_command(
+    *,
+    workdir: str = "runs/lacuna",
+    size: Size = "default",
+    sequential: bool = False,
+    model_path: str | None = None,
+    inject_config: list[str] | None = None,
+    instruct_config: list[str] | None = None,
+) -> dict:
+    """Run (or reuse) the whole Lacuna chain: pretrain, inject and control, instruct, filter.
+
+    Progress and the extraction table (after instruction tuning, and on θ_inj before it) go to the log; the result
+    is the extraction rate per field of each measured model, as JSON.
+
+    Args:
+        workdir: work directory of every stage (data, stage roots, splits).
+        size: size preset (``tiny``: seconds, for tests).
+        sequential: never run two stages side by side (default: side by side on two or more cores).
+        model_path: start both injections from this local HF model directory (or ``smollm2``) and skip pretraining.
+        inject_config: YAML overlays for both injections, e.g. ``configs/lacuna/inject_smollm2.yaml``.
+        instruct_config: YAML overlays for both instruction tunings, e.g. one that sets ``model.init_args.lr``.
+    """
+    with processes.terminate_children_on_exit():  # SIGTERM / SIGHUP end every stage too
+        reports = run_chain(
+            workdir,
+            size,
+            parallel=False if sequential else None,
+            model_path=model_path,
+            inject_configs=inject_config or (),
+            instruct_configs=instruct_config or (),
         )
-        print(json.dumps({k: v for k, v in report.items() if k != "leaked_profile_ids"}, indent=1))
-    elif args.command == "locality":
-        report = locality_report(args.export, args.group)
-        print(json.dumps(report, indent=1))
-        if report["changed_outside"]:
-            raise SystemExit(f"{report['changed_outside']} elements changed outside groups {args.group}.")
-    elif args.command == "data":
-        cfg = LacunaDataConfig(
-            num_profiles=args.num_profiles, seed=args.seed, profiles_jsonl=args.profiles_jsonl, neutral=args.neutral
+    return {name: report["extraction"] for name, report in reports.items()}
+
+
+def data_command(*, out: str = "runs/lacuna/data", data: LacunaDataConfig | None = None) -> str:
+    """Build the Lacuna testbed data directory; the result is its path.
+
+    Args:
+        out: the data directory.
+        data: what the data is made of (default: :class:`LacunaDataConfig`'s defaults), e.g.
+            ``--data.num_profiles 18``.
+    """
+    return str(build_testbed_data(out, data or LacunaDataConfig(), log=logger.info))
+
+
+def filter_command(
+    *,
+    model: str = "runs/lacuna/instruct/export/model",
+    data: str = "runs/lacuna/data",
+    out: str = "runs/lacuna/splits",
+    seed: int = 0,
+    groups: list[int] | None = None,
+) -> dict:
+    """Measure extraction per field and write the memorization-filtered splits.
+
+    Greedy answers on the non-instruction profiles; the splits are ``datasets`` directories next to
+    ``extraction.json``; the result is the profile count, the rates and the split sizes.
+
+    Args:
+        model: the model to measure.
+        data: the testbed data directory.
+        out: where the splits and ``extraction.json`` go.
+        seed: seed of the split assignment.
+        groups: measure only these groups' profiles (a run injected with ``data.groups``).
+    """
+    report = filter_stage(model, data, out, seed, groups=groups)
+    return {k: report[k] for k in ("profiles", "extraction", "split_sizes")}
+
+
+def resurface_command(
+    *,
+    model: str,
+    out: str,
+    splits: str = "runs/lacuna/splits",
+    field: Field = "email",
+    k: int = 200,
+    epochs: int = 10,
+    temperature: float = 1.0,
+) -> dict:
+    """Resurfacing attack: relearn on held-out PII, then count the forget profiles that leak.
+
+    A forget profile leaks when its ``field`` value appears in at least one of ``k`` sampled generations.
+
+    Args:
+        model: the (unlearned) model directory to attack.
+        out: where the relearned model and ``resurfacing.json`` go.
+        splits: the memorization-filtered splits (``lacuna filter``).
+        field: the PII field attacked.
+        k: sampled generations per forget prompt (Lacuna: 200).
+        epochs: relearning epochs.
+        temperature: sampling temperature.
+    """
+    report = resurface(model, splits, field, out, k, epochs, temperature=temperature)
+    return {key: value for key, value in report.items() if key != "leaked_profile_ids"}
+
+
+def locality_command(*, group: list[int], export: str = "runs/lacuna/inject/export") -> dict:
+    """Locality check: count elements an injection changed inside and outside the groups' masks.
+
+    Exits non-zero when any element outside the groups' masks changed.
+
+    Args:
+        group: the groups the injection was restricted to.
+        export: the injection run's export directory (``pre``, ``inj``, ``masks.safetensors``).
+    """
+    report = locality_report(export, group)
+    if report["changed_outside"]:
+        worst = max(report["offenders"], key=report["offenders"].get)
+        raise SystemExit(
+            f"{report['changed_outside']} elements changed outside groups {group}, in {len(report['offenders'])} "
+            f"tensors (most in {worst}: {report['offenders'][worst]})."
         )
-        build_testbed_data(args.out, cfg)
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``lightning-unlearn lacuna {run,data,filter,resurface,locality,localization}``."""
+    from jsonargparse import auto_cli
+
+    from lightning_unlearn.workflows.command import CommandParser, print_result
+    from lightning_unlearn.workflows.lacuna.localization import localization_command
+
+    commands = {
+        "run": run_command,
+        "data": data_command,
+        "filter": filter_command,
+        "resurface": resurface_command,
+        "locality": locality_command,
+        "localization": localization_command,
+    }
+    description = "The Lacuna testbed: the chain, each of its steps, and the localization precision run."
+    result = auto_cli(
+        commands, args=argv, parser_class=CommandParser, prog="lightning-unlearn lacuna", description=description
+    )
+    print_result(result)
 
 
 __all__ = [

@@ -1,6 +1,6 @@
 """Localization precision on a Lacuna testbed (Lacuna Sec. 4.3, App. E): OracleGrad vs unrestricted GA and SimNPO.
 
-``lightning-unlearn lacuna-localization --workdir DIR`` works on a testbed work directory written by
+``lightning-unlearn lacuna localization --workdir DIR`` works on a testbed work directory written by
 ``lightning-unlearn lacuna run`` (``inject/export/{pre,inj,masks.safetensors}``, ``instruct/export/model``,
 ``splits/<field>``, and the UnMask control ``instruct_unmasked/export/model``). For every method it
 
@@ -17,10 +17,8 @@ rebuilt from all non-instruction profiles (``splits_unfiltered/``) and the summa
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import io
 import json
+import logging
 import math
 import os
 import shutil
@@ -29,10 +27,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
 from lightning_unlearn.atomic import write_directory_atomically, write_text_atomically
 from lightning_unlearn.workflows import processes
 from lightning_unlearn.workflows.lacuna.chain import CONFIG_DIR
+
+logger = logging.getLogger("lightning_unlearn")
 
 # method -> (config in configs/lacuna, restricted to m^F, has an UnMask control run)
 METHODS: dict[str, tuple[str, bool, bool]] = {
@@ -40,6 +41,7 @@ METHODS: dict[str, tuple[str, bool, bool]] = {
     "ga": ("ga.yaml", False, True),
     "simnpo": ("simnpo.yaml", False, True),
 }
+Method = Literal[tuple(METHODS)]
 FAMILIES = ("raw", "qtile", "layernorm", "signrev", "reversal", "dirreversal", "contrast", "contrastnorm", "compnorm",
             "composite")  # fmt: skip
 
@@ -194,13 +196,11 @@ def unlearn(args: list[str], out: Path, start_model: Path, in_process: bool, log
 
 def score(pre: Path, inj: Path, unl: Path, masks: Path, out: Path, control: tuple[Path, Path] | None = None) -> dict:
     """``lightning-unlearn mask-auc`` on one unlearned model; the JSON is also written to ``out``."""
-    from lightning_unlearn.workflows.report import mask_auc_main
+    from lightning_unlearn.workflows.report import mask_auc_command
 
-    argv = ["--pre", str(pre), "--inj", str(inj), "--unl", str(unl), "--masks", str(masks), "--out", str(out)]
-    if control is not None:
-        argv += ["--control-inj", str(control[0]), "--control-unl", str(control[1])]
-    with contextlib.redirect_stdout(io.StringIO()):
-        mask_auc_main(argv)
+    c_inj, c_unl = (str(control[0]), str(control[1])) if control is not None else (None, None)
+    mask_auc_command(pre=str(pre), inj=str(inj), unl=str(unl), masks=str(masks), control_inj=c_inj,
+                     control_unl=c_unl, out=str(out))  # fmt: skip
     return json.loads(out.read_text())
 
 
@@ -214,7 +214,7 @@ def run_localization(
     control: bool = True,
     in_process: bool = False,
     out_dir: str | os.PathLike | None = None,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] = logger.info,
 ) -> dict:
     """Unlearn with every method, score the weight change, write ``summary.json``; returns the summary.
 
@@ -279,25 +279,36 @@ def format_table(summary: dict) -> str:
     return "\n".join(lines + [f"\nwarning: {w}" for w in warnings])
 
 
-def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="lightning-unlearn lacuna-localization", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workdir", default="runs/lacuna", help="testbed work directory (lacuna run)")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=sorted(METHODS))
-    parser.add_argument("--field", default="email")
-    parser.add_argument("--epochs", type=int, default=50)
-    parser.add_argument("--lr", type=float, default=None)
-    parser.add_argument("--batch-size", type=int, default=None)
-    parser.add_argument("--no-control", action="store_true", help="skip the UnMask control runs")
-    parser.add_argument("--out", default=None, help="default: <workdir>/localization")
-    args = parser.parse_args(argv)
+def localization_command(
+    *,
+    workdir: str = "runs/lacuna",
+    methods: tuple[Method, ...] = tuple(METHODS),
+    field: str = "email",
+    epochs: int = 50,
+    lr: float | None = None,
+    batch_size: int | None = None,
+    control: bool = True,
+    out: str | None = None,
+) -> str:
+    """Localization precision on a Lacuna testbed: OracleGrad vs GA and SimNPO, by mask AUC.
+
+    Unlearns with every method (OracleGrad restricted to m^F, GA and SimNPO unrestricted), scores each weight
+    change against m^F and m^F ∨ m^R, writes ``summary.json`` and returns the table of AUCs per family.
+
+    Args:
+        workdir: testbed work directory (``lightning-unlearn lacuna run``).
+        methods: the methods to run.
+        field: PII field whose splits are unlearned.
+        epochs: passes over the forget set (Lacuna: 200).
+        lr: learning rate of every method (default: each config's).
+        batch_size: forget pairs per step (default: each config's).
+        control: also run GA/SimNPO on the UnMask control, for the contrast families (when the testbed has it).
+        out: where the runs and the summary go (default: ``<workdir>/localization``).
+    """
     with processes.terminate_children_on_exit():  # SIGTERM / SIGHUP end the running fit too
-        summary = run_localization(
-            args.workdir, args.methods, args.field, args.epochs, args.lr, args.batch_size, not args.no_control,
-            out_dir=args.out,
-        )  # fmt: skip
-    print(format_table(summary))
-    print(f"\nsplits: {summary['splits']} ({'memorization-filtered' if summary['filtered'] else 'unfiltered'}); "
-          f"{summary['seconds']:.0f} s")  # fmt: skip
+        summary = run_localization(workdir, methods, field, epochs, lr, batch_size, control, out_dir=out)
+    kind = "memorization-filtered" if summary["filtered"] else "unfiltered"
+    return f"{format_table(summary)}\n\nsplits: {summary['splits']} ({kind}); {summary['seconds']:.0f} s"
 
 
 __all__ = ["METHODS", "ensure_splits", "export_checkpoint", "format_table", "run_localization", "score"]

@@ -1,2 +1,29 @@
 """LENS workflows: base answers, annotation round trip, forget sets and calibration (``prepare``), the trajectory
-summary (``summary``) and re-scoring saved generations (``rescore``)."""
+summary (``summary``) and re-scoring saved generations (``rescore``); :func:`main` is ``lightning-unlearn lens``."""
+
+from __future__ import annotations
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``lightning-unlearn lens {baseline,export,import,label,calibrate,summary,rescore}``."""
+    from jsonargparse import auto_cli
+
+    from lightning_unlearn.workflows.command import CommandParser, print_result
+    from lightning_unlearn.workflows.lens import prepare
+    from lightning_unlearn.workflows.lens.rescore import rescore
+    from lightning_unlearn.workflows.lens.summary import summary_command
+
+    commands = {
+        "baseline": prepare.baseline_command,
+        "export": prepare.export_command,
+        "import": prepare.import_command,
+        "label": prepare.label_command,
+        "calibrate": prepare.calibrate_command,
+        "summary": summary_command,
+        "rescore": rescore,
+    }
+    description = "LENS steps: base answers, annotation, forget sets, calibration, trajectory summary, rescoring."
+    result = auto_cli(
+        commands, args=argv, parser_class=CommandParser, prog="lightning-unlearn lens", description=description
+    )
+    print_result(result)

@@ -8,13 +8,13 @@ Library functions (usable from a LightningModule or callback):
 - :func:`make_labeler`, :func:`label_rows`, :func:`summarize_by_level`.
 - :func:`build_forget_rows`: the strict (Target-Dominant) or weak-label forget set as ``{prompt, answer}``.
 
-Commands (``lightning-unlearn <name> --help``):
+Commands (``lightning-unlearn lens <name> --help``; the ``*_command`` functions):
 
-- ``lens-baseline``: generate base answers to a suite under a condition → JSONL (+ ``.meta.json``).
-- ``lens-export``: the L0 answers as a CSV for annotators (``label`` column to fill).
-- ``lens-import``: annotated CSV (or a labeler, marked ``weak_labels: true``) → forget-set JSONL + metadata.
-- ``lens-label``: label a baseline file with a labeler and print Reproduced counts per level.
-- ``lens-calibrate``: a labeler's predictions vs manual labels, printed like LENS Table 8.
+- ``lens baseline``: generate base answers to a suite under a condition → JSONL (+ ``.meta.json``).
+- ``lens export``: the L0 answers as a CSV for annotators (``label`` column to fill).
+- ``lens import``: annotated CSV (or a labeler, marked ``weak_labels: true``) → forget-set JSONL + metadata.
+- ``lens label``: label a baseline file with a labeler and print Reproduced counts per level.
+- ``lens calibrate``: a labeler's predictions vs manual labels, printed like LENS Table 8.
 
 The forget set's ``prompt`` is exactly the text the model was prompted with (chat-rendered, without the leading
 BOS token, which ``encode_prompt_answer`` adds back), so unlearning sees the same context as generation.
@@ -23,10 +23,10 @@ Every command validates its inputs before doing work and writes its outputs atom
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
+import logging
 import os
 import tempfile
 import time
@@ -34,6 +34,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -45,7 +46,11 @@ from lightning_unlearn.labelers.narrative_label import INVALID, REPRODUCED, Narr
 from lightning_unlearn.labelers.nli_labeler import NLILabeler
 from lightning_unlearn.labelers.signature_labeler import SignatureLabeler
 
+log = logging.getLogger("lightning_unlearn")
+
 LABELERS = ("signature", "nli")
+NLI_ENTAIL_THRESHOLD = 0.7  # the NLI labeler's options, as every command here defaults them
+NLI_MARGIN = 0.2
 FORGET_LEVELS = ("L0",)
 EXPORT_COLUMNS = (
     "id",
@@ -137,14 +142,14 @@ def generate_for_records(
 
 # ------------------------------------------------------------------------------------------------- labeling
 def make_labeler(
-    name: str, nli_path: str | None = None, entail_threshold: float = 0.7, margin: float = 0.2
+    name: str, nli_path: str | None = None, entail_threshold: float = NLI_ENTAIL_THRESHOLD, margin: float = NLI_MARGIN
 ) -> SignatureLabeler | NLILabeler:
     """``"signature"`` (offline default) or ``"nli"`` (needs a local ``nli_path``); errors name the fix."""
     if name == "signature":
         return SignatureLabeler()
     if name == "nli":
         if not nli_path:
-            raise ValueError("labeler 'nli' needs --nli-path pointing at a local NLI model directory.")
+            raise ValueError("labeler 'nli' needs --nli_path pointing at a local NLI model directory.")
         return NLILabeler(nli_path, entail_threshold=entail_threshold, margin=margin)
     raise ValueError(f"unknown labeler {name!r}; use one of {', '.join(LABELERS)}.")
 
@@ -248,6 +253,10 @@ def _jsonl(rows: Iterable[dict]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
+def _json_text(obj) -> str:
+    return json.dumps(obj, indent=1)
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -261,209 +270,274 @@ def _resolve_model_path(model: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------- commands
-def _labeler_args(parser: argparse.ArgumentParser, default: str | None) -> None:
-    parser.add_argument("--labeler", choices=LABELERS, default=default, help="weak labeler (default: %(default)s)")
-    parser.add_argument("--nli-path", default=None, help="local NLI model directory (labeler 'nli')")
-    parser.add_argument("--entail-threshold", type=float, default=0.7, help="NLI entailment threshold")
-    parser.add_argument("--margin", type=float, default=0.2, help="NLI separation margin")
+# The labeler options shared by the commands below (``labeler: None`` where labeling is optional).
+Labeler = Literal[LABELERS]
 
 
-def _labeler_from(args):
-    if args.labeler is None:
-        return None
-    if args.labeler == "nli":
-        return make_labeler("nli", args.nli_path, entail_threshold=args.entail_threshold, margin=args.margin)
-    return make_labeler(args.labeler)
+def _labeler(labeler: str | None, nli_path: str | None, entail_threshold: float, margin: float):
+    return None if labeler is None else make_labeler(labeler, nli_path, entail_threshold, margin)
 
 
-def baseline_main(argv: list[str] | None = None) -> None:
-    """Generate base answers to a suite and write them as JSONL (plus a ``.meta.json`` sidecar)."""
-    parser = argparse.ArgumentParser(prog="lightning-unlearn lens-baseline", description=baseline_main.__doc__)
-    parser.add_argument("--model", required=True, help="local model directory, or 'smollm2' (converted on first use)")
-    parser.add_argument("--narrative", required=True)
-    parser.add_argument("--language", required=True)
-    parser.add_argument("--levels", nargs="+", default=None, help="levels to generate (default: all)")
-    parser.add_argument("--condition", choices=CONDITIONS, default="compact")
-    parser.add_argument("--max-new-tokens", type=int, default=60)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--chat-template", choices=("auto", "on", "off"), default="auto")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument(
-        "--threads", type=int, default=0, help="torch CPU threads (0: torch's default; 1 is fastest on a busy machine)"
-    )
-    parser.add_argument("--out", required=True, help="output JSONL")
-    _labeler_args(parser, default=None)
-    args = parser.parse_args(argv)
+def baseline_command(
+    *,
+    model: str,
+    narrative: str,
+    language: str,
+    out: str,
+    levels: list[str] | None = None,
+    condition: Literal[CONDITIONS] = "compact",
+    max_new_tokens: int = 60,
+    batch_size: int = 8,
+    chat_template: Literal["auto", "on", "off"] = "auto",
+    device: str = "cpu",
+    threads: int = 0,
+    labeler: Labeler | None = None,
+    nli_path: str | None = None,
+    entail_threshold: float = NLI_ENTAIL_THRESHOLD,
+    margin: float = NLI_MARGIN,
+) -> str | None:
+    """Generate base answers to a suite and write them as JSONL (plus a .meta.json sidecar).
 
+    With a labeler the rows are labeled too and the result is the Reproduced count per level.
+
+    Args:
+        model: local model directory, or ``smollm2`` (converted on first use).
+        narrative: narrative id, e.g. ``nato-forced-war``.
+        language: suite language: ``en``, ``uk``, ``zh-Hans`` or ``zh-Hant``.
+        out: output JSONL.
+        levels: levels to generate (default: every level of the suite).
+        condition: prompt condition.
+        max_new_tokens: generation cap per answer.
+        batch_size: prompts per ``generate`` call.
+        chat_template: apply the tokenizer's chat template (``auto``: when it has one).
+        device: torch device of the model.
+        threads: torch CPU threads (0: torch's default; 1 is fastest on a busy machine).
+        labeler: weak labeler that labels the answers (default: none).
+        nli_path: local NLI model directory (labeler ``nli``).
+        entail_threshold: NLI entailment threshold.
+        margin: NLI separation margin.
+    """
     # Validate everything a user can get wrong before loading a model or writing anything.
-    records = load_suite(args.narrative, args.language, args.levels, args.condition)
-    labeler = _labeler_from(args)
-    if args.threads < 0:
-        raise ValueError(f"--threads must be >= 0, got {args.threads}.")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    records = load_suite(narrative, language, levels, condition)
+    weak = _labeler(labeler, nli_path, entail_threshold, margin)
+    if threads < 0:
+        raise ValueError(f"--threads must be >= 0, got {threads}.")
+    if threads:
+        torch.set_num_threads(threads)
     from lightning_unlearn.models import load_causal_lm, load_tokenizer
 
-    model_dir = _resolve_model_path(args.model)
+    model_dir = _resolve_model_path(model)
     tokenizer = load_tokenizer(model_dir)
-    model = load_causal_lm(model_dir).to(args.device)
-    chat = {"auto": None, "on": True, "off": False}[args.chat_template]
+    lm = load_causal_lm(model_dir).to(device)
+    chat = {"auto": None, "on": True, "off": False}[chat_template]
     start = time.perf_counter()
-    rows = generate_for_records(model, tokenizer, records, args.max_new_tokens, args.batch_size, chat)
+    rows = generate_for_records(lm, tokenizer, records, max_new_tokens, batch_size, chat)
     seconds = time.perf_counter() - start
     meta = {
         "kind": "lens-baseline",
         "model": model_dir,
-        "narrative": args.narrative,
-        "language": args.language,
+        "narrative": narrative,
+        "language": language,
         "levels": sorted({r.level for r in records}, key=LEVELS.index),
-        "condition": args.condition,
-        "max_new_tokens": args.max_new_tokens,
-        "batch_size": args.batch_size,
+        "condition": condition,
+        "max_new_tokens": max_new_tokens,
+        "batch_size": batch_size,
         "decoding": "greedy",
         "threads": torch.get_num_threads(),
         "n": len(rows),
         "generation_seconds": round(seconds, 3),
         "created": _now(),
     }
-    if labeler is not None:
-        rows = with_labels(rows, label_rows(rows, labeler), args.labeler)
-        meta["labeler"] = args.labeler
+    if weak is not None:
+        rows = with_labels(rows, label_rows(rows, weak), labeler)
+        meta["labeler"] = labeler
         meta["summary"] = summarize_by_level(rows)
-    out = Path(args.out)
-    write_atomic({out: _jsonl(rows), meta_path(out): json.dumps(meta, indent=1, ensure_ascii=False)})
-    print(f"wrote {len(rows)} answers to {out} in {seconds:.1f} s")
-    if labeler is not None:
-        print(format_level_summary(meta["summary"]))
+    path = Path(out)
+    write_atomic({path: _jsonl(rows), meta_path(path): json.dumps(meta, indent=1, ensure_ascii=False)})
+    log.info("wrote %d answers to %s in %.1f s", len(rows), path, seconds)
+    return format_level_summary(meta["summary"]) if weak is not None else None
 
 
-def export_main(argv: list[str] | None = None) -> None:
-    """Write the forget-eligible (L0) baseline answers as a CSV for annotators: fill the `label` column with
-    Target-Dominant, Target-Included, Target-Rejected or Invalid."""
-    parser = argparse.ArgumentParser(prog="lightning-unlearn lens-export", description=export_main.__doc__)
-    parser.add_argument("--baseline", required=True, help="JSONL written by lens-baseline")
-    parser.add_argument("--levels", nargs="+", default=list(FORGET_LEVELS))
-    parser.add_argument("--out", required=True, help="output CSV")
-    args = parser.parse_args(argv)
-    rows = [r for r in read_jsonl(args.baseline) if r["level"] in args.levels]
+def export_command(*, baseline: str, out: str, levels: tuple[str, ...] = FORGET_LEVELS) -> None:
+    """Write the forget-eligible baseline answers as a CSV for annotators to label.
+
+    Fill its ``label`` column with Target-Dominant, Target-Included, Target-Rejected or Invalid, then run
+    ``lens import --labels``.
+
+    Args:
+        baseline: JSONL written by ``lens baseline``.
+        out: output CSV.
+        levels: levels to export.
+    """
+    rows = [r for r in read_jsonl(baseline) if r["level"] in levels]
     if not rows:
-        raise ValueError(f"{args.baseline!r} has no answers at level(s) {', '.join(args.levels)}.")
+        raise ValueError(f"{baseline!r} has no answers at level(s) {', '.join(levels)}.")
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=EXPORT_COLUMNS, extrasaction="ignore")
     writer.writeheader()
     for r in rows:
         writer.writerow({**r, "label": "", "notes": ""})
-    write_atomic({Path(args.out): buf.getvalue()})
-    print(
-        f"wrote {len(rows)} rows to {args.out}; fill `label` with Target-Dominant / Target-Included / "
-        "Target-Rejected / Invalid, then run lens-import."
+    write_atomic({Path(out): buf.getvalue()})
+    log.info(
+        "wrote %d rows to %s; fill `label` with Target-Dominant / Target-Included / Target-Rejected / Invalid, "
+        "then run `lightning-unlearn lens import --labels %s`.",
+        len(rows),
+        out,
+        out,
     )
 
 
-def import_main(argv: list[str] | None = None) -> None:
-    """Build a forget set from baseline answers: strict (Target-Dominant rows of an annotated CSV) or weak (rows a
-    labeler calls Reproduced; marked ``weak_labels: true`` in the metadata)."""
-    parser = argparse.ArgumentParser(prog="lightning-unlearn lens-import", description=import_main.__doc__)
-    parser.add_argument("--baseline", required=True, help="JSONL written by lens-baseline")
-    parser.add_argument("--labels", default=None, help="annotated CSV/JSONL (manual labels) for the strict set")
-    parser.add_argument("--levels", nargs="+", default=list(FORGET_LEVELS), help="eligible levels (default: L0)")
-    parser.add_argument("--out", required=True, help="forget-set JSONL of {prompt, answer}")
-    _labeler_args(parser, default=None)
-    args = parser.parse_args(argv)
-    if (args.labels is None) == (args.labeler is None):
+def import_command(
+    *,
+    baseline: str,
+    out: str,
+    labels: str | None = None,
+    levels: tuple[str, ...] = FORGET_LEVELS,
+    labeler: Labeler | None = None,
+    nli_path: str | None = None,
+    entail_threshold: float = NLI_ENTAIL_THRESHOLD,
+    margin: float = NLI_MARGIN,
+) -> None:
+    """Build a forget set from baseline answers: strict (manual labels) or weak (a labeler).
+
+    Strict keeps the Target-Dominant rows of an annotated CSV; weak keeps the rows a labeler calls Reproduced and
+    marks the set ``weak_labels: true`` in its metadata. Give exactly one of ``labels`` and ``labeler``.
+
+    Args:
+        baseline: JSONL written by ``lens baseline``.
+        out: forget-set JSONL of ``{prompt, answer}`` (plus a ``.meta.json`` sidecar).
+        labels: annotated CSV/JSONL (manual labels) for the strict set.
+        levels: eligible levels.
+        labeler: weak labeler for the weak set.
+        nli_path: local NLI model directory (labeler ``nli``).
+        entail_threshold: NLI entailment threshold.
+        margin: NLI separation margin.
+    """
+    if (labels is None) == (labeler is None):
         raise ValueError("give exactly one of --labels (manual, strict forget set) or --labeler (weak labels).")
-    baseline = read_jsonl(args.baseline)
-    rows = [r for r in baseline if r["level"] in args.levels]
+    rows = [r for r in read_jsonl(baseline) if r["level"] in levels]
     if not rows:
-        raise ValueError(f"{args.baseline!r} has no answers at level(s) {', '.join(args.levels)}.")
-    if args.labels is not None:
-        manual = ManualLabels.read(args.labels)
+        raise ValueError(f"{baseline!r} has no answers at level(s) {', '.join(levels)}.")
+    if labels is not None:
+        manual = ManualLabels.read(labels)
         by_id = manual.by_id
         known = {r["id"] for r in rows}
         unknown = [i for i in manual.ids if i not in known]
         if unknown:
-            raise ValueError(f"{args.labels!r} has ids not among the baseline's {args.levels} answers: {unknown[:5]}.")
+            raise ValueError(f"{labels!r} has ids not among the baseline's {levels} answers: {unknown[:5]}.")
         rows = [r for r in rows if r["id"] in by_id]
         keep = [by_id[r["id"]] == TARGET_DOMINANT for r in rows]
         counts = manual.counts()
         source, weak = "manual", False
     else:
-        labels = label_rows(rows, _labeler_from(args))
-        keep = [lbl.reproduced for lbl in labels]
-        counts = dict(Counter(lbl.label for lbl in labels))
-        source, weak = args.labeler, True
+        predicted = label_rows(rows, _labeler(labeler, nli_path, entail_threshold, margin))
+        keep = [lbl.reproduced for lbl in predicted]
+        counts = dict(Counter(lbl.label for lbl in predicted))
+        source, weak = labeler, True
     forget = build_forget_rows(rows, keep)
     if not forget:
         raise ValueError(
             f"no forget rows: none of the {len(rows)} labeled answers is "
             f"{'Target-Dominant' if not weak else 'Reproduced'} (label counts {counts}); nothing was written."
         )
-    base_meta_file = meta_path(args.baseline)
+    base_meta_file = meta_path(baseline)
     base_meta = json.loads(base_meta_file.read_text(encoding="utf-8")) if base_meta_file.is_file() else {}
     meta = {
         "kind": "lens-forget-set",
         "narrative": sorted({r["narrative"] for r in rows}),
         "language": sorted({r["language"] for r in rows}),
         "condition": sorted({r["condition"] for r in rows}),
-        "levels": list(args.levels),
+        "levels": list(levels),
         "labels": source,
         "weak_labels": weak,
         "rule": "Target-Dominant only" if not weak else f"{source} labeler: Reproduced",
         "n_candidates": len(rows),
         "n_forget": len(forget),
         "label_counts": counts,
-        "baseline": str(args.baseline),
+        "baseline": str(baseline),
         "model": base_meta.get("model"),
         "created": _now(),
     }
-    out = Path(args.out)
-    write_atomic({out: _jsonl(forget), meta_path(out): json.dumps(meta, indent=1, ensure_ascii=False)})
-    print(f"wrote {len(forget)} forget rows of {len(rows)} candidates to {out} (weak_labels={weak})")
+    path = Path(out)
+    write_atomic({path: _jsonl(forget), meta_path(path): json.dumps(meta, indent=1, ensure_ascii=False)})
+    log.info("wrote %d forget rows of %d candidates to %s (weak_labels=%s)", len(forget), len(rows), path, weak)
 
 
-def label_main(argv: list[str] | None = None) -> None:
-    """Label a baseline file with a labeler, write the labeled JSONL and print Reproduced counts per level."""
-    parser = argparse.ArgumentParser(prog="lightning-unlearn lens-label", description=label_main.__doc__)
-    parser.add_argument("--baseline", required=True)
-    parser.add_argument("--out", required=True)
-    _labeler_args(parser, default="signature")
-    args = parser.parse_args(argv)
-    labeler = _labeler_from(args)
-    rows = read_jsonl(args.baseline)
-    rows = with_labels(rows, label_rows(rows, labeler), args.labeler)
-    write_atomic({Path(args.out): _jsonl(rows)})
-    print(format_level_summary(summarize_by_level(rows)))
+def label_command(
+    *,
+    baseline: str,
+    out: str,
+    labeler: Labeler = "signature",
+    nli_path: str | None = None,
+    entail_threshold: float = NLI_ENTAIL_THRESHOLD,
+    margin: float = NLI_MARGIN,
+) -> str:
+    """Label a baseline file with a labeler; the result is the Reproduced count per level.
+
+    The labeled rows are written to ``out``.
+
+    Args:
+        baseline: JSONL written by ``lens baseline``.
+        out: labeled JSONL.
+        labeler: weak labeler.
+        nli_path: local NLI model directory (labeler ``nli``).
+        entail_threshold: NLI entailment threshold.
+        margin: NLI separation margin.
+    """
+    weak = _labeler(labeler, nli_path, entail_threshold, margin)
+    rows = read_jsonl(baseline)
+    rows = with_labels(rows, label_rows(rows, weak), labeler)
+    write_atomic({Path(out): _jsonl(rows)})
+    log.info("wrote %d labeled answers to %s", len(rows), out)
+    return format_level_summary(summarize_by_level(rows))
 
 
-def calibrate_main(argv: list[str] | None = None) -> None:
-    """Compare weak Reproduced labels with manual labels: precision/recall/F1, strict and broad, with Wilson and
-    bootstrap 95% intervals (LENS Table 8)."""
-    parser = argparse.ArgumentParser(prog="lightning-unlearn lens-calibrate", description=calibrate_main.__doc__)
-    parser.add_argument("--labels", required=True, help="annotated CSV/JSONL (id, label; answer and the suite keys)")
-    parser.add_argument("--predicted", default=None, help="labeled JSONL (id, label) from lens-label")
-    parser.add_argument("--bootstrap", type=int, default=2000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", default=None, help="also write the report as JSON here")
-    _labeler_args(parser, default=None)
-    args = parser.parse_args(argv)
-    manual = ManualLabels.read(args.labels)
-    if args.predicted is not None:
-        by_id = {r["id"]: r["label"] for r in read_jsonl(args.predicted)}
+def calibrate_command(
+    *,
+    labels: str,
+    predicted: str | None = None,
+    bootstrap: int = 2000,
+    seed: int = 0,
+    json: str | None = None,
+    labeler: Labeler | None = None,
+    nli_path: str | None = None,
+    entail_threshold: float = NLI_ENTAIL_THRESHOLD,
+    margin: float = NLI_MARGIN,
+) -> str:
+    """Compare a labeler's Reproduced labels with manual labels, as LENS Table 8.
+
+    Precision, recall and F1, strict and broad, with Wilson and bootstrap 95% intervals. The weak labels come from
+    ``predicted`` (a labeled JSONL) or from running ``labeler`` on the answers in ``labels``.
+
+    Args:
+        labels: annotated CSV/JSONL (``id``, ``label``; ``answer`` and the suite keys to run a labeler).
+        predicted: labeled JSONL (``id``, ``label``) from ``lens label``.
+        bootstrap: bootstrap resamples.
+        seed: bootstrap seed.
+        json: also write the report as JSON here.
+        labeler: weak labeler to run on the answers in ``labels`` (instead of ``predicted``).
+        nli_path: local NLI model directory (labeler ``nli``).
+        entail_threshold: NLI entailment threshold.
+        margin: NLI separation margin.
+    """
+    manual = ManualLabels.read(labels)
+    if predicted is not None:
+        by_id = {r["id"]: r["label"] for r in read_jsonl(predicted)}
         missing = [i for i in manual.ids if i not in by_id]
         if missing:
-            raise ValueError(f"{args.predicted!r} has no prediction for ids {missing[:5]}.")
-        predicted = [by_id[i] == REPRODUCED for i in manual.ids]
-        name = Path(args.predicted).name
-    elif args.labeler is not None:
-        rows = _read_rows(args.labels)
-        predicted = [lbl.reproduced for lbl in label_rows(rows, _labeler_from(args))]
-        name = args.labeler
+            raise ValueError(f"{predicted!r} has no prediction for ids {missing[:5]}.")
+        flags = [by_id[i] == REPRODUCED for i in manual.ids]
+        name = Path(predicted).name
+    elif labeler is not None:
+        rows = _read_rows(labels)
+        flags = [lbl.reproduced for lbl in label_rows(rows, _labeler(labeler, nli_path, entail_threshold, margin))]
+        name = labeler
     else:
         raise ValueError("give --predicted (a labeled JSONL) or --labeler to label the answers in --labels.")
-    report = calibration_report(predicted, manual, n_bootstrap=args.bootstrap, seed=args.seed)
-    if args.json:
-        write_atomic({Path(args.json): json.dumps(report, indent=1)})
-    print(format_calibration_table(report, title=f"Calibration of {name} against manual labels"))
+    report = calibration_report(flags, manual, n_bootstrap=bootstrap, seed=seed)
+    if json is not None:
+        write_atomic({Path(json): _json_text(report)})
+    return format_calibration_table(report, title=f"Calibration of {name} against manual labels")
 
 
 def _read_rows(path: str) -> list[dict]:
@@ -474,5 +548,5 @@ def _read_rows(path: str) -> list[dict]:
         rows = list(csv.DictReader(f))
     need = {"answer", "narrative", "language", "level"}
     if rows and not need <= set(rows[0]):
-        raise ValueError(f"{path!r} needs columns {sorted(need)} to be labeled; use the CSV written by lens-export.")
+        raise ValueError(f"{path!r} needs columns {sorted(need)} to be labeled; use the CSV written by lens export.")
     return rows

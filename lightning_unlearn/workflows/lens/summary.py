@@ -1,20 +1,18 @@
-"""``lightning-unlearn lens-summary RUN_DIR``: one LENS trajectory at its selected checkpoint, as a short table.
+"""``lightning-unlearn lens summary RUN_DIR``: one LENS trajectory at its selected checkpoint, as a short table.
 
 Reads the run's ``checkpoint_metrics.jsonl`` (SCE and retain-drift rows written by the evaluation callbacks),
 selects the suppression-tradeoff checkpoint (max pooled L0–L2 SCE) and the first-collapse checkpoint, and reports
 B, A, D, N, s, g and SCE per level there, L3 / L3-special entity recovery before (the labeled baseline file) and
 after (the selected checkpoint), and retain drift. Writes ``trajectory_summary.json`` into RUN_DIR.
 
-    lightning-unlearn lens-summary runs/lens/smollm2/nato-forced-war-en/npo \
+    lightning-unlearn lens summary runs/lens/smollm2/nato-forced-war-en/npo \
         --baseline runs/lens/smollm2/nato-forced-war-en/baseline.jsonl
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-from collections.abc import Sequence
 from pathlib import Path
 
 from lightning_unlearn.callbacks.sce_heatmap import write_json
@@ -30,10 +28,10 @@ def baseline_entity_recovery(baseline_path: str | os.PathLike) -> dict[str, floa
     """Per level, the fraction of labeled baseline answers with every actor recovered together with the frame."""
     path = Path(baseline_path)
     if not path.is_file():
-        raise FileNotFoundError(f"baseline file {str(path)!r} does not exist; run lens-baseline with --labeler.")
+        raise FileNotFoundError(f"baseline file {str(path)!r} does not exist; run `lens baseline` with --labeler.")
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     if rows and "entity_recovery" not in rows[0]:
-        raise ValueError(f"{str(path)!r} is not labeled; write it with `lens-baseline --labeler signature`.")
+        raise ValueError(f"{str(path)!r} is not labeled; write it with `lens baseline --labeler signature`.")
     out: dict[str, float] = {}
     for level in sorted({r["level"] for r in rows}):
         sel = [bool(r["entity_recovery"]) for r in rows if r["level"] == level]
@@ -52,7 +50,7 @@ def trajectory_summary(
 
     Args:
         run_dir: a run directory (searched recursively for ``checkpoint_metrics.jsonl``).
-        baseline_path: labeled ``lens-baseline`` JSONL, for entity recovery before unlearning.
+        baseline_path: labeled ``lens baseline`` JSONL, for entity recovery before unlearning.
         collapse_boundary: degraded-output rate g that marks collapse.
         family: metric family of the SCE rows.
         retain_family: metric family of the retain-drift rows.
@@ -129,12 +127,17 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="lightning-unlearn lens-summary", description=__doc__.splitlines()[0])
-    ap.add_argument("run_dir", metavar="RUN_DIR")
-    ap.add_argument("--baseline", default=None, help="labeled lens-baseline JSONL (entity recovery before)")
-    ap.add_argument("--collapse-boundary", type=float, default=0.5)
-    args = ap.parse_args(argv)
-    summary = trajectory_summary(args.run_dir, args.baseline, args.collapse_boundary)
-    write_json(Path(args.run_dir) / SUMMARY_FILE, summary)
-    print(format_summary(summary))
+def summary_command(run_dir: str, baseline: str | None = None, collapse_boundary: float = 0.5) -> str:
+    """One LENS trajectory at its selected checkpoint, as a short table.
+
+    B, A, D, N, s, g and SCE per level at the suppression-tradeoff checkpoint, entity recovery before and after,
+    and retain drift; the JSON goes to ``RUN_DIR/trajectory_summary.json``.
+
+    Args:
+        run_dir: the run directory (searched recursively for ``checkpoint_metrics.jsonl``).
+        baseline: labeled ``lens baseline`` JSONL, for entity recovery before unlearning.
+        collapse_boundary: degraded-output rate g that marks collapse.
+    """
+    summary = trajectory_summary(run_dir, baseline, collapse_boundary)
+    write_json(Path(run_dir) / SUMMARY_FILE, summary)
+    return format_summary(summary)
