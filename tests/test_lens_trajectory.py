@@ -1,5 +1,5 @@
 """The LENS trajectory chain of scripts/lens_trajectory.sh, end to end on a tiny random model and the demo narrative:
-baseline → forget set → retain set → LoRA NPO fit with configs/lens/smollm2_trajectory.yaml (every checkpoint
+baseline → forget set → retain set → LoRA NPO fit with the shipped lens/smollm2_trajectory.yaml (every checkpoint
 evaluated) → selection.json + heatmap → cross-run report → per-level summary at the selected checkpoint."""
 
 from __future__ import annotations

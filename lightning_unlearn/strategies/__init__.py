@@ -29,7 +29,7 @@ Contract with the LightningModule (read by the strategies on every training step
   the epoch aggregates; the step's true loss is what the strategy returns to Lightning.
 - Activations of masked ``nn.Linear``/``nn.Embedding`` inputs are sample-major (leading dim ``B`` or ``B·T``).
 
-Strategies (select in YAML: ``trainer.strategy.class_path``; see ``configs/trainer/``)
+Strategies (select in YAML: ``trainer.strategy.class_path``; shipped configs ``trainer/*.yaml``)
 --------------------------------------------------------------------------------------
 - :class:`MaskedSingleDeviceStrategy`, :class:`MaskedDDPStrategy`: one forward+backward per step; the weight
   gradients of ``nn.Linear``, ``nn.Embedding`` and RMSNorm-style scales are split by sample group inside custom

@@ -4,7 +4,7 @@ Commands:
 
 - ``run``: the whole built-in chain in a work directory — pretrain → inject (masked) and the UnMask control →
   instruct (both) → filter (both) — then a table of extraction rates per field, masked vs unmasked. Each stage is
-  a ``lightning-unlearn fit -c configs/lacuna/<stage>.yaml`` run with the work directory's paths; a finished
+  a ``lightning-unlearn fit -c lacuna/<stage>.yaml`` run with the work directory's paths; a finished
   stage (its export exists) is reused and says so, an interrupted one resumes from its last checkpoint. A stage
   whose recorded recipe (``<stage>/recipe.json``: config text and overrides) differs from this run's, or that is
   older than an input rebuilt after it, is refused rather than reused; one built by other package code (the
@@ -43,7 +43,7 @@ import torch
 
 import lightning_unlearn
 from lightning_unlearn.atomic import write_directory_atomically, write_text_atomically
-from lightning_unlearn.configs import config_root
+from lightning_unlearn.configs import config_root, resolve_config
 from lightning_unlearn.data.pii import probe_qa
 from lightning_unlearn.data.splits import build_splits, save_splits
 from lightning_unlearn.data.templates import TARGET_FIELDS
@@ -551,10 +551,11 @@ def target_verdict(masked: dict, rate: float = 0.5, fields: int = 2) -> str:
 
 
 def _overlays(configs: Sequence[str], flag: str) -> list[Path]:
-    overlays = [Path(c).expanduser().resolve() for c in configs]
+    # a local file, else a shipped config by name (lacuna/inject_smollm2.yaml)
+    overlays = [Path(resolve_config(c)).expanduser().resolve() for c in configs]
     for given, overlay in zip(configs, overlays, strict=True):
         if not overlay.is_file():
-            raise FileNotFoundError(f"{flag} {given!r} does not exist; pass a YAML file.")
+            raise FileNotFoundError(f"{flag} {given!r} does not exist; pass a YAML file or a shipped config name.")
     return overlays
 
 
@@ -599,7 +600,7 @@ def run_command(
         size: size preset (``tiny``: seconds, for tests).
         sequential: never run two stages side by side (default: side by side on two or more cores).
         model_path: start both injections from this local HF model directory (or ``smollm2``) and skip pretraining.
-        inject_config: YAML overlays for both injections, e.g. ``configs/lacuna/inject_smollm2.yaml``.
+        inject_config: YAML overlays for both injections, e.g. ``lacuna/inject_smollm2.yaml``.
         instruct_config: YAML overlays for both instruction tunings, e.g. one that sets ``model.init_args.lr``.
     """
     with processes.terminate_children_on_exit():  # SIGTERM / SIGHUP end every stage too

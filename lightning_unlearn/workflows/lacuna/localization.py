@@ -4,7 +4,7 @@
 ``lightning-unlearn lacuna run`` (``inject/export/{pre,inj,masks.safetensors}``, ``instruct/export/model``,
 ``splits/<field>``, and the UnMask control ``instruct_unmasked/export/model``). For every method it
 
-1. unlearns with ``lightning-unlearn fit -c configs/lacuna/<method>.yaml`` (full fine-tuning; OracleGrad's updates
+1. unlearns with ``lightning-unlearn fit -c lacuna/<method>.yaml`` (full fine-tuning; OracleGrad's updates
    restricted to m^F by the masked strategy, GA and SimNPO unrestricted) on ``splits/<field>/{forget,retain}``,
 2. exports the final weights to ``<out>/<method>/export/model``,
 3. scores them with ``lightning-unlearn mask-auc``: every family's AUC against m^F and against m^F ∨ m^R.
@@ -35,7 +35,7 @@ from lightning_unlearn.workflows.lacuna.chain import CONFIG_DIR
 
 logger = logging.getLogger("lightning_unlearn")
 
-# method -> (config in configs/lacuna, restricted to m^F, has an UnMask control run)
+# method -> (shipped config lacuna/<name>.yaml, restricted to m^F, has an UnMask control run)
 METHODS: dict[str, tuple[str, bool, bool]] = {
     "oracle_grad": ("oracle_grad.yaml", True, False),
     "ga": ("ga.yaml", False, True),
