@@ -108,7 +108,7 @@ def main() -> None:
         module = NPO(model_path, AdapterConfig(kind="full"), OptimizerConfig(lr=1e-5))
         data = ForgetRetainDataModule(model_path, str(work / "forget.jsonl"), str(work / "retain.jsonl"), batch_size=1)
     else:
-        module = injection.InjectionModule(model_path=model_path, lr=1e-3)
+        module = injection.InjectionModule(model_path=model_path, optim={"lr": 1e-3})
         data = InjectionDataModule(
             data_dir=str(work / "data"), data=DATA, max_length=32, batch_size=args.devices, neutral_fraction=0.0,
             groups=[2],

@@ -20,6 +20,7 @@ from lightning_unlearn.masks import LazyMasks, sample_masks, save_masks
 from lightning_unlearn.models import TinyLlamaConfig, build_tiny_llama, load_tokenizer
 from lightning_unlearn.objectives.injection import InjectionModule
 from lightning_unlearn.objectives.instruction import InstructionModule
+from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.strategies import MaskedSingleDeviceStrategy
 from lightning_unlearn.workflows.lacuna.chain import locality_report
 from lightning_unlearn.workflows.lacuna.chain import main as lacuna_main
@@ -54,7 +55,9 @@ def make_trainer(root, max_epochs=1, max_steps=-1, callbacks=(), checkpoint=Fals
 def injection(tiny_dir, data_dir, **kw):
     data_kw = {k: kw.pop(k) for k in ("neutral_fraction", "groups", "data", "batch_size", "group_by_length") if k in kw}
     data_kw.setdefault("data", small_data())
-    module = InjectionModule(model_path=str(tiny_dir), lr=1e-2, **kw)
+    optim_keys = ("weight_decay", "warmup_steps", "schedule", "decay_fraction")
+    optim = {"lr": 1e-2, **{k: kw.pop(k) for k in optim_keys if k in kw}}
+    module = InjectionModule(model_path=str(tiny_dir), optim=OptimizerConfig(**optim), **kw)
     data = InjectionDataModule(
         data_dir=str(data_dir), max_length=48, batch_size=data_kw.pop("batch_size", 4), **data_kw
     )
@@ -277,7 +280,7 @@ def test_instruction_lora_last_two_blocks_keeps_best(tiny_dir, tmp_path):
     from lightning_unlearn.data.testbed_data import build_testbed_data
 
     build_testbed_data(tmp_path / "data", small_data(), log=lambda *_: None)
-    module = InstructionModule(model_path=str(tiny_dir), lr=5e-3)
+    module = InstructionModule(model_path=str(tiny_dir), optim=OptimizerConfig(lr=5e-3))
     module.configure_model()
     trained = {n for n, p in module.model.named_parameters() if p.requires_grad}
     assert trained and all("lora_" in n and (".layers.2." in n or ".layers.3." in n) for n in trained)
@@ -305,7 +308,7 @@ def test_instruction_keeps_the_untrained_model_when_training_only_hurts(tiny_dir
         return InstructionDataModule(data_dir=str(tmp_path / "data"), batch_size=4, max_length=48)
 
     def fit(model_path, root, lr, epochs):
-        module = InstructionModule(model_path=str(model_path), lr=lr, validate_untrained=True)
+        module = InstructionModule(model_path=str(model_path), optim=OptimizerConfig(lr=lr), validate_untrained=True)
         trainer = make_trainer(root, max_epochs=epochs, strategy=False)
         trainer.val_check_interval = 2
         trainer.fit(module, data())
@@ -412,12 +415,12 @@ def test_wsd_schedule_holds_then_decays_over_the_last_fraction(tiny_dir, tmp_pat
     # warm-up 1/2, 2/2 of lr 1e-2, hold, then (10 - s) / 3 over the last 3 of 10 steps: s = 8, 9 → 2/3, 1/3
     assert log.lrs == pytest.approx([5e-3] + [1e-2] * 7 + [1e-2 * 2 / 3, 1e-2 / 3])
     with pytest.raises(ValueError, match=r"decay_fraction must be in \(0, 1\], got 0"):
-        InjectionModule(model_path=str(tiny_dir), schedule="wsd", decay_fraction=0.0)
+        InjectionModule(model_path=str(tiny_dir), optim=OptimizerConfig(schedule="wsd", decay_fraction=0.0))
 
 
 def test_unknown_schedule_is_refused(tiny_dir):
     with pytest.raises(ValueError, match="schedule='cosine' is not one of"):
-        InjectionModule(model_path=str(tiny_dir), schedule="cosine")
+        InjectionModule(model_path=str(tiny_dir), optim={"schedule": "cosine"})
 
 
 def test_epoch_seeded_sampler_splits_one_permutation_over_ranks():
@@ -481,7 +484,7 @@ def test_pretraining_from_a_derived_model(tiny_dir, tmp_path):
     from lightning_unlearn.models import load_causal_lm
 
     derive = DeriveConfig(source=str(tiny_dir), blocks=2, path=str(tmp_path / "base"))
-    module = InjectionModule(derive=derive, masked=False, lr=1e-3)
+    module = InjectionModule(derive=derive, masked=False, optim=OptimizerConfig(lr=1e-3))
     data = InjectionDataModule(
         data_dir=str(tmp_path / "data"), data=small_data(), neutral_fraction=1.0, background_profiles=3,
         max_length=48, batch_size=4, group_by_length=2,

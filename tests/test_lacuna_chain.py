@@ -47,8 +47,9 @@ def test_chain_tiny(tmp_path):
     recipe_path = tmp_path / "instruct" / "recipe.json"
     recipe = json.loads(recipe_path.read_text())
     assert recipe["overrides"][:2] == ["--data.data_dir", "<workdir>/data"] and len(recipe["configs"]) == 1
-    recipe_path.write_text(json.dumps({**recipe, "overrides": [*recipe["overrides"], "--model.lr", "9"]}))
-    with pytest.raises(ValueError, match=r"stage instruct in .* other overrides than this run's \(--model.lr, 9\)"):
+    recipe_path.write_text(json.dumps({**recipe, "overrides": [*recipe["overrides"], "--model.optim.lr", "9"]}))
+    refused = r"stage instruct in .* other overrides than this run's \(--model.optim.lr, 9\)"
+    with pytest.raises(ValueError, match=refused):
         run_chain(str(tmp_path), size="tiny", log=lines.append)
     # one built by other code (code defaults are in no config) is reused, with a warning that names it
     recipe_path.write_text(json.dumps({**recipe, "code": "0123456789abcdef"}))
@@ -100,21 +101,21 @@ def test_chain_tiny(tmp_path):
 @pytest.mark.slow
 def test_chain_from_a_model_path_skips_pretraining(tiny_dir, tmp_path):
     overlay = tmp_path / "overlay.yaml"
-    overlay.write_text("model:\n  init_args:\n    lr: 0.0123\n")
+    overlay.write_text("model:\n  init_args:\n    optim: {lr: 0.0123}\n")
     work = tmp_path / "w"
     lines: list[str] = []
     instruct_overlay = tmp_path / "instruct_overlay.yaml"
-    instruct_overlay.write_text("model:\n  init_args:\n    lr: 0.000321\n")
+    instruct_overlay.write_text("model:\n  init_args:\n    optim: {lr: 0.000321}\n")
     kwargs = dict(model_path=str(tiny_dir), inject_configs=[overlay], instruct_configs=[instruct_overlay])
     reports = run_chain(str(work), size="tiny", log=lines.append, **kwargs)
     assert not (work / "pretrain").exists() and not (work / "tokenizer").exists()
     for stage in ("inject", "inject_unmasked"):
         assert json.loads((work / stage / "export" / "run.json").read_text())["model_path"] == str(tiny_dir)
         config = yaml.safe_load((work / stage / "lightning_logs" / "version_0" / "config.yaml").read_text())
-        assert config["model"]["init_args"]["lr"] == 0.0123  # the overlay reached both injections
+        assert config["model"]["init_args"]["optim"]["lr"] == 0.0123  # the overlay reached both injections
     for stage in ("instruct", "instruct_unmasked"):
         config = yaml.safe_load((work / stage / "lightning_logs" / "version_0" / "config.yaml").read_text())
-        assert config["model"]["init_args"]["lr"] == 0.000321  # and the other one both instruction tunings
+        assert config["model"]["init_args"]["optim"]["lr"] == 0.000321  # and the other one both instruction tunings
     assert set(reports["masked"]["extraction"]) == set(TARGET_FIELDS)
 
     lines.clear()

@@ -56,8 +56,8 @@ def _fit(tmp_path, stage: str, trainer_config: str | None, args: list[str], root
 
 def _inject(tiny_dir, tmp_path, name: str, batch_size: int, trainer_config: str | None) -> Path:
     args = [
-        "--model.model_path", str(tiny_dir), "--model.lr", "0.01", "--data.batch_size", str(batch_size),
-        "--data.neutral_fraction", "0", "--data.groups", "[2]", "--model.weight_decay", "0",
+        "--model.model_path", str(tiny_dir), "--model.optim.lr", "0.01", "--data.batch_size", str(batch_size),
+        "--data.neutral_fraction", "0", "--data.groups", "[2]", "--model.optim.weight_decay", "0",
         *[f"--data.data.{k}={v}" for k, v in SIZES.items()], "--trainer.max_steps", "3",
         "--trainer.precision", "32-true",  # exactness across strategies is an fp32 claim (inject.yaml: bf16-mixed)
     ]  # fmt: skip
@@ -92,7 +92,7 @@ def test_fsdp_injection_exports_full_weights_and_keeps_locality(tiny_dir, tmp_pa
 
 def _instruct(tiny_dir, tmp_path, strategy: str) -> Path:
     args = [
-        "--model.model_path", str(tiny_dir), "--model.lr", "0.005", "--data.batch_size", "4",
+        "--model.model_path", str(tiny_dir), "--model.optim.lr", "0.005", "--data.batch_size", "4",
         "--trainer.max_epochs", "3", "--trainer.val_check_interval", "2",
     ]  # fmt: skip
     return _fit(tmp_path, "instruct", f"{strategy}_cpu.yaml", args, tmp_path / f"instruct_{strategy}")

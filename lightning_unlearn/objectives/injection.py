@@ -42,7 +42,7 @@ from lightning_unlearn.models import (
     load_tokenizer,
     train_bpe_tokenizer,
 )
-from lightning_unlearn.objectives.optimizer_config import SCHEDULES, OptimizerConfig
+from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.strategies.masked_fsdp import load_model_for_rank
 
 
@@ -66,13 +66,8 @@ class InjectionModule(LightningModule):
         num_groups: groups of sampled masks.
         coverage: fraction of θ_mask each sampled group covers (Lacuna: 0.05).
         mask_seed: seed of sampled masks.
-        lr: AdamW learning rate.
-        weight_decay: AdamW weight decay (0 keeps elements outside a sample's mask exactly unchanged).
-        warmup_steps: linear warm-up steps.
-        schedule: after warm-up, ``"constant"`` keeps ``lr``; ``"linear"`` decays it to 0 at the run's last
-            optimizer step (``trainer.estimated_stepping_batches``); ``"wsd"`` keeps it, then decays it linearly to
-            0 over the last ``decay_fraction`` of the steps.
-        decay_fraction: the share of the run that ``"wsd"`` spends decaying.
+        optim: AdamW and its schedule (:class:`OptimizerConfig`, as every objective takes it; default lr 1e-3,
+            constant). ``weight_decay`` 0 keeps elements outside a sample's mask exactly unchanged.
         export_dir: where to export; ``None`` = ``<trainer.default_root_dir>/export``.
     """
 
@@ -89,11 +84,7 @@ class InjectionModule(LightningModule):
         num_groups: int = 6,
         coverage: float = 0.05,
         mask_seed: int = 0,
-        lr: float = 1e-3,
-        weight_decay: float = 0.0,
-        warmup_steps: int = 0,
-        schedule: str = "constant",
-        decay_fraction: float = 0.3,
+        optim: OptimizerConfig | None = None,
         export_dir: str | None = None,
     ) -> None:
         super().__init__()
@@ -111,17 +102,11 @@ class InjectionModule(LightningModule):
             )
         if tiny is not None and tokenizer_path is None:
             raise ValueError("pretraining from scratch (tiny) needs tokenizer_path, where the tokenizer is kept.")
-        if lr <= 0 or weight_decay < 0 or warmup_steps < 0:
-            raise ValueError(
-                f"need lr > 0, weight_decay >= 0, warmup_steps >= 0 (got {lr}, {weight_decay}, {warmup_steps})."
-            )
-        if schedule not in SCHEDULES:
-            raise ValueError(f"schedule={schedule!r} is not one of {SCHEDULES}.")
-        self.optim_config = OptimizerConfig(
-            lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, schedule=schedule,
-            decay_fraction=decay_fraction,
-        )  # fmt: skip
+        if isinstance(optim, dict):
+            optim = OptimizerConfig(**optim)
+        self.optim_config = optim or OptimizerConfig(lr=1e-3)
         self.save_hyperparameters()
+        self.hparams["optim"] = asdict(self.optim_config)
         self.tiny = TinyLlamaConfig(**tiny) if isinstance(tiny, dict) else tiny
         self.derive = DeriveConfig(**derive) if isinstance(derive, dict) else derive
         # Plain dicts in hparams keep checkpoints loadable with torch.load(weights_only=True).
@@ -224,12 +209,8 @@ class InjectionModule(LightningModule):
 
     @override
     def configure_optimizers(self):
-        cfg = self.optim_config
         params = [p for p in self.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        total = int(self.trainer.estimated_stepping_batches)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: cfg.lr_factor(step, total))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return self.optim_config.configure(params, int(self.trainer.estimated_stepping_batches))
 
     def export_dir(self) -> Path:
         return Path(self.hparams.export_dir or Path(self.trainer.default_root_dir) / "export")

@@ -20,6 +20,7 @@ from typing_extensions import override
 from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.losses import nll_loss, sequence_logprobs
 from lightning_unlearn.models import AdapterConfig, apply_adapter, load_causal_lm, load_tokenizer
+from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.strategies.masked_fsdp import load_model_for_rank
 
 
@@ -29,8 +30,8 @@ class InstructionModule(LightningModule):
     Args:
         model_path: local HF directory of the injected model θ_inj.
         adapter: which parameters train; Lacuna: LoRA on the last two blocks (``layers: [-2, -1]``).
-        lr: AdamW learning rate.
-        weight_decay: AdamW weight decay.
+        optim: AdamW and its schedule (:class:`OptimizerConfig`, as every objective takes it; default lr 1e-3,
+            constant).
         export_dir: where to export; ``None`` = ``<trainer.default_root_dir>/export``.
         validate_untrained: validate once before the first step and count the untrained adapter (``best_step``
             0, the base model unchanged) as a candidate of the best-checkpoint selection.
@@ -40,13 +41,16 @@ class InstructionModule(LightningModule):
         self,
         model_path: str,
         adapter: AdapterConfig | None = None,
-        lr: float = 1e-3,
-        weight_decay: float = 0.0,
+        optim: OptimizerConfig | None = None,
         export_dir: str | None = None,
         validate_untrained: bool = False,
     ) -> None:
         super().__init__()
+        if isinstance(optim, dict):
+            optim = OptimizerConfig(**optim)
+        self.optim_config = optim or OptimizerConfig(lr=1e-3)
         self.save_hyperparameters()
+        self.hparams["optim"] = asdict(self.optim_config)
         if isinstance(adapter, dict):
             adapter = AdapterConfig(**adapter)
         self.adapter = adapter or AdapterConfig(kind="lora", r=8, alpha=16, dropout=0.0, layers=[-2, -1])
@@ -151,7 +155,7 @@ class InstructionModule(LightningModule):
     @override
     def configure_optimizers(self):
         params = [p for p in self.parameters() if p.requires_grad]
-        return torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        return self.optim_config.configure(params, int(self.trainer.estimated_stepping_batches))
 
     def merged_best_model(self, state: dict[str, torch.Tensor] | None = None):
         """A plain transformers model: the base with the best adapter weights (or ``state``) merged in.

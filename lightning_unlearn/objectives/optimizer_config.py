@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+import torch
 
 SCHEDULES = ("constant", "linear", "wsd")
 
@@ -34,6 +37,8 @@ class OptimizerConfig:
             raise ValueError(f"optim.lr must be positive, got {self.lr}.")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"optim.schedule={self.schedule!r} is not one of {SCHEDULES}.")
+        if self.weight_decay < 0:
+            raise ValueError(f"optim.weight_decay must be >= 0, got {self.weight_decay}.")
         if self.warmup_steps < 0:
             raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}.")
         if not 0 < self.decay_fraction <= 1:
@@ -51,3 +56,14 @@ class OptimizerConfig:
             return min(1.0, max(0.0, (total_steps - step) / decay))
         remaining = max(1, total_steps - self.warmup_steps)
         return max(0.0, 1.0 - (step - self.warmup_steps) / remaining)
+
+    def configure(self, params: Iterable[torch.nn.Parameter], total_steps: int) -> dict:
+        """Lightning's ``configure_optimizers`` result: AdamW over ``params`` with this schedule, stepped per step.
+
+        Args:
+            params: the trainable parameters.
+            total_steps: the run's optimizer steps (``trainer.estimated_stepping_batches``), for the decays.
+        """
+        optimizer = torch.optim.AdamW(list(params), lr=self.lr, weight_decay=self.weight_decay, betas=self.betas)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: self.lr_factor(step, total_steps))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -226,13 +226,8 @@ class UnlearningModule(LightningModule):
 
     @override
     def configure_optimizers(self):
-        cfg = self.optim_config
-        optimizer = torch.optim.AdamW(
-            self.trainable_parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas
-        )
         total = int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 1
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cfg.lr_factor(step, total))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return self.optim_config.configure(self.trainable_parameters(), total)
 
     # -- checkpoints ------------------------------------------------------------------------------------------
     @override

@@ -49,6 +49,7 @@ from lightning_unlearn.data.splits import build_splits, save_splits
 from lightning_unlearn.data.templates import TARGET_FIELDS
 from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data, load_table
 from lightning_unlearn.metrics.memorization import extracted
+from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.smollm2 import resolve_model_dir
 from lightning_unlearn.workflows import processes
 
@@ -226,7 +227,7 @@ def resurface(
         raise ValueError(f"forget split {str(forget_path)!r} is empty: nothing can leak.")
     seed_everything(seed)
     relearned = Path(out_dir) / "relearned"
-    module = InstructionModule(model_path=model_dir, lr=lr)
+    module = InstructionModule(model_path=model_dir, optim=OptimizerConfig(lr=lr))
     data = InstructionDataModule(source=str(relearn_path), seed=seed)
     trainer = Trainer(
         accelerator="cpu",
