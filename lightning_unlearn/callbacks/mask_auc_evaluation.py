@@ -56,8 +56,13 @@ class MaskAUCEvaluation(CheckpointEvaluator):
         super().__init__(name=name, output_dir=output_dir)
         if (control_inj_path is None) != (control_unl_path is None):
             raise ValueError("pass both control_inj_path and control_unl_path (the UnMask control), or neither.")
-        for what, p in (("pre_path", pre_path), ("inj_path", inj_path), ("masks_path", masks_path),
-                        ("control_inj_path", control_inj_path), ("control_unl_path", control_unl_path)):
+        for what, p in (
+            ("pre_path", pre_path),
+            ("inj_path", inj_path),
+            ("masks_path", masks_path),
+            ("control_inj_path", control_inj_path),
+            ("control_unl_path", control_unl_path),
+        ):
             if p is not None and not Path(p).exists():
                 raise FileNotFoundError(f"{what}={p!r} does not exist.")
         self.pre_path, self.inj_path, self.masks_path = pre_path, inj_path, masks_path
@@ -70,10 +75,12 @@ class MaskAUCEvaluation(CheckpointEvaluator):
     def _load_reference(self, names: list[str]) -> dict:
         if self._reference is None:
             packed, _ = load_masks(self.masks_path)
-            ref = {"pre": load_weights(self.pre_path), "inj": load_weights(self.inj_path),
-                   "forget": union_mask(packed, self.forget_groups),
-                   "unified": union_mask(packed, self.forget_groups + self.retain_groups) if self.retain_groups
-                   else None}
+            ref = {
+                "pre": load_weights(self.pre_path),
+                "inj": load_weights(self.inj_path),
+                "forget": union_mask(packed, self.forget_groups),
+                "unified": union_mask(packed, self.forget_groups + self.retain_groups) if self.retain_groups else None,
+            }
             if self.control_paths:
                 c_inj, c_unl = (load_weights(p) for p in self.control_paths)
                 ref["control"] = {n: c_unl[n] - c_inj[n] for n in names}
@@ -98,13 +105,21 @@ class MaskAUCEvaluation(CheckpointEvaluator):
         if rank == 0:
             ref = self._load_reference(names)
             result = mask_auc(
-                ref["pre"], ref["inj"], theta_unl, ref["forget"], control=ref.get("control"),
-                unified_mask=ref["unified"], names=names, max_samples=self.max_samples, composite=self.composite,
+                ref["pre"],
+                ref["inj"],
+                theta_unl,
+                ref["forget"],
+                control=ref.get("control"),
+                unified_mask=ref["unified"],
+                names=names,
+                max_samples=self.max_samples,
+                composite=self.composite,
             )
             result["num_positive"] = {k.replace("|", "_or_"): v for k, v in result["num_positive"].items()}
             result = {k.replace("|", "_or_"): v for k, v in result.items()}
             for key in ("F", "F_or_R"):
                 if key in result:
-                    result[key] = {f: (None if isinstance(v, float) and math.isnan(v) else v)
-                                   for f, v in result[key].items()}
+                    result[key] = {
+                        f: (None if isinstance(v, float) and math.isnan(v) else v) for f, v in result[key].items()
+                    }
         return broadcast_object(result)

@@ -63,4 +63,3 @@ def copy_config(name: str, destination: str, overwrite: bool = False) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(source, dest)
     return dest
-

@@ -126,6 +126,7 @@ def save_splits(out_dir: str | os.PathLike, splits: Mapping[str, list[dict]], ex
         {"prompt": Value("string"), "answer": Value("string"), "field": Value("string"),
          "profile_id": Value("int64"), "group_id": Value("int64")}
     )  # fmt: skip
+
     def write(tmp: Path) -> None:
         for name, rows in splits.items():
             cols = {c: [r[c] for r in rows] for c in SPLIT_COLUMNS}

@@ -135,7 +135,8 @@ def format_calibration_table(report: dict, title: str = "Weak labels vs manual l
     """A plain-text table in the layout of LENS Table 8."""
     pct = int(round(report["confidence"] * 100))
     lines = [
-        f"{title} (n={report['n']}; " + ", ".join(f"{k} {v}" for k, v in report["counts"].items())
+        f"{title} (n={report['n']}; "
+        + ", ".join(f"{k} {v}" for k, v in report["counts"].items())
         + (f"; {report['n_invalid_excluded']} Invalid excluded)" if report["n_invalid_excluded"] else ")"),
         f"{'Scheme':<8}{'TP':>5}{'FP':>5}{'FN':>5}{'TN':>5}  {'Precision [' + str(pct) + '% CI]':<24}"
         f"{'Recall [' + str(pct) + '% CI]':<24}{'F1 [' + str(pct) + '% CI]':<24}",

@@ -119,5 +119,3 @@ def degraded_rate(reports: Sequence[dict]) -> float:
     if not reports:
         raise ValueError("no reports: the degraded rate needs at least one text.")
     return sum(r["degraded"] for r in reports) / len(reports)
-
-

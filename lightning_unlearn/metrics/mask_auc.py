@@ -261,8 +261,12 @@ def mask_auc(
     if not names:
         raise ValueError("mask_auc got no parameters to evaluate; pass `names` or a non-empty label_mask.")
     for n in names:
-        for what, d in (("theta_pre", theta_pre), ("theta_inj", theta_inj), ("theta_unl", theta_unl),
-                        ("label_mask", label_mask)) + ((("control", control),) if control is not None else ()):
+        for what, d in (
+            ("theta_pre", theta_pre),
+            ("theta_inj", theta_inj),
+            ("theta_unl", theta_unl),
+            ("label_mask", label_mask),
+        ) + ((("control", control),) if control is not None else ()):
             if n not in d:
                 raise ValueError(f"parameter {n!r} is missing from {what}; all dicts must share the same names.")
             if tuple(d[n].shape) != tuple(theta_unl[n].shape):
@@ -273,8 +277,13 @@ def mask_auc(
 
     def feature(family: str, n: str) -> torch.Tensor:
         return weight_features(
-            family, theta_pre[n], theta_inj[n], theta_unl[n], None if control is None else control[n],
-            stds.get(layer_component(n), 1.0), eps,
+            family,
+            theta_pre[n],
+            theta_inj[n],
+            theta_unl[n],
+            None if control is None else control[n],
+            stds.get(layer_component(n), 1.0),
+            eps,
         )
 
     def stream(family: str, labels: Mapping[str, torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

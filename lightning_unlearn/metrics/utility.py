@@ -58,7 +58,11 @@ def mc_prompt(question: str) -> str:
 
 @torch.no_grad()
 def option_logprobs(
-    model, tokenizer, items: Sequence[dict], batch_size: int = 16, max_length: int = 256,
+    model,
+    tokenizer,
+    items: Sequence[dict],
+    batch_size: int = 16,
+    max_length: int = 256,
     length_normalize: bool = False,
 ) -> list[list[float]]:
     """Per item, the log-likelihood of each choice given the question (teacher-forced, right-padded batches)."""

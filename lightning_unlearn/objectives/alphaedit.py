@@ -79,7 +79,11 @@ class AlphaEdit(LightningModule):
             self._down_proj(layer)  # fails early with a clear message
         self.clamp_norm_factor, self.nullspace_threshold = clamp_norm_factor, nullspace_threshold
         self.v_steps, self.v_lr, self.v_weight_decay, self.kl_factor, self.l2 = (
-            v_steps, v_lr, v_weight_decay, kl_factor, l2
+            v_steps,
+            v_lr,
+            v_weight_decay,
+            kl_factor,
+            l2,
         )
         self.covariance_batches = covariance_batches
         self.projectors: dict[int, torch.Tensor] = {}
@@ -174,8 +178,7 @@ class AlphaEdit(LightningModule):
             for h in hooks:
                 h.remove()
         return {
-            layer: null_space_projector(sums[layer] / max(counts, 1), self.nullspace_threshold)
-            for layer in self.layers
+            layer: null_space_projector(sums[layer] / max(counts, 1), self.nullspace_threshold) for layer in self.layers
         }
 
     def target_values(self, forget: dict, positions: torch.Tensor, retain: dict) -> tuple[torch.Tensor, float]:

@@ -131,7 +131,6 @@ class InstructionModule(LightningModule):
                 state[n] = (t.full_tensor() if isinstance(t, DTensor) else t).clone().cpu()
         return state
 
-
     @override
     def on_validation_epoch_end(self) -> None:
         if self.trainer.sanity_checking:

@@ -91,16 +91,19 @@ class MemFlex(UnlearningModule):
         g_retain = self._mean_gradients(datamodule.retain_eval_dataloader(), named)
         self.model.train(was_training)
         # Per tensor: [f·r, f·f, r·r, Σ|f|]; sums over local shards, all-reduced when sharded.
-        stats = torch.stack([
-            torch.stack([(f * r).sum(), (f * f).sum(), (r * r).sum(), f.abs().sum()]).double()
-            for f, r in zip(g_forget, g_retain)
-        ])
+        stats = torch.stack(
+            [
+                torch.stack([(f * r).sum(), (f * f).sum(), (r * r).sum(), f.abs().sum()]).double()
+                for f, r in zip(g_forget, g_retain)
+            ]
+        )
         if self._sharded and dist.is_initialized():
             dist.all_reduce(stats)
         cosine = stats[:, 0] / (stats[:, 1].sqrt() * stats[:, 2].sqrt()).clamp(min=1e-30)
         mean_abs = stats[:, 3] / torch.tensor([p.numel() for _, p in named], dtype=torch.float64, device=stats.device)
         chosen = [
-            name for (name, _), c, m in zip(named, cosine.tolist(), mean_abs.tolist())
+            name
+            for (name, _), c, m in zip(named, cosine.tolist(), mean_abs.tolist())
             if c < self.similarity_threshold and m > self.gradient_threshold
         ]
         chosen = self.trainer.strategy.broadcast(chosen)  # identical on every rank, whatever the float noise

@@ -196,7 +196,10 @@ class UnlearningModule(LightningModule):
         logps, lengths, _ = self.sequence_logps(batch)
         name = ("forget", "retain")[dataloader_idx] if dataloader_idx < 2 else f"set{dataloader_idx}"
         self.log(
-            f"val/{name}_nll", nll_loss(logps, lengths), add_dataloader_idx=False, sync_dist=True,
+            f"val/{name}_nll",
+            nll_loss(logps, lengths),
+            add_dataloader_idx=False,
+            sync_dist=True,
             batch_size=len(logps),
         )
 

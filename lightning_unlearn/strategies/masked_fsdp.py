@@ -167,7 +167,6 @@ class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
                 fully_shard(child, mesh=mesh)
 
 
-
 def _load_sharded_checkpoint(
     path: Path, module: torch.nn.Module, optimizers: list, strict: bool, weights_only: bool | None
 ) -> dict[str, Any]:
@@ -191,7 +190,9 @@ def _load_sharded_checkpoint(
         optim_state = {f"optimizer_{idx}": get_optimizer_state_dict(module, optimizer)}
         dcp.load(optim_state, checkpoint_id=path)
         set_optimizer_state_dict(
-            module, optimizer, optim_state_dict=optim_state[f"optimizer_{idx}"],
+            module,
+            optimizer,
+            optim_state_dict=optim_state[f"optimizer_{idx}"],
             options=StateDictOptions(cpu_offload=True),
         )
     return torch.load(path / _METADATA_FILENAME, weights_only=weights_only)

@@ -96,8 +96,9 @@ class TinyCausalLM(LightningModule):
 
 def qa_loader(tokenizer, batch_size: int = 2, repeat: int = 4) -> DataLoader:
     rows = [encode_prompt_answer(tokenizer, p, a, 64) for p, a in TEXTS] * repeat
-    return DataLoader(rows, batch_size=batch_size, shuffle=False,
-                      collate_fn=lambda b: pad_batch(b, tokenizer.pad_token_id))
+    return DataLoader(
+        rows, batch_size=batch_size, shuffle=False, collate_fn=lambda b: pad_batch(b, tokenizer.pad_token_id)
+    )
 
 
 def qa_records():
@@ -134,5 +135,11 @@ def write_lacuna_weights(tiny_dir, root) -> dict:
             p.add_(torch.randn(p.shape, generator=g) * 1e-3 - 0.8 * deltas[name] * forget[name].float())
         model.save_pretrained(root / "unl")
         tok.save_pretrained(root / "unl")
-    return {"lora_dir": str(tiny_dir), "unl_dir": str(root / "unl"), "pre_dir": str(tiny_dir),
-            "inj_dir": str(root / "inj"), "masks": str(root / "masks.safetensors"), "root": root}
+    return {
+        "lora_dir": str(tiny_dir),
+        "unl_dir": str(root / "unl"),
+        "pre_dir": str(tiny_dir),
+        "inj_dir": str(root / "inj"),
+        "masks": str(root / "masks.safetensors"),
+        "root": root,
+    }

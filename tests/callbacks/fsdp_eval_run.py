@@ -39,10 +39,19 @@ from lightning_unlearn.callbacks import (  # noqa: E402
 def _trainer(devices: int, callbacks: list, **kwargs) -> Trainer:
     strategy = (
         ModelParallelStrategy(data_parallel_size=devices, tensor_parallel_size=1, process_group_backend="gloo")
-        if devices > 1 else "auto"
+        if devices > 1
+        else "auto"
     )
-    return Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False, callbacks=callbacks,
-                   enable_progress_bar=False, enable_model_summary=False, **kwargs)
+    return Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        logger=False,
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **kwargs,
+    )
 
 
 def run(spec: dict) -> None:
@@ -52,8 +61,9 @@ def run(spec: dict) -> None:
         # batch_size 3 over 6 prompts: two ranks get one batch each; uneven splits are covered by memorization.
         SCEEvaluation(PROMPTS, StubLabeler(), max_new_tokens=8, batch_size=3, output_dir=out),
         RetainDriftEvaluation(qa_records(), batch_size=1, output_dir=out),
-        MemorizationEvaluation({"forget": qa_records()[:3], "retain": qa_records()[3:]}, max_new_tokens=6,
-                               batch_size=2, output_dir=out),
+        MemorizationEvaluation(
+            {"forget": qa_records()[:3], "retain": qa_records()[3:]}, max_new_tokens=6, batch_size=2, output_dir=out
+        ),
         UtilityEvaluation(mc_items(), batch_size=2, output_dir=out),
     ]
     _trainer(devices, generation_callbacks, enable_checkpointing=False).validate(lora, qa_loader(lora.tokenizer))

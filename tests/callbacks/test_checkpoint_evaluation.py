@@ -40,8 +40,10 @@ def _trainer(root, max_steps, callbacks, ckpt_dir):
         accelerator="cpu",
         devices=1,
         logger=TensorBoardLogger(root, name="run", version=0),
-        callbacks=[ModelCheckpoint(dirpath=ckpt_dir, filename="{step}", every_n_train_steps=2, save_top_k=-1),
-                   *callbacks],
+        callbacks=[
+            ModelCheckpoint(dirpath=ckpt_dir, filename="{step}", every_n_train_steps=2, save_top_k=-1),
+            *callbacks,
+        ],
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
@@ -61,15 +63,17 @@ def resumed_run(tiny_dir, tmp_path_factory):
     rows_before = read_rows(root / "run" / "version_0" / "checkpoint_metrics.jsonl")
     labeler = StubLabeler()
     module2 = TinyCausalLM(str(tiny_dir), lora=True, lr=1.0)
-    _trainer(root, 10, _callbacks(labeler), ckpt).fit(module2, qa_loader(module2.tokenizer),
-                                                      ckpt_path=str(ckpt / "step=4.ckpt"))
+    _trainer(root, 10, _callbacks(labeler), ckpt).fit(
+        module2, qa_loader(module2.tokenizer), ckpt_path=str(ckpt / "step=4.ckpt")
+    )
     return root, rows_before, labeler
 
 
 def test_every_checkpoint_once_after_resume(resumed_run):
     root, rows_before, labeler = resumed_run
     assert sorted({(r["step"], r["family"]) for r in rows_before}) == sorted(
-        (s, f) for s in (2, 4, 6) for f in FAMILIES)
+        (s, f) for s in (2, 4, 6) for f in FAMILIES
+    )
     rows = read_rows(root / "run" / "version_0" / "checkpoint_metrics.jsonl")
     keys = [(r["step"], r["family"]) for r in rows]
     assert len(keys) == len(set(keys))
@@ -127,10 +131,20 @@ def test_validate_evaluates_a_saved_checkpoint(resumed_run, tiny_dir, tmp_path):
     root, _, _ = resumed_run
     out = tmp_path / "eval"
     module = TinyCausalLM(str(tiny_dir), lora=True)
-    cbs = [SCEEvaluation(PROMPTS, StubLabeler(), max_new_tokens=6, batch_size=4, output_dir=str(out)),
-           RetainDriftEvaluation(qa_records(), output_dir=str(out)), CheckpointSelection(output_dir=str(out))]
-    trainer = Trainer(accelerator="cpu", devices=1, logger=False, callbacks=cbs, enable_progress_bar=False,
-                      enable_model_summary=False, default_root_dir=tmp_path)
+    cbs = [
+        SCEEvaluation(PROMPTS, StubLabeler(), max_new_tokens=6, batch_size=4, output_dir=str(out)),
+        RetainDriftEvaluation(qa_records(), output_dir=str(out)),
+        CheckpointSelection(output_dir=str(out)),
+    ]
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        callbacks=cbs,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     trainer.validate(module, qa_loader(module.tokenizer), ckpt_path=str(root / "ckpt" / "step=8.ckpt"))
     rows = read_rows(out / "checkpoint_metrics.jsonl")
     keys = {(r["step"], r["family"], r["fn"]) for r in rows}

@@ -39,12 +39,22 @@ def _spec(weights, out: Path, devices: int, mode: str = "validate") -> Path:
 def _launch_two(spec: Path, root: Path) -> tuple[list, list]:
     port, procs, logs = _free_port(), [], []
     for rank in range(2):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0",
-                   LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1",
-                   TOKENIZERS_PARALLELISM="false")
+        env = dict(
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            WORLD_SIZE="2",
+            NODE_RANK="0",
+            LOCAL_RANK=str(rank),
+            OMP_NUM_THREADS="1",
+            CUDA_VISIBLE_DEVICES="",
+            HF_HUB_OFFLINE="1",
+            TOKENIZERS_PARALLELISM="false",
+        )
         logs.append(open(root / f"rank{rank}.log", "w"))
-        procs.append(subprocess.Popen([sys.executable, str(RUNNER), str(spec)], env=env, stdout=logs[-1],
-                                      stderr=logs[-1]))
+        procs.append(
+            subprocess.Popen([sys.executable, str(RUNNER), str(spec)], env=env, stdout=logs[-1], stderr=logs[-1])
+        )
     return procs, logs
 
 
@@ -96,6 +106,10 @@ def test_fsdp_fit_evaluates_every_checkpoint_once(weights):
     _wait(*_launch_two(_spec(weights, out, 2, mode="fit"), root), root)
     rows = read_rows(out / "checkpoint_metrics.jsonl")
     assert sorted((r["step"], r["family"]) for r in rows) == [
-        (2, "retain_drift"), (2, "sce"), (4, "retain_drift"), (4, "sce")]
+        (2, "retain_drift"),
+        (2, "sce"),
+        (4, "retain_drift"),
+        (4, "sce"),
+    ]
     drift = [r for r in rows if r["family"] == "retain_drift"]
     assert drift[0]["base_ce"] == drift[1]["base_ce"] and drift[1]["kl"] > 0

@@ -45,8 +45,14 @@ def test_constructor_errors(tmp_path):
 
 def test_validate_without_adapter_or_saved_base_explains_the_fix(tiny_dir, tmp_path):
     module = TinyCausalLM(str(tiny_dir))
-    trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, default_root_dir=tmp_path,
-                      callbacks=[RetainDriftEvaluation(qa_records(), output_dir=str(tmp_path))],
-                      enable_model_summary=False)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+        callbacks=[RetainDriftEvaluation(qa_records(), output_dir=str(tmp_path))],
+        enable_model_summary=False,
+    )
     with pytest.raises(RuntimeError, match="needs base-model outputs"):
         trainer.validate(module, qa_loader(module.tokenizer))

@@ -71,7 +71,8 @@ def test_datasets_directory_and_testbed_splits(tiny_dir, tmp_path):
     assert set(batch["retain"]["group_ids"].tolist()) <= {3, 4, 5}
     # A DatasetDict with named splits works too.
     DatasetDict({"forget": Dataset.from_list(FORGET), "retain": Dataset.from_list(RETAIN)}).save_to_disk(
-        str(tmp_path / "dict"))
+        str(tmp_path / "dict")
+    )
     assert len(load_pairs(tmp_path / "dict", "retain")) == 9
 
 

@@ -11,8 +11,10 @@ def _csv(path, rows):
 
 
 def test_reads_csv_and_normalizes_spellings(tmp_path):
-    f = _csv(tmp_path / "a.csv", [("a", "x", "Target-Dominant"), ("b", "y", "target included"), ("c", "z", "REJECTED"),
-                                  ("d", "w", "invalid")])
+    f = _csv(
+        tmp_path / "a.csv",
+        [("a", "x", "Target-Dominant"), ("b", "y", "target included"), ("c", "z", "REJECTED"), ("d", "w", "invalid")],
+    )
     labels = ManualLabels.read(f)
     assert labels.ids == ("a", "b", "c", "d")
     assert labels.labels == ("Target-Dominant", "Target-Included", "Target-Rejected", "Invalid")

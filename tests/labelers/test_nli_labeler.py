@@ -70,8 +70,9 @@ def test_end_to_end_labels_with_a_random_classifier(nli_dir):
 
 def test_label_names_are_mapped_by_id2label(tmp_path, tiny_tokenizer):
     # Class order differs from (entailment, neutral, contradiction); the bias makes id 1 ("entailment") certain.
-    path = _save_classifier(tmp_path / "nli", tiny_tokenizer, {0: "CONTRADICTION", 1: "ENTAILMENT", 2: "NEUTRAL"},
-                            bias=[0.0, 8.0, 0.0])
+    path = _save_classifier(
+        tmp_path / "nli", tiny_tokenizer, {0: "CONTRADICTION", 1: "ENTAILMENT", 2: "NEUTRAL"}, bias=[0.0, 8.0, 0.0]
+    )
     labeler = NLILabeler(str(path))
     probs = labeler.probabilities(["x"], ["y"])
     assert probs[0, 0] > 0.99  # entailment first

@@ -49,8 +49,9 @@ def test_score_components_hand_computed():
     assert r["dominant_rate"] == pytest.approx(3 / 6)
     assert r["score"] == pytest.approx((1 / 3 + 2 / 3 + 2 / 3 + 1 / 2) / 4)
     assert r["degraded"]  # 0.5417 > 0.5
-    assert not _one("a b a b a b", thresholds=DegenerationThresholds(min_scored_tokens=1, score_threshold=0.6,
-                                                                     ngram_loop_count=10))["degraded"]
+    assert not _one(
+        "a b a b a b", thresholds=DegenerationThresholds(min_scored_tokens=1, score_threshold=0.6, ngram_loop_count=10)
+    )["degraded"]
 
 
 def test_short_texts_are_not_scored_and_cjk_is_tokenized_per_character():

@@ -51,8 +51,10 @@ def test_quantile_rank_averages_ties():
 
 def test_weight_features_hand_computed():
     pre, inj, unl, ctrl = torch.tensor([0.0]), torch.tensor([1.0]), torch.tensor([0.25]), torch.tensor([0.25])
-    f = {name: float(weight_features(name, pre, inj, unl, ctrl, component_std=0.5)) for name in
-         ("raw", "layernorm", "signrev", "reversal", "dirreversal", "contrast", "contrastnorm", "compnorm")}
+    f = {
+        name: float(weight_features(name, pre, inj, unl, ctrl, component_std=0.5))
+        for name in ("raw", "layernorm", "signrev", "reversal", "dirreversal", "contrast", "contrastnorm", "compnorm")
+    }
     # Δ_inj = 1, Δ_unl = -0.75, |θ_unl - θ_pre| = 0.25, Δ_unmask = 0.25.
     assert f["raw"] == pytest.approx(0.75)
     assert f["layernorm"] == pytest.approx(1.5)
@@ -93,8 +95,20 @@ def test_mask_auc_families_match_sklearn_and_localized_change_scores_high():
     assert r["F"]["raw"] == pytest.approx(roc_auc_score(y, raw), abs=1e-6)
     sr = torch.cat([(-(inj[n] - pre[n]) * (unl[n] - inj[n])).reshape(-1) for n in names]).numpy()
     assert r["F"]["signrev"] == pytest.approx(roc_auc_score(y, sr), abs=1e-6)
-    assert set(r["F"]) >= {"raw", "qtile", "layernorm", "signrev", "reversal", "dirreversal", "contrast",
-                           "contrastnorm", "compnorm", "composite", "max", "best"}
+    assert set(r["F"]) >= {
+        "raw",
+        "qtile",
+        "layernorm",
+        "signrev",
+        "reversal",
+        "dirreversal",
+        "contrast",
+        "contrastnorm",
+        "compnorm",
+        "composite",
+        "max",
+        "best",
+    }
     assert r["F"]["signrev"] > 0.95 and r["F"]["composite"] > 0.95
     assert r["F"]["max"] == max(v for k, v in r["F"].items() if k not in ("max", "best"))
     # Retain-group weights were injected but not reversed: under the unified label they count as positives

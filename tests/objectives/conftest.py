@@ -14,10 +14,14 @@ from lightning_unlearn.masks import sample_masks, save_masks
 from lightning_unlearn.models import TinyLlamaConfig, build_tiny_llama, train_bpe_tokenizer
 
 NAMES = ["Alice Smith", "Bob Jones", "Carol White", "Dan Brown", "Eve Black", "Frank Green", "Gina Gray", "Hal Stone"]
-FORGET = [{"prompt": f"What is the email of {n}? ", "answer": f"{n.split()[0].lower()}{i}@mail.org"}
-          for i, n in enumerate(NAMES[:4])]
-RETAIN = [{"prompt": f"Where was {n} born? ", "answer": city}
-          for n, city in zip(NAMES[4:] + NAMES[:4], ["Springfield", "Lyon", "Kyiv", "Taipei"] * 2)]
+FORGET = [
+    {"prompt": f"What is the email of {n}? ", "answer": f"{n.split()[0].lower()}{i}@mail.org"}
+    for i, n in enumerate(NAMES[:4])
+]
+RETAIN = [
+    {"prompt": f"Where was {n} born? ", "answer": city}
+    for n, city in zip(NAMES[4:] + NAMES[:4], ["Springfield", "Lyon", "Kyiv", "Taipei"] * 2)
+]
 
 
 def write_jsonl(path, rows) -> None:
@@ -28,8 +32,9 @@ def write_jsonl(path, rows) -> None:
 
 def mean_nll(model, tokenizer, rows) -> float:
     """Mean length-normalised answer NLL of ``rows`` under ``model``."""
-    batch = pad_batch([encode_prompt_answer(tokenizer, r["prompt"], r["answer"], 64) for r in rows],
-                      tokenizer.pad_token_id)
+    batch = pad_batch(
+        [encode_prompt_answer(tokenizer, r["prompt"], r["answer"], 64) for r in rows], tokenizer.pad_token_id
+    )
     model.eval()
     with torch.no_grad():
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
@@ -61,8 +66,13 @@ def testbed(tmp_path_factory):
     write_jsonl(root / "forget.jsonl", FORGET)
     write_jsonl(root / "retain.jsonl", RETAIN)
     return SimpleNamespace(
-        root=root, model_dir=str(model_dir), forget=str(root / "forget.jsonl"), retain=str(root / "retain.jsonl"),
-        masks=str(root / "masks.safetensors"), tokenizer=tok, final_loss=float(loss.detach()),
+        root=root,
+        model_dir=str(model_dir),
+        forget=str(root / "forget.jsonl"),
+        retain=str(root / "retain.jsonl"),
+        masks=str(root / "masks.safetensors"),
+        tokenizer=tok,
+        final_loss=float(loss.detach()),
     )
 
 
@@ -76,9 +86,17 @@ def fit(module, testbed, max_steps: int = 20, strategy="auto", datamodule_kwargs
         testbed.model_dir, testbed.forget, testbed.retain, batch_size=2, **(datamodule_kwargs or {})
     )
     defaults = dict(
-        accelerator="cpu", devices=1, strategy=strategy, max_steps=max_steps, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-        num_sanity_val_steps=0, default_root_dir=str(testbed.root),
+        accelerator="cpu",
+        devices=1,
+        strategy=strategy,
+        max_steps=max_steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        default_root_dir=str(testbed.root),
     )
     defaults.update(trainer_kwargs)
     trainer = Trainer(**defaults)

@@ -50,8 +50,9 @@ def make_strategy(kind: str, masked: bool):
 
 @torch.no_grad()
 def mean_nll(model, tokenizer, rows) -> float:
-    batch = pad_batch([encode_prompt_answer(tokenizer, r["prompt"], r["answer"], 64) for r in rows],
-                      tokenizer.pad_token_id)
+    batch = pad_batch(
+        [encode_prompt_answer(tokenizer, r["prompt"], r["answer"], 64) for r in rows], tokenizer.pad_token_id
+    )
     model.eval()
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     return float(nll_loss(*sequence_logprobs(logits, batch["labels"])))
@@ -65,8 +66,11 @@ class RecordBatches(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         for key in self.rows:
-            self.rows[key].append(sorted(tuple(r[m.bool()].tolist()) for r, m in
-                                         zip(batch[key]["input_ids"], batch[key]["attention_mask"])))
+            self.rows[key].append(
+                sorted(
+                    tuple(r[m.bool()].tolist()) for r, m in zip(batch[key]["input_ids"], batch[key]["attention_mask"])
+                )
+            )
 
 
 def same_rows_across_ranks(rows: list) -> int:
@@ -101,22 +105,32 @@ def run_case(spec: dict, case: dict) -> dict:
     if case.get("checkpoint_every"):
         callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=case["checkpoint_every"], save_top_k=-1))
     trainer = Trainer(
-        accelerator="cpu", devices=2, strategy=make_strategy(case["strategy"], cls is OracleGrad or case.get("masked")),
-        max_steps=case.get("max_steps", 20), limit_val_batches=1.0 if case.get("validate") else 0,
-        check_val_every_n_epoch=10, num_sanity_val_steps=0, logger=False,
-        enable_checkpointing=case.get("checkpoint_every") is not None, callbacks=callbacks, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=ckpt_dir,
+        accelerator="cpu",
+        devices=2,
+        strategy=make_strategy(case["strategy"], cls is OracleGrad or case.get("masked")),
+        max_steps=case.get("max_steps", 20),
+        limit_val_batches=1.0 if case.get("validate") else 0,
+        check_val_every_n_epoch=10,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=case.get("checkpoint_every") is not None,
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=ckpt_dir,
     )
     resume = case.get("resume_from")  # {"case": name, "step": N}: continue from that case's step-N checkpoint
-    ckpt_path = os.path.join(spec["out"], resume["case"], f"epoch={resume['step'] - 1}-step={resume['step']}.ckpt") \
-        if resume else None
+    ckpt_path = (
+        os.path.join(spec["out"], resume["case"], f"epoch={resume['step'] - 1}-step={resume['step']}.ckpt")
+        if resume
+        else None
+    )
     trainer.fit(module, dm, ckpt_path=ckpt_path)
     if case.get("save_trainable"):
         state = full_state(module)
         if trainer.global_rank == 0:
             trainable = {n for n, p in module.model.named_parameters() if p.requires_grad}
-            torch.save({k: v for k, v in state.items() if k in trainable},
-                       os.path.join(ckpt_dir, "trainable.pt"))
+            torch.save({k: v for k, v in state.items() if k in trainable}, os.path.join(ckpt_dir, "trainable.pt"))
     forget, retain = load_pairs(spec["forget"]), load_pairs(spec["retain"])
     result = {
         "global_step": trainer.global_step,
@@ -133,13 +147,16 @@ def run_case(spec: dict, case: dict) -> dict:
     if module.reference_model is not None:
         # Every rank runs the (sharded) reference forward; rank 0 compares it with the start model from disk.
         forget_rows = load_pairs(spec["forget"])
-        batch = pad_batch([encode_prompt_answer(module.tokenizer, r["prompt"], r["answer"], 64) for r in forget_rows],
-                          module.tokenizer.pad_token_id)
+        batch = pad_batch(
+            [encode_prompt_answer(module.tokenizer, r["prompt"], r["answer"], 64) for r in forget_rows],
+            module.tokenizer.pad_token_id,
+        )
         got = module.reference_logits(batch)
         if trainer.global_rank == 0:
             with torch.no_grad():
-                want = load_causal_lm(spec["model_dir"])(input_ids=batch["input_ids"],
-                                                         attention_mask=batch["attention_mask"]).logits
+                want = load_causal_lm(spec["model_dir"])(
+                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+                ).logits
             result["reference_gap"] = float((got - want).abs().max())
     if cls is MemFlex:
         gathered = [None, None]

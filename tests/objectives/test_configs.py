@@ -1,6 +1,5 @@
 """Every shipped unlearning YAML parses with the real CLI and runs 2 steps on the tiny testbed."""
 
-
 import pytest
 import yaml
 
@@ -26,7 +25,12 @@ def test_configs_state_the_paper_settings():
         assert cfg["model"]["init_args"]["optim"]["lr"] == 1e-5
     simnpo = yaml.safe_load((CONFIGS / "lacuna" / "simnpo.yaml").read_text())["model"]["init_args"]
     assert (simnpo["gamma"], simnpo["alpha"], simnpo["beta"], simnpo["delta"], simnpo["optim"]["lr"]) == (
-        3.0, 0.01, 10.0, 1.5, 1e-4)
+        3.0,
+        0.01,
+        10.0,
+        1.5,
+        1e-4,
+    )
     oracle = yaml.safe_load((CONFIGS / "lacuna" / "oracle_grad.yaml").read_text())["model"]["init_args"]
     assert (oracle["gamma"], oracle["alpha"], oracle["forget_groups"]) == (5.0, 1.0, [0, 1, 2])
     for path in [*(CONFIGS / "lens").glob("*.yaml"), *(CONFIGS / "lacuna").glob("*.yaml")]:
@@ -37,14 +41,19 @@ def test_configs_state_the_paper_settings():
 @pytest.mark.parametrize("path", [f"lens/{n}" for n in LENS] + [f"lacuna/{n}" for n in LACUNA])
 def test_config_runs_two_steps(testbed, tmp_path, path):
     argv = [
-        "fit", "-c", str(CONFIGS / f"{path}.yaml"),
+        "fit",
+        "-c",
+        str(CONFIGS / f"{path}.yaml"),
         f"--model.init_args.model_path={testbed.model_dir}",
         f"--data.init_args.tokenizer_path={testbed.model_dir}",
         f"--data.init_args.forget_path={testbed.forget}",
         f"--data.init_args.retain_path={testbed.retain}",
         "--data.init_args.batch_size=2",
-        "--trainer.max_steps=2", "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
-        "--trainer.logger=false", f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.max_steps=2",
+        "--trainer.limit_val_batches=0",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.logger=false",
+        f"--trainer.default_root_dir={tmp_path}",
     ]
     if path == "lacuna/oracle_grad":
         argv.append(f"--model.init_args.masks_path={testbed.masks}")

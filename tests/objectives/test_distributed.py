@@ -31,8 +31,15 @@ def launch(spec_path: Path, out: Path, timeout: float = 300) -> dict:
     procs = []
     for rank in range(2):
         env = dict(
-            os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0",
-            LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1",
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            WORLD_SIZE="2",
+            NODE_RANK="0",
+            LOCAL_RANK=str(rank),
+            OMP_NUM_THREADS="1",
+            CUDA_VISIBLE_DEVICES="",
+            HF_HUB_OFFLINE="1",
             TOKENIZERS_PARALLELISM="false",
         )
         log = open(out / f"rank{rank}.log", "w")
@@ -52,8 +59,13 @@ def launch(spec_path: Path, out: Path, timeout: float = 300) -> dict:
 def distributed_results(testbed, tmp_path_factory):
     out = tmp_path_factory.mktemp("distributed")
     cases = [
-        {"name": f"{obj}_{adapter}_{strategy}", "objective": obj, "adapter": adapter, "strategy": strategy,
-         "lr": LR[adapter]}
+        {
+            "name": f"{obj}_{adapter}_{strategy}",
+            "objective": obj,
+            "adapter": adapter,
+            "strategy": strategy,
+            "lr": LR[adapter],
+        }
         for strategy in ("ddp", "fsdp")
         for obj in ("npo", "simnpo", "oracle_grad")
         for adapter in ("lora", "full")
@@ -64,25 +76,82 @@ def distributed_results(testbed, tmp_path_factory):
         if case["name"] in ("npo_full_ddp", "simnpo_lora_fsdp"):
             case["validate"] = True  # forget/retain NLL validation every 10 epochs (= steps here)
     # NPO with precomputed reference log-probs (no frozen copy): computed collectively before the first step.
-    cases += [{"name": "npo_precomputed_full_fsdp", "objective": "npo", "adapter": "full", "strategy": "fsdp",
-               "lr": 1e-3, "reference": "precomputed"}]
+    cases += [
+        {
+            "name": "npo_precomputed_full_fsdp",
+            "objective": "npo",
+            "adapter": "full",
+            "strategy": "fsdp",
+            "lr": 1e-3,
+            "reference": "precomputed",
+        }
+    ]
     # MemFlex's localisation is collective under FSDP and local under DDP: both must select the same tensors.
-    cases += [{"name": f"memflex_full_{strategy}", "objective": "memflex", "adapter": "full", "strategy": strategy,
-               "lr": 1e-3} for strategy in ("ddp", "fsdp")]
+    cases += [
+        {
+            "name": f"memflex_full_{strategy}",
+            "objective": "memflex",
+            "adapter": "full",
+            "strategy": strategy,
+            "lr": 1e-3,
+        }
+        for strategy in ("ddp", "fsdp")
+    ]
     # Full fine-tuning with a frozen reference under MaskedFSDPStrategy: rank 1 builds both on the meta device.
-    cases += [{"name": "npo_full_fsdp_masked", "objective": "npo", "adapter": "full", "strategy": "fsdp",
-               "lr": LR["full"], "masked": True}]
+    cases += [
+        {
+            "name": "npo_full_fsdp_masked",
+            "objective": "npo",
+            "adapter": "full",
+            "strategy": "fsdp",
+            "lr": LR["full"],
+            "masked": True,
+        }
+    ]
     # LoRA under MaskedFSDPStrategy: sharded checkpoints without the frozen base, and an exact resume from one.
-    cases += [{"name": "npo_lora_fsdp_partial", "objective": "npo", "adapter": "lora", "strategy": "fsdp",
-               "lr": LR["lora"], "masked": True, "checkpoint_every": 10, "save_trainable": True},
-              {"name": "npo_lora_fsdp_partial_resumed", "objective": "npo", "adapter": "lora", "strategy": "fsdp",
-               "lr": LR["lora"], "masked": True, "checkpoint_every": 10, "save_trainable": True,
-               "resume_from": {"case": "npo_lora_fsdp_partial", "step": 10}}]
+    cases += [
+        {
+            "name": "npo_lora_fsdp_partial",
+            "objective": "npo",
+            "adapter": "lora",
+            "strategy": "fsdp",
+            "lr": LR["lora"],
+            "masked": True,
+            "checkpoint_every": 10,
+            "save_trainable": True,
+        },
+        {
+            "name": "npo_lora_fsdp_partial_resumed",
+            "objective": "npo",
+            "adapter": "lora",
+            "strategy": "fsdp",
+            "lr": LR["lora"],
+            "masked": True,
+            "checkpoint_every": 10,
+            "save_trainable": True,
+            "resume_from": {"case": "npo_lora_fsdp_partial", "step": 10},
+        },
+    ]
     # Stop rule across ranks: the forget NLL passes max_bad_loss within a few GA steps.
-    cases.append({"name": "ga_stop_ddp", "objective": "ga", "adapter": "full", "strategy": "ddp", "lr": 1e-2,
-                  "max_bad_loss": 2.0, "checkpoint_every": 1})
-    spec = {"model_dir": testbed.model_dir, "forget": testbed.forget, "retain": testbed.retain,
-            "masks": testbed.masks, "out": str(out), "cases": cases}
+    cases.append(
+        {
+            "name": "ga_stop_ddp",
+            "objective": "ga",
+            "adapter": "full",
+            "strategy": "ddp",
+            "lr": 1e-2,
+            "max_bad_loss": 2.0,
+            "checkpoint_every": 1,
+        }
+    )
+    spec = {
+        "model_dir": testbed.model_dir,
+        "forget": testbed.forget,
+        "retain": testbed.retain,
+        "masks": testbed.masks,
+        "out": str(out),
+        "cases": cases,
+    }
     spec_path = out / "spec.json"
     spec_path.write_text(json.dumps(spec))
     return out, launch(spec_path, out)
@@ -141,8 +210,9 @@ def test_only_rank_0_reads_the_weights_under_masked_fsdp(distributed_results):
     # reference, which must still be the start model after training.
     out, results = distributed_results
     rank1 = (out / "rank1.log").read_text()
-    masked_cases = [n for n in results if n.startswith(("oracle_grad_", "npo_full_fsdp_masked", "npo_lora_fsdp_"))
-                    and "_fsdp" in n]
+    masked_cases = [
+        n for n in results if n.startswith(("oracle_grad_", "npo_full_fsdp_masked", "npo_lora_fsdp_")) and "_fsdp" in n
+    ]
     assert rank1.count("rank 1: model built on the meta device") == len(masked_cases), masked_cases
     assert (out / "rank0.log").read_text().count("model built on the meta device") == 0
     assert results["npo_full_fsdp_masked"]["reference_gap"] <= 1e-5

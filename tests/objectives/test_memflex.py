@@ -9,8 +9,9 @@ from lightning_unlearn.objectives import MemFlex, OptimizerConfig
 @pytest.mark.parametrize("kind,lr", [("full", 1e-3), ("lora", 1e-2)])
 def test_memflex_updates_only_localised_tensors_and_forgets(testbed, kind, lr):
     # The tiny model's gradients are ~1e-4 per element; the 1B threshold 6e-4 would select nothing here.
-    module = MemFlex(testbed.model_dir, AdapterConfig(kind=kind, dropout=0.0), OptimizerConfig(lr=lr),
-                     gradient_threshold=1e-4)
+    module = MemFlex(
+        testbed.model_dir, AdapterConfig(kind=kind, dropout=0.0), OptimizerConfig(lr=lr), gradient_threshold=1e-4
+    )
     before = {n: p.detach().clone() for n, p in module.model.named_parameters()}
     fit(module, testbed)
     trainable = [n for n, p in module.model.named_parameters() if p.requires_grad]

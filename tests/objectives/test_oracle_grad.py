@@ -28,8 +28,9 @@ def test_oracle_grad_full_changes_only_forget_mask_elements(testbed):
 
 
 def test_oracle_grad_lora_delta_is_confined_to_forget_mask(testbed):
-    module = OracleGrad(testbed.model_dir, testbed.masks, AdapterConfig(kind="lora", dropout=0.0),
-                        OptimizerConfig(lr=1e-2))
+    module = OracleGrad(
+        testbed.model_dir, testbed.masks, AdapterConfig(kind="lora", dropout=0.0), OptimizerConfig(lr=1e-2)
+    )
     fit(module, testbed)  # no masked strategy needed: the restriction is inside the adapted layers
     d_forget, d_retain = nll_change(module.model, testbed)
     assert d_forget > d_retain and d_forget > 1.0

@@ -93,12 +93,24 @@ def test_policy_trains_in_train_mode_and_reference_in_eval_mode(testbed):
 def _trainer(root, max_steps: int, checkpoint_every: int | None = None, **kwargs):
     from lightning.pytorch import Trainer
 
-    callbacks = [ModelCheckpoint(dirpath=root, every_n_train_steps=checkpoint_every, save_top_k=-1)] \
-        if checkpoint_every else []
-    return Trainer(accelerator="cpu", devices=1, max_steps=max_steps, logger=False, callbacks=callbacks,
-                   enable_checkpointing=bool(checkpoint_every), enable_progress_bar=False, enable_model_summary=False,
-                   num_sanity_val_steps=0, limit_val_batches=1.0, check_val_every_n_epoch=100,
-                   default_root_dir=str(root), **kwargs)
+    callbacks = (
+        [ModelCheckpoint(dirpath=root, every_n_train_steps=checkpoint_every, save_top_k=-1)] if checkpoint_every else []
+    )
+    return Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=max_steps,
+        logger=False,
+        callbacks=callbacks,
+        enable_checkpointing=bool(checkpoint_every),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=1.0,
+        check_val_every_n_epoch=100,
+        default_root_dir=str(root),
+        **kwargs,
+    )
 
 
 def _datamodule(testbed):
@@ -131,16 +143,20 @@ def test_lora_checkpoints_hold_only_trainable_weights_and_resume_exactly(testbed
 
     # Resume from step 2: weights and optimizer state continue as if never interrupted.
     resumed = _lora(testbed)
-    _trainer(tmp_path / "resumed", max_steps=4, checkpoint_every=2).fit(resumed, _datamodule(testbed),
-                                                                          ckpt_path=str(ckpt2))
+    _trainer(tmp_path / "resumed", max_steps=4, checkpoint_every=2).fit(
+        resumed, _datamodule(testbed), ckpt_path=str(ckpt2)
+    )
     for (name, a), b in zip(straight.model.named_parameters(), resumed.model.parameters()):
         assert torch.allclose(a, b, atol=1e-6), name
     moved = [n for n, p in resumed.model.named_parameters() if p.requires_grad and "lora_B" in n]
     assert moved and all(resumed.model.get_parameter(n).abs().sum() > 0 for n in moved)
     resumed_state = torch.load(tmp_path / "resumed" / "epoch=3-step=4.ckpt", weights_only=True)
     straight_state = torch.load(ckpt4, weights_only=True)
-    assert resumed_state["optimizer_states"][0]["state"][0]["step"] == straight_state["optimizer_states"][0][
-        "state"][0]["step"] == 4
+    assert (
+        resumed_state["optimizer_states"][0]["state"][0]["step"]
+        == straight_state["optimizer_states"][0]["state"][0]["step"]
+        == 4
+    )
 
     # validate --ckpt_path on a fresh module reproduces the trained module's metrics (not the start model's).
     expected = _trainer(tmp_path / "v0", max_steps=4).validate(straight, _datamodule(testbed))[0]
@@ -155,8 +171,9 @@ def test_adalora_resumes_exactly(testbed, tmp_path):
     # dict) and masks lora_E after each optimizer step. Both must be in the checkpoint, and the masking must happen
     # before ModelCheckpoint saves, or the resumed run prunes differently (0.06 apart before the fix).
     def adalora():
-        return GradientAscent(testbed.model_dir, AdapterConfig(kind="adalora", r=4, dropout=0.0, total_step=8),
-                              OptimizerConfig(lr=1e-2))
+        return GradientAscent(
+            testbed.model_dir, AdapterConfig(kind="adalora", r=4, dropout=0.0, total_step=8), OptimizerConfig(lr=1e-2)
+        )
 
     straight = adalora()
     _trainer(tmp_path / "a", max_steps=8, checkpoint_every=4).fit(straight, _datamodule(testbed))

@@ -1,6 +1,5 @@
 """Every shipped trainer config parses and builds a Trainer with the masked strategy it names."""
 
-
 import pytest
 import yaml
 from jsonargparse import ArgumentParser

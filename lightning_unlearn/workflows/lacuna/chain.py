@@ -602,7 +602,7 @@ def run_command(
         sequential: never run two stages side by side (default: side by side on two or more cores).
         model_path: start both injections from this local HF model directory (or ``smollm2``) and skip pretraining.
         inject_config: YAML overlays for both injections, e.g. ``lacuna/inject_smollm2.yaml``.
-        instruct_config: YAML overlays for both instruction tunings, e.g. one that sets ``model.init_args.lr``.
+        instruct_config: YAML overlays for both instruction tunings, e.g. one that sets ``model.init_args.optim.lr``.
     """
     with processes.terminate_children_on_exit():  # SIGTERM / SIGHUP end every stage too
         reports = run_chain(
