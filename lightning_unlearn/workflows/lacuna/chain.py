@@ -475,6 +475,7 @@ def run_chain(
         # Stages given together are independent; on ≥ 2 cores they run side by side, sharing the cores. The first
         # shows its progress bar here, the others write theirs to <root>/stage.log.
         procs = []
+        begun = time.time()
         threads = max(1, cores // max(1, len(stages))) if parallel else cores
         for i, (name, cmd, root) in enumerate(stages):
             root.mkdir(parents=True, exist_ok=True)
@@ -488,10 +489,13 @@ def run_chain(
             else:
                 procs.append((name, processes.spawn(cmd, env=_stage_env(threads)), root))
                 procs[-1][1].wait()
+                log(f"[lacuna] {name}: finished in {time.time() - begun:.0f} s")
         for name, proc, root in procs:
             if proc.wait() != 0:
                 hint = f" (see {root / 'stage.log'})" if (root / "stage.log").exists() else ""
                 raise RuntimeError(f"stage {name} failed with exit code {proc.returncode}{hint}.")
+            if parallel:
+                log(f"[lacuna] {name}: finished after {time.time() - begun:.0f} s (side by side)")
 
     if base is not None:
         pre_model = base
@@ -533,7 +537,9 @@ def run_chain(
             reports[name] = json.loads((out / "extraction.json").read_text())
         else:
             log(f"[lacuna] filter ({name}): measuring extraction with {model}")
+            begun = time.time()
             reports[name] = filter_stage(str(model), str(w / "data"), str(out), write_splits=write)
+            log(f"[lacuna] filter ({name}): finished in {time.time() - begun:.0f} s")
     log(format_table(reports["masked"], reports["unmasked"], reports["masked_inj"], reports["unmasked_inj"]))
     log(target_verdict(reports["masked"]))
     log(f"[lacuna] done in {time.time() - started:.0f} s; splits in {w / 'splits'}")
