@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 
@@ -72,3 +72,24 @@ def write_file_atomically(target: str | os.PathLike, write: Callable[[Path], Non
 def write_text_atomically(target: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``target`` atomically."""
     return write_file_atomically(target, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def write_texts_atomically(files: Mapping[str | os.PathLike, str]) -> None:
+    """Write several UTF-8 files that belong together (e.g. a JSONL and its ``.meta.json``): every one is staged in
+    a temporary sibling first, and only when all are staged are they renamed into place; on error none is."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for target, text in files.items():
+            target = Path(target)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+                f.write(text)
+            os.chmod(tmp, 0o666 & ~_umask())
+            staged.append((Path(tmp), target))
+    except BaseException:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise
+    for tmp, target in staged:
+        os.replace(tmp, target)

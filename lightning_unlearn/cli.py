@@ -8,13 +8,16 @@ with LightningCLI's underscore flags. This module only names them: it imports no
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
 import sys
+from pathlib import Path
 
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
+from typing_extensions import override
 
 # Non-Trainer commands: name -> ("module:function", one-line description). The function takes the remaining argv;
 # the description is the first docstring line of the command function (tests/test_cli.py checks they agree).
@@ -78,13 +81,69 @@ USER_ERRORS = (FileNotFoundError, FileExistsError, ValueError)
 
 
 class UnlearnCLI(LightningCLI):
-    """LightningCLI with subclass mode for models and datamodules, so YAML names them by ``class_path``."""
+    """LightningCLI with subclass mode for models and datamodules, so YAML names them by ``class_path``.
+
+    ``--ckpt_path FILE`` loads weights and training state into the model the config describes: the checkpoint's
+    hyperparameters never replace the config (LightningCLI's default re-parses them, which swaps in the
+    checkpoint's model). A checkpoint of another model (model path, adapter, masks…) is refused with one line naming
+    the first difference; any other changed value (learning rate, loss weights) is applied and logged; a corrupt
+    checkpoint is named as such, with the newest readable one beside it. A resumed ``fit`` cannot change ``optim``
+    (the restored optimizer state holds the saved learning rate), so that is refused too. Nothing is written before
+    these checks.
+    """
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         super().__init__(LightningModule, LightningDataModule, *args, **kwargs)
+
+    @override
+    def _parse_ckpt_path(self) -> None:
+        from lightning_unlearn.checkpoints import CheckpointError, read_checkpoint, resume_conflicts
+
+        subcommand = self.config.get("subcommand")
+        if not subcommand:
+            return
+        config = self.config[subcommand]
+        ckpt_path = config.get("ckpt_path")
+        if not ckpt_path or not Path(str(ckpt_path)).is_file():
+            return  # "last"/"best" and sharded (directory) checkpoints: Lightning resolves and loads them
+        try:
+            saved = read_checkpoint(ckpt_path).get("hyper_parameters") or {}
+        except CheckpointError as err:
+            raise SystemExit(f"lightning-unlearn {subcommand}: error: {err}") from None
+        model = config.get("model")
+        configured = _plain(model.get("init_args")) if model is not None and model.get("init_args") else {}
+        refused, changed = resume_conflicts(configured, saved)
+        saved_class = saved.get("_class_path")
+        if saved_class and model is not None and model.get("class_path") not in (None, saved_class):
+            refused.insert(0, f"class: checkpoint {saved_class} → configured {model.get('class_path')}")
+        if subcommand == "fit":
+            # The checkpoint's optimizer and scheduler state carry the saved learning rate: a changed optim would be
+            # silently overwritten by the restore, so it is refused instead.
+            refused += [line for line in changed if line.startswith("optim:")]
+            changed = [line for line in changed if not line.startswith("optim:")]
+        if refused:
+            raise SystemExit(
+                f"lightning-unlearn {subcommand}: error: {ckpt_path} belongs to another model than the configured one "
+                f"({refused[0]}); pass that model's config, or a checkpoint of this one."
+            )
+        for line in changed:
+            logging.getLogger("lightning_unlearn").warning("resuming %s with a changed value: %s", ckpt_path, line)
+
+
+def _plain(value):
+    """A parsed config value as plain Python (jsonargparse Namespaces and dataclasses to dicts)."""
+    if hasattr(value, "as_dict"):
+        value = value.as_dict()
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 def command_help() -> str:

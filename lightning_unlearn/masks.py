@@ -15,13 +15,14 @@ import json
 import math
 import os
 import re
-import tempfile
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from lightning_unlearn.atomic import write_file_atomically
 
 MAX_GROUPS = 32
 NEUTRAL_GROUP = -1
@@ -272,17 +273,9 @@ def save_masks(path: str | os.PathLike, packed: Mapping[str, torch.Tensor], **me
     for n, t in packed.items():
         if t.dtype != torch.uint32:
             raise TypeError(f"mask {n!r} is {t.dtype}; packed masks are uint32.")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     meta = {k: json.dumps(v) for k, v in metadata.items()}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file({n: t.contiguous() for n, t in packed.items()}, tmp, metadata=meta)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    tensors = {n: t.contiguous() for n, t in packed.items()}
+    write_file_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
 
 
 def load_masks(

@@ -244,7 +244,7 @@ def test_cli_registers_the_commands():
 def test_write_atomic_replaces_existing(tmp_path):
     target = tmp_path / "x.jsonl"
     target.write_text("old", encoding="utf-8")
-    lens.write_atomic({target: "new", lens.meta_path(target): "{}"})
+    lens.write_texts_atomically({target: "new", lens.meta_path(target): "{}"})
     assert target.read_text(encoding="utf-8") == "new" and (tmp_path / "x.meta.json").exists()
 
 

@@ -495,7 +495,8 @@ def run_chain(
                 hint = f" (see {root / 'stage.log'})" if (root / "stage.log").exists() else ""
                 raise RuntimeError(f"stage {name} failed with exit code {proc.returncode}{hint}.")
             if parallel:
-                log(f"[lacuna] {name}: finished after {time.time() - begun:.0f} s (side by side)")
+                together = " (side by side)" if len(stages) > 1 else ""
+                log(f"[lacuna] {name}: finished after {time.time() - begun:.0f} s{together}")
 
     if base is not None:
         pre_model = base

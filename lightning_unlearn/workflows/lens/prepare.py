@@ -27,8 +27,6 @@ import csv
 import io
 import json
 import logging
-import os
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -38,6 +36,7 @@ from typing import Literal
 
 import torch
 
+from lightning_unlearn.atomic import write_texts_atomically
 from lightning_unlearn.data.narratives import CONDITIONS, LEVELS, PromptRecord, load_suite
 from lightning_unlearn.generation import generate_greedy, model_prompt
 from lightning_unlearn.labelers.calibration import calibration_report, format_calibration_table
@@ -231,24 +230,6 @@ def meta_path(path: str | Path) -> Path:
     return p.with_name(p.name.rsplit(".", 1)[0] + ".meta.json") if "." in p.name else p.with_name(p.name + ".meta.json")
 
 
-def write_atomic(files: dict[Path, str]) -> None:
-    """Write every file to a temporary sibling first, then rename all into place."""
-    staged = []
-    try:
-        for path, text in files.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-                f.write(text)
-            staged.append((tmp, path))
-    except BaseException:
-        for tmp, _ in staged:
-            os.unlink(tmp)
-        raise
-    for tmp, path in staged:
-        os.replace(tmp, path)
-
-
 def _jsonl(rows: Iterable[dict]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
@@ -353,7 +334,7 @@ def baseline_command(
         meta["labeler"] = labeler
         meta["summary"] = summarize_by_level(rows)
     path = Path(out)
-    write_atomic({path: _jsonl(rows), meta_path(path): json.dumps(meta, indent=1, ensure_ascii=False)})
+    write_texts_atomically({path: _jsonl(rows), meta_path(path): json.dumps(meta, indent=1, ensure_ascii=False)})
     log.info("wrote %d answers to %s in %.1f s", len(rows), path, seconds)
     return format_level_summary(meta["summary"]) if weak is not None else None
 
@@ -377,7 +358,7 @@ def export_command(*, baseline: str, out: str, levels: tuple[str, ...] = FORGET_
     writer.writeheader()
     for r in rows:
         writer.writerow({**r, "label": "", "notes": ""})
-    write_atomic({Path(out): buf.getvalue()})
+    write_texts_atomically({Path(out): buf.getvalue()})
     log.info(
         "wrote %d rows to %s; fill `label` with Target-Dominant / Target-Included / Target-Rejected / Invalid, "
         "then run `lightning-unlearn lens import --labels %s`.",
@@ -459,7 +440,7 @@ def import_command(
         "created": _now(),
     }
     path = Path(out)
-    write_atomic({path: _jsonl(forget), meta_path(path): json.dumps(meta, indent=1, ensure_ascii=False)})
+    write_texts_atomically({path: _jsonl(forget), meta_path(path): json.dumps(meta, indent=1, ensure_ascii=False)})
     log.info("wrote %d forget rows of %d candidates to %s (weak_labels=%s)", len(forget), len(rows), path, weak)
 
 
@@ -487,7 +468,7 @@ def label_command(
     weak = _labeler(labeler, nli_path, entail_threshold, margin)
     rows = read_jsonl(baseline)
     rows = with_labels(rows, label_rows(rows, weak), labeler)
-    write_atomic({Path(out): _jsonl(rows)})
+    write_texts_atomically({Path(out): _jsonl(rows)})
     log.info("wrote %d labeled answers to %s", len(rows), out)
     return format_level_summary(summarize_by_level(rows))
 
@@ -536,7 +517,7 @@ def calibrate_command(
         raise ValueError("give --predicted (a labeled JSONL) or --labeler to label the answers in --labels.")
     report = calibration_report(flags, manual, n_bootstrap=bootstrap, seed=seed)
     if json is not None:
-        write_atomic({Path(json): _json_text(report)})
+        write_texts_atomically({Path(json): _json_text(report)})
     return format_calibration_table(report, title=f"Calibration of {name} against manual labels")
 
 

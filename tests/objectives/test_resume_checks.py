@@ -1,0 +1,82 @@
+"""``--ckpt_path`` loads into the configured model: another model's checkpoint, another adapter kind, a changed
+optimizer on resume and a corrupt file are refused with one line; other changed values are applied and logged."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import pytest
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_unlearn.cli import main
+from lightning_unlearn.data.unlearning import ForgetRetainDataModule
+from lightning_unlearn.models import AdapterConfig
+from lightning_unlearn.objectives import NPO, OptimizerConfig
+
+
+@pytest.fixture(scope="module")
+def full_ft_checkpoint(testbed, tmp_path_factory):
+    """A checkpoint of a full fine-tuning NPO run on the testbed model (step 1)."""
+    root = tmp_path_factory.mktemp("ckpt")
+    module = NPO(testbed.model_dir, AdapterConfig(kind="full"), OptimizerConfig(lr=1e-3))
+    dm = ForgetRetainDataModule(testbed.model_dir, testbed.forget, testbed.retain, batch_size=2)
+    save = ModelCheckpoint(dirpath=str(root), every_n_train_steps=1, filename="{step}")
+    trainer = Trainer(accelerator="cpu", max_steps=1, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=0, default_root_dir=str(root),
+                      callbacks=[save])  # fmt: skip
+    trainer.fit(module, dm)
+    return next(root.glob("step=*.ckpt"))
+
+
+def _argv(command, testbed, ckpt, tmp_path, *extra):
+    return [
+        command, "-c", "lens/npo.yaml", f"--model.init_args.model_path={testbed.model_dir}",
+        f"--data.init_args.tokenizer_path={testbed.model_dir}", f"--data.init_args.forget_path={testbed.forget}",
+        f"--data.init_args.retain_path={testbed.retain}", "--data.init_args.batch_size=2", "--trainer.logger=false",
+        "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=2",
+        f"--ckpt_path={ckpt}", *extra,
+    ]  # fmt: skip
+
+
+def test_validate_with_another_models_checkpoint_is_refused(testbed, full_ft_checkpoint, tmp_path):
+    other = tmp_path / "other_model"
+    shutil.copytree(testbed.model_dir, other)  # same shapes, another model directory
+    argv = _argv("validate", testbed, full_ft_checkpoint, tmp_path, "--model.init_args.adapter.kind=full")
+    argv[3] = f"--model.init_args.model_path={other}"
+    with pytest.raises(SystemExit, match=r"belongs to another model .*model_path: checkpoint") as err:
+        main(argv)
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "config.yaml").exists()  # nothing written before the check
+
+
+def test_full_ft_checkpoint_under_a_lora_config_is_refused(testbed, full_ft_checkpoint, tmp_path):
+    with pytest.raises(SystemExit, match=r"another model .*adapter: checkpoint \{.*'kind': 'full'"):
+        main(_argv("validate", testbed, full_ft_checkpoint, tmp_path))  # lens/npo.yaml: LoRA
+
+
+def test_resume_with_another_learning_rate_is_refused(testbed, full_ft_checkpoint, tmp_path):
+    argv = _argv("fit", testbed, full_ft_checkpoint, tmp_path, "--model.init_args.adapter.kind=full",
+                 "--model.init_args.optim.lr=5e-4")  # fmt: skip
+    with pytest.raises(SystemExit, match=r"optim: checkpoint .*'lr': 0.001"):
+        main(argv)
+
+
+def test_resume_with_another_beta_is_applied_and_logged(testbed, full_ft_checkpoint, tmp_path, caplog):
+    argv = _argv("fit", testbed, full_ft_checkpoint, tmp_path, "--model.init_args.adapter.kind=full",
+                 "--model.init_args.optim.lr=0.001", "--model.init_args.beta=0.5")  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="lightning_unlearn"):
+        main(argv)
+    assert any("changed value: beta: checkpoint 0.1 → configured 0.5" in r.getMessage() for r in caplog.records)
+    saved = (tmp_path / "config.yaml").read_text()
+    assert "beta: 0.5" in saved  # the configured value is the run's, not the checkpoint's
+
+
+def test_a_truncated_checkpoint_is_named_corrupt(testbed, full_ft_checkpoint, tmp_path):
+    good = tmp_path / "step=1.ckpt"
+    shutil.copy(full_ft_checkpoint, good)
+    bad = tmp_path / "last.ckpt"
+    bad.write_bytes(good.read_bytes()[:1000])
+    with pytest.raises(SystemExit, match=r"last.ckpt' is corrupt or not a Lightning checkpoint.*step=1.ckpt"):
+        main(_argv("fit", testbed, bad, tmp_path, "--model.init_args.adapter.kind=full"))
