@@ -9,6 +9,7 @@ take the configured value, which the caller records.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,6 +38,29 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
             f"{str(err).splitlines()[0][:120] if str(err) else 'no detail'}); it was probably cut off by a kill during "
             f"its write.{hint}"
         ) from None
+
+
+def latest_checkpoint(root: str | os.PathLike) -> Path | None:
+    """The checkpoint a resume continues from, anywhere under ``root`` (every logger version): the newest
+    ``last.ckpt``, else the ``step=N.ckpt`` with the largest N; a file that does not read is skipped."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    lasts = sorted(root.rglob("last*.ckpt"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+
+    def step(p: Path) -> int:
+        digits = p.stem.removeprefix("step=").split("-")[0]
+        return int(digits) if digits.isdigit() else -1
+
+    steps = sorted((p for p in root.rglob("*.ckpt") if step(p) >= 0), key=step, reverse=True)
+    for candidate in [*lasts, *steps]:
+        try:
+            torch.load(candidate, map_location="cpu", weights_only=True)
+        except Exception:  # noqa: BLE001 - a truncated or foreign file is not a resume point
+            logging.getLogger("lightning_unlearn").warning("skipping %s: corrupt or not a checkpoint", candidate)
+            continue
+        return candidate
+    return None
 
 
 def _readable_sibling(path: Path) -> Path | None:

@@ -100,15 +100,27 @@ class UnlearnCLI(LightningCLI):
 
     @override
     def _parse_ckpt_path(self) -> None:
-        from lightning_unlearn.checkpoints import CheckpointError, read_checkpoint, resume_conflicts
+        from lightning_unlearn.checkpoints import CheckpointError, latest_checkpoint, read_checkpoint, resume_conflicts
 
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
         config = self.config[subcommand]
         ckpt_path = config.get("ckpt_path")
+        if ckpt_path == "last":
+            # Lightning looks for "last" in the new run's logger version only and, finding nothing there, warns and
+            # starts from step 0. Look in the whole run directory instead, or refuse.
+            root = config.get("trainer", {}).get("default_root_dir") or "."
+            found = latest_checkpoint(root)
+            if found is None:
+                raise SystemExit(
+                    f"lightning-unlearn {subcommand}: error: --ckpt_path last, but {root!r} holds no checkpoint to "
+                    "resume from; drop --ckpt_path to start a new run, or pass the run's default_root_dir."
+                )
+            config["ckpt_path"] = ckpt_path = str(found)
+            logging.getLogger("lightning_unlearn").info("resuming from %s", found)
         if not ckpt_path or not Path(str(ckpt_path)).is_file():
-            return  # "last"/"best" and sharded (directory) checkpoints: Lightning resolves and loads them
+            return  # "best" and sharded (directory) checkpoints: Lightning resolves and loads them
         try:
             saved = read_checkpoint(ckpt_path).get("hyper_parameters") or {}
         except CheckpointError as err:

@@ -80,3 +80,22 @@ def test_a_truncated_checkpoint_is_named_corrupt(testbed, full_ft_checkpoint, tm
     bad.write_bytes(good.read_bytes()[:1000])
     with pytest.raises(SystemExit, match=r"last.ckpt' is corrupt or not a Lightning checkpoint.*step=1.ckpt"):
         main(_argv("fit", testbed, bad, tmp_path, "--model.init_args.adapter.kind=full"))
+
+
+def test_ckpt_path_last_finds_the_runs_checkpoint_in_any_version_or_refuses(testbed, full_ft_checkpoint, tmp_path,
+                                                                             caplog):  # fmt: skip
+    from lightning_unlearn.checkpoints import latest_checkpoint
+
+    argv = _argv("fit", testbed, "last", tmp_path, "--model.init_args.adapter.kind=full",
+                 "--model.init_args.optim.lr=0.001")  # fmt: skip
+    with pytest.raises(SystemExit, match="holds no checkpoint to resume from"):
+        main(argv)  # nothing to resume: refused, not a silent restart from step 0
+    nested = tmp_path / "npo" / "version_3" / "checkpoints"
+    nested.mkdir(parents=True)
+    shutil.copy(full_ft_checkpoint, nested / "step=1.ckpt")
+    (nested / "last.ckpt").write_bytes(b"truncated")
+    with caplog.at_level(logging.INFO, logger="lightning_unlearn"):
+        assert latest_checkpoint(tmp_path) == nested / "step=1.ckpt"  # the corrupt last.ckpt is skipped, named
+        main(argv)
+    assert any("last.ckpt: corrupt" in r.getMessage() for r in caplog.records)
+    assert any(r.getMessage() == f"resuming from {nested / 'step=1.ckpt'}" for r in caplog.records)
