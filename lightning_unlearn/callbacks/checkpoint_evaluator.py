@@ -28,7 +28,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from typing_extensions import override
 
 from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, flatten_metrics, merge_rows
-from lightning_unlearn.callbacks.distributed import broadcast_object, world
+from lightning_unlearn.distributed import broadcast_object, world
 
 
 class CheckpointEvaluator(Callback):

@@ -9,8 +9,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from typing_extensions import override
 
 from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, read_rows
-from lightning_unlearn.callbacks.distributed import broadcast_object, world
 from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_figure, write_json
+from lightning_unlearn.distributed import broadcast_object, world
 from lightning_unlearn.metrics.selection import SELECTION_METRICS, OperatingPointGuards, sce_table, select_from_rows
 
 SELECTION_FILE = "selection.json"

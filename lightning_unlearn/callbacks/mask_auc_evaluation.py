@@ -10,7 +10,7 @@ from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
 from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
-from lightning_unlearn.callbacks.distributed import broadcast_object, full_parameters, world
+from lightning_unlearn.distributed import broadcast_object, full_parameters, world
 from lightning_unlearn.masks import load_masks, masked_parameter_names, union_mask
 from lightning_unlearn.metrics.mask_auc import mask_auc
 from lightning_unlearn.models import load_weights

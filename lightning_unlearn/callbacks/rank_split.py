@@ -7,7 +7,7 @@ from typing import TypeVar
 
 from torch import nn
 
-from lightning_unlearn.callbacks.distributed import all_gather_objects, is_sharded, rank_batches, world
+from lightning_unlearn.distributed import all_gather_objects, is_sharded, rank_batches, world
 from lightning_unlearn.generation import Generation, generate_greedy
 
 T = TypeVar("T")

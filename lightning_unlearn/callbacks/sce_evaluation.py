@@ -14,9 +14,9 @@ from typing_extensions import override
 
 from lightning_unlearn.atomic import write_text_atomically
 from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
-from lightning_unlearn.callbacks.distributed import is_sharded, world
 from lightning_unlearn.callbacks.rank_split import map_batches
 from lightning_unlearn.data.narratives import COMPACT_INSTRUCTION, load_narrative
+from lightning_unlearn.distributed import is_sharded, world
 from lightning_unlearn.generation import Generation, generate_greedy, model_prompt
 from lightning_unlearn.labelers.narrative_label import INVALID
 from lightning_unlearn.metrics.answer_validity import VALIDITY_FLAGS, answer_validity, load_validity_cues

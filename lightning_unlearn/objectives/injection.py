@@ -34,6 +34,7 @@ from typing_extensions import override
 
 from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.derive import DeriveConfig, ensure_derived
+from lightning_unlearn.distributed import full_state_dict
 from lightning_unlearn.losses import nll_loss, sequence_logprobs
 from lightning_unlearn.masks import LazyMasks, group_mask, load_masks, sample_masks, save_masks
 from lightning_unlearn.models import (
@@ -215,22 +216,11 @@ class InjectionModule(LightningModule):
     def export_dir(self) -> Path:
         return Path(self.hparams.export_dir or Path(self.trainer.default_root_dir) / "export")
 
-    def _full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The model's full weights on CPU. Collective when FSDP2 sharded them (every rank must call it); then
-        only rank 0 receives the tensors."""
-        from lightning_unlearn.callbacks.distributed import is_sharded
-
-        if is_sharded(self.model):
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-            return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
-
     @override
     def on_fit_end(self) -> None:
         if self.trainer.interrupted:
             return
-        state = self._full_state_dict()
+        state = full_state_dict(self.model)
         if self.trainer.global_rank != 0:
             return
         model = self.model

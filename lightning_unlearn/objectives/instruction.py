@@ -164,7 +164,7 @@ class InstructionModule(LightningModule):
         """
         state = state if state is not None else self._best_state
         model = self.model
-        from lightning_unlearn.callbacks.distributed import is_sharded
+        from lightning_unlearn.distributed import is_sharded
 
         if is_sharded(self.model):
             model = apply_adapter(load_causal_lm(self.hparams.model_path), self.adapter)

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from lightning.pytorch.utilities import move_data_to_device
 from typing_extensions import override
 
+from lightning_unlearn.distributed import local_view
 from lightning_unlearn.losses import nll_loss, normalized_nll, weighted_nll_loss
 from lightning_unlearn.models import AdapterConfig
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
@@ -118,7 +119,7 @@ class MemFlex(UnlearningModule):
     def _mean_gradients(self, loader, named) -> list[torch.Tensor]:
         """Gradient of the mean NLL̄ over ``loader`` for each tensor of ``named`` (local shard under FSDP)."""
         params = [p for _, p in named]
-        totals = [torch.zeros_like(_local(p)) for p in params]
+        totals = [torch.zeros_like(local_view(p)) for p in params]
         n_batches = 0
         for i, batch in enumerate(loader):
             if self.localization_batches is not None and i >= self.localization_batches:
@@ -135,7 +136,7 @@ class MemFlex(UnlearningModule):
                 grads = torch.autograd.grad(loss, params, allow_unused=True)
             for total, g in zip(totals, grads):
                 if g is not None:
-                    total += _local(g).detach()
+                    total += local_view(g).detach()
             if self._sharded:
                 for p in params:
                     p.grad = None
@@ -150,8 +151,3 @@ class MemFlex(UnlearningModule):
     @override
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.selected = checkpoint.get("memflex_selected") or None
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The local shard of a DTensor, or the tensor itself."""
-    return t.to_local() if hasattr(t, "to_local") else t

@@ -24,6 +24,7 @@ from torch import nn
 from typing_extensions import override
 
 from lightning_unlearn.atomic import write_directory_atomically
+from lightning_unlearn.distributed import full_state_dict
 from lightning_unlearn.losses import gd_loss, normalized_nll
 from lightning_unlearn.masks import canonical_name, group_mask, load_masks, validate_masks
 from lightning_unlearn.models import AdapterConfig, load_causal_lm, unwrap_peft
@@ -116,12 +117,11 @@ class OracleGrad(UnlearningModule):
 
     def save_adapter(self, directory: str | os.PathLike) -> None:
         """Write the merged model ``W + m^F ⊙ s·B A`` (collective under FSDP; rank 0 writes)."""
-        if self._sharded:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-            state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        else:
-            state = {k: v.detach() for k, v in self.model.state_dict().items()}
+        state = (
+            full_state_dict(self.model)
+            if self._sharded
+            else {k: v.detach() for k, v in self.model.state_dict().items()}
+        )
         if self.global_rank != 0:
             return
         merged = merged_state_dict(self.model, state)

@@ -35,6 +35,7 @@ from torch import nn
 from typing_extensions import override
 
 from lightning_unlearn.atomic import write_directory_atomically
+from lightning_unlearn.distributed import full_state_dict
 from lightning_unlearn.losses import nll_loss, sequence_logprobs
 from lightning_unlearn.models import AdapterConfig, apply_adapter, check_adapter_path, load_causal_lm, load_tokenizer
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
@@ -323,13 +324,7 @@ class UnlearningModule(LightningModule):
 
         Collective under FSDP (every rank gathers its shard); rank 0 writes.
         """
-        state_dict = None
-        if self._sharded:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-            state_dict = get_model_state_dict(
-                self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-            )
+        state_dict = full_state_dict(self.model) if self._sharded else None
         if self.global_rank != 0:
             return
         write_directory_atomically(directory, lambda tmp: self.model.save_pretrained(str(tmp), state_dict=state_dict))

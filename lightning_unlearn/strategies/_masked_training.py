@@ -10,8 +10,9 @@ import torch
 from lightning.pytorch import LightningModule
 from typing_extensions import override
 
+from lightning_unlearn.distributed import local_view
 from lightning_unlearn.masks import LazyMasks
-from lightning_unlearn.strategies.lockstep import local_tensor, lockstep_masked_backward
+from lightning_unlearn.strategies.lockstep import lockstep_masked_backward
 from lightning_unlearn.strategies.masked_gradients import MaskedGradients, resolve_param_masks
 from lightning_unlearn.strategies.restricted_update import RestrictedUpdate
 
@@ -153,7 +154,7 @@ class MaskedTraining:
             if p.grad is None:
                 p.grad = g
             else:
-                local_tensor(p.grad).add_(local_tensor(g))
+                local_view(p.grad).add_(local_view(g))
         self._pending = {}
 
     def restriction(self, module: LightningModule) -> RestrictedUpdate | None:
@@ -198,7 +199,7 @@ class _ShardDict(dict):
 
 
 def local_device(p: torch.Tensor) -> torch.device:
-    return p._local_tensor.device if hasattr(p, "_local_tensor") else p.device
+    return local_view(p).device
 
 
 def backward_hooks_only(strategy: Any, closure_loss: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lightning_unlearn.distributed import local_view
 from lightning_unlearn.masks import MAX_GROUPS, NEUTRAL_GROUP
 from lightning_unlearn.strategies.masked_gradients import decode
 
@@ -33,11 +34,6 @@ def select_samples(batch: Any, idx: torch.Tensor, batch_size: int) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(select_samples(v, idx, batch_size) for v in batch)
     return batch
-
-
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (the object itself, so in-place ops write through); plain tensors unchanged."""
-    return t._local_tensor if hasattr(t, "_local_tensor") else t
 
 
 def groups_present(group_ids: torch.Tensor, process_group: Any = None) -> list[int]:
@@ -101,16 +97,16 @@ def lockstep_masked_backward(
                 if grad is None:
                     continue
                 if g != NEUTRAL_GROUP:
-                    local_tensor(grad).mul_(decode(param_masks[p], g))
+                    local_view(grad).mul_(decode(param_masks[p], g))
                 if acc[p] is None:
                     acc[p] = grad
                 else:
-                    local_tensor(acc[p]).add_(local_tensor(grad))
+                    local_view(acc[p]).add_(local_view(grad))
     with torch.no_grad():
         for p in params:
             grad, before = acc[p], prior[p]
             if before is not None and grad is not None:
-                local_tensor(before).add_(local_tensor(grad))
+                local_view(before).add_(local_view(grad))
                 grad = before
             p.grad = grad if grad is not None else before
     return total

@@ -29,6 +29,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
+from lightning_unlearn.distributed import local_view
 from lightning_unlearn.masks import shard_masks
 from lightning_unlearn.models import load_causal_lm
 from lightning_unlearn.strategies._masked_training import MaskedStrategyHooks, MaskedTraining
@@ -199,7 +200,7 @@ def _load_sharded_checkpoint(
 
 
 def _local_shape(p: torch.Tensor) -> tuple[int, ...]:
-    return tuple(p._local_tensor.shape) if hasattr(p, "_local_tensor") else tuple(p.shape)
+    return tuple(local_view(p).shape)
 
 
 def load_model_for_rank(path: str, trainer: pl.Trainer | None) -> torch.nn.Module:

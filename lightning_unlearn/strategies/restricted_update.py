@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
+from lightning_unlearn.distributed import local_view
 from lightning_unlearn.masks import group_bits
-from lightning_unlearn.strategies.lockstep import local_tensor
 from lightning_unlearn.strategies.masked_gradients import decode_union
 
 
@@ -52,17 +52,17 @@ class RestrictedUpdate:
             if p in self._outside:
                 p.grad = None
             else:
-                local_tensor(p.grad).mul_(self._allowed(m))
+                local_view(p.grad).mul_(self._allowed(m))
 
     @torch.no_grad()
     def snapshot(self) -> None:
         """Remember the current values of the parameters the optimizer may touch."""
-        self._saved = {p: local_tensor(p.data).clone() for p in self._masks if p not in self._outside}
+        self._saved = {p: local_view(p.data).clone() for p in self._masks if p not in self._outside}
 
     @torch.no_grad()
     def restore(self) -> None:
         """Put every out-of-mask element back to its snapshot value."""
         for p, saved in self._saved.items():
-            data = local_tensor(p.data)
+            data = local_view(p.data)
             data.copy_(torch.where(self._allowed(self._masks[p]), data, saved))
         self._saved = {}

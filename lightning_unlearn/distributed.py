@@ -1,4 +1,5 @@
-"""Collective helpers shared by the evaluation callbacks (every rank calls them in the same order)."""
+"""The one home of rank, broadcast, gather and local-view helpers (every rank calls the collectives in the same
+order): the callbacks, objectives and strategies use these, never their own copies."""
 
 from __future__ import annotations
 
@@ -70,3 +71,18 @@ def full_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         if type(t).__name__ == "DTensor":
             t = t.full_tensor()
         yield canonical_name(name), t.cpu()
+
+
+def local_view(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard — the object itself, so in-place ops write through — or a plain tensor unchanged."""
+    return t._local_tensor if hasattr(t, "_local_tensor") else t
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's full state dict on CPU. Collective when FSDP2 sharded it (every rank must call it; rank 0 gets
+    the full tensors, as ``get_model_state_dict`` with ``full_state_dict=True, cpu_offload=True`` gives them)."""
+    if is_sharded(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
