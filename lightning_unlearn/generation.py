@@ -150,3 +150,74 @@ def model_prompt(tokenizer, question: str, chat_template: bool | None = None) ->
     )
     bos = tokenizer.bos_token
     return text[len(bos) :] if bos and text.startswith(bos) else text
+
+
+@torch.no_grad()
+def generate_sorted(
+    model, tokenizer, texts: Sequence[str], max_new_tokens: int, batch_size: int, synced_gpus: bool = False
+) -> list[dict]:
+    """Greedy answers to ``texts`` (model prompts) in batches of similar length, back in the caller's order:
+    ``{answer, n_new_tokens, hit_token_cap}`` each (the model's train/eval mode is restored)."""
+    if max_new_tokens < 1 or batch_size < 1:
+        raise ValueError(f"max_new_tokens and batch_size must be positive, got {max_new_tokens}, {batch_size}.")
+    # Similar lengths in a batch waste less left padding; results go back in the caller's order.
+    lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    order = sorted(range(len(texts)), key=lambda i: lengths[i])
+    was_training = model.training
+    model.eval()
+    results: list[dict | None] = [None] * len(texts)
+    try:
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            batch = [texts[i] for i in idx]
+            gens = generate_greedy(model, tokenizer, batch, max_new_tokens=max_new_tokens, synced_gpus=synced_gpus)
+            for i, gen in zip(idx, gens):
+                results[i] = {"answer": gen.text, "n_new_tokens": gen.num_tokens, "hit_token_cap": gen.hit_token_cap}
+    finally:
+        model.train(was_training)
+    return results
+
+
+@torch.no_grad()
+def generate(
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    max_new_tokens: int = 24,
+    batch_size: int = 32,
+    num_samples: int = 1,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> list[list[str]]:
+    """Continuations of ``prompts`` (formatted like training: bos + prompt), ``num_samples`` per prompt, through
+    HF ``generate`` (the Lacuna filter and the resurfacing attack's sampling).
+
+    ``temperature`` 0 is greedy decoding; otherwise multinomial sampling at that temperature.
+    """
+    model.eval()
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    bos = tokenizer.bos_token or ""
+    out: list[list[str]] = []
+    gen = torch.Generator().manual_seed(seed)
+    try:
+        for start in range(0, len(prompts), batch_size):
+            chunk = [bos + p for p in prompts[start : start + batch_size]]
+            enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+            kwargs = {"do_sample": False}
+            if temperature > 0:
+                torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+                kwargs = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+            ids = model.generate(
+                **enc,
+                max_new_tokens=max_new_tokens,
+                num_return_sequences=num_samples,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                **kwargs,
+            )
+            texts = tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+            out.extend(texts[i : i + num_samples] for i in range(0, len(texts), num_samples))
+    finally:
+        tokenizer.padding_side = side
+    return out

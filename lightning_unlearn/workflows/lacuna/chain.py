@@ -48,6 +48,7 @@ from lightning_unlearn.data.pii import probe_qa
 from lightning_unlearn.data.splits import build_splits, save_splits
 from lightning_unlearn.data.templates import TARGET_FIELDS
 from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data, load_table
+from lightning_unlearn.generation import generate
 from lightning_unlearn.metrics.memorization import extracted
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.smollm2 import resolve_model_dir
@@ -82,50 +83,6 @@ SIZES: dict[str, dict[str, list[str]]] = {
 # ---------------------------------------------------------------------------------------------------------------
 # Generation and extraction
 # ---------------------------------------------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def generate(
-    model,
-    tokenizer,
-    prompts: Sequence[str],
-    max_new_tokens: int = 24,
-    batch_size: int = 32,
-    num_samples: int = 1,
-    temperature: float = 0.0,
-    seed: int = 0,
-) -> list[list[str]]:
-    """Continuations of ``prompts`` (formatted like training: bos + prompt), ``num_samples`` per prompt.
-
-    ``temperature`` 0 is greedy decoding; otherwise multinomial sampling at that temperature.
-    """
-    model.eval()
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    bos = tokenizer.bos_token or ""
-    out: list[list[str]] = []
-    gen = torch.Generator().manual_seed(seed)
-    try:
-        for start in range(0, len(prompts), batch_size):
-            chunk = [bos + p for p in prompts[start : start + batch_size]]
-            enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-            kwargs = {"do_sample": False}
-            if temperature > 0:
-                torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-                kwargs = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-            ids = model.generate(
-                **enc,
-                max_new_tokens=max_new_tokens,
-                num_return_sequences=num_samples,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                **kwargs,
-            )
-            texts = tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-            out.extend(texts[i : i + num_samples] for i in range(0, len(texts), num_samples))
-    finally:
-        tokenizer.padding_side = side
-    return out
 
 
 def extraction_rates(model, tokenizer, profiles: Sequence[dict], fields: Sequence[str] = TARGET_FIELDS, **gen_kwargs):

@@ -38,7 +38,7 @@ import torch
 
 from lightning_unlearn.atomic import write_texts_atomically
 from lightning_unlearn.data.narratives import CONDITIONS, LEVELS, PromptRecord, load_suite
-from lightning_unlearn.generation import generate_greedy, model_prompt
+from lightning_unlearn.generation import generate_sorted, model_prompt
 from lightning_unlearn.labelers.calibration import calibration_report, format_calibration_table
 from lightning_unlearn.labelers.manual_labels import TARGET_DOMINANT, ManualLabels
 from lightning_unlearn.labelers.narrative_label import INVALID, REPRODUCED, NarrativeLabel, NarrativeLabeler
@@ -66,30 +66,6 @@ EXPORT_COLUMNS = (
 
 
 # ----------------------------------------------------------------------------------------------- generation
-@torch.no_grad()
-def _generate(
-    model, tokenizer, texts: Sequence[str], max_new_tokens: int, batch_size: int, synced_gpus: bool = False
-) -> list[dict]:
-    if max_new_tokens < 1 or batch_size < 1:
-        raise ValueError(f"max_new_tokens and batch_size must be positive, got {max_new_tokens}, {batch_size}.")
-    # Similar lengths in a batch waste less left padding; results go back in the caller's order.
-    lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
-    order = sorted(range(len(texts)), key=lambda i: lengths[i])
-    was_training = model.training
-    model.eval()
-    results: list[dict | None] = [None] * len(texts)
-    try:
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            batch = [texts[i] for i in idx]
-            gens = generate_greedy(model, tokenizer, batch, max_new_tokens=max_new_tokens, synced_gpus=synced_gpus)
-            for i, gen in zip(idx, gens):
-                results[i] = {"answer": gen.text, "n_new_tokens": gen.num_tokens, "hit_token_cap": gen.hit_token_cap}
-    finally:
-        model.train(was_training)
-    return results
-
-
 def generate_answers(
     model,
     tokenizer,
@@ -109,7 +85,7 @@ def generate_answers(
         chat_template: see :func:`model_prompt`.
     """
     texts = [model_prompt(tokenizer, q, chat_template) for q in questions]
-    return [r["answer"] for r in _generate(model, tokenizer, texts, max_new_tokens, batch_size)]
+    return [r["answer"] for r in generate_sorted(model, tokenizer, texts, max_new_tokens, batch_size)]
 
 
 def generate_for_records(
@@ -128,7 +104,7 @@ def generate_for_records(
     batches. Rows feed :func:`label_rows` directly.
     """
     texts = [model_prompt(tokenizer, r.prompt, chat_template) for r in records]
-    gens = _generate(model, tokenizer, texts, max_new_tokens, batch_size, synced_gpus)
+    gens = generate_sorted(model, tokenizer, texts, max_new_tokens, batch_size, synced_gpus)
     rows = []
     for rec, text, gen in zip(records, texts, gens):
         row = rec.to_dict()
