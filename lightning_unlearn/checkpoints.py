@@ -99,3 +99,69 @@ def resume_conflicts(configured: Mapping, saved: Mapping) -> tuple[list[str], li
         line = f"{key}: checkpoint {saved[key]!r} → configured {configured[key]!r}"
         (refused if key in IDENTITY_KEYS else changed).append(line)
     return refused, changed
+
+
+LOCK_FILE = ".lightning_unlearn.lock"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def acquire_run_lock(root: str | os.PathLike) -> Path:
+    """Take ``<root>/.lightning_unlearn.lock`` (pid, host, start time) so one run at a time writes into ``root``.
+
+    A lock left by a process that no longer runs on this host is stale and replaced; one held by a live process (or
+    by another host, which cannot be checked) raises :class:`RunDirectoryBusy` naming it.
+    """
+    import json
+    import socket
+    import time
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / LOCK_FILE
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                held = json.loads(path.read_text() or "{}")
+            except (OSError, ValueError):
+                held = {}
+            pid, host = int(held.get("pid", -1)), held.get("host")
+            if host == me["host"] and pid > 0 and not _alive(pid):
+                logging.getLogger("lightning_unlearn").warning("removing the stale lock of pid %d in %s", pid, root)
+                path.unlink(missing_ok=True)
+                continue
+            raise RunDirectoryBusy(
+                f"{str(root)!r} is in use by another run (pid {pid} on {host}, lock {str(path)!r}); wait for it, give "
+                "this run its own trainer.default_root_dir, or delete the lock if that run is gone."
+            ) from None
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        return path
+    raise RunDirectoryBusy(f"could not take the lock {str(path)!r}; another run keeps re-creating it.")
+
+
+def release_run_lock(path: str | os.PathLike) -> None:
+    """Remove a lock taken by :func:`acquire_run_lock` in this process (a lock of another process stays)."""
+    import json
+
+    path = Path(path)
+    try:
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
+    except (OSError, ValueError):
+        pass
+
+
+class RunDirectoryBusy(RuntimeError):
+    """Another live run writes into the same run directory."""

@@ -99,6 +99,26 @@ class UnlearnCLI(LightningCLI):
         super().__init__(LightningModule, LightningDataModule, *args, **kwargs)
 
     @override
+    def _run_subcommand(self, subcommand: str) -> None:
+        # One run per directory: checkpoints and metric rows of two runs would interleave silently. Only the
+        # launching process takes the lock (ranks started by Lightning's launcher carry LOCAL_RANK/RANK > 0), and
+        # it is released however the run ends.
+        launcher = all(os.environ.get(k, "0") == "0" for k in ("LOCAL_RANK", "RANK", "NODE_RANK"))
+        if subcommand != "fit" or not launcher:
+            super()._run_subcommand(subcommand)
+            return
+        from lightning_unlearn.checkpoints import RunDirectoryBusy, acquire_run_lock, release_run_lock
+
+        try:
+            lock = acquire_run_lock(self.trainer.default_root_dir)
+        except RunDirectoryBusy as err:
+            raise SystemExit(f"lightning-unlearn fit: error: {err}") from None
+        try:
+            super()._run_subcommand(subcommand)
+        finally:
+            release_run_lock(lock)
+
+    @override
     def _parse_ckpt_path(self) -> None:
         from lightning_unlearn.checkpoints import CheckpointError, latest_checkpoint, read_checkpoint, resume_conflicts
 

@@ -99,3 +99,26 @@ def test_ckpt_path_last_finds_the_runs_checkpoint_in_any_version_or_refuses(test
         main(argv)
     assert any("last.ckpt: corrupt" in r.getMessage() for r in caplog.records)
     assert any(r.getMessage() == f"resuming from {nested / 'step=1.ckpt'}" for r in caplog.records)
+
+
+def test_a_second_run_in_the_same_directory_is_refused(testbed, tmp_path):
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from lightning_unlearn.checkpoints import LOCK_FILE
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # the "first run"
+    try:
+        lock = tmp_path / LOCK_FILE
+        lock.write_text(json.dumps({"pid": other.pid, "host": socket.gethostname()}))
+        argv = _argv("fit", testbed, "null", tmp_path)[:-1]  # no --ckpt_path
+        with pytest.raises(SystemExit, match=rf"is in use by another run \(pid {other.pid} "):
+            main(argv)
+        assert not (tmp_path / "config.yaml").exists()
+    finally:
+        other.kill()
+        other.wait()
+    main(argv)  # the holder is gone: its lock is stale, replaced, and released when this run ends
+    assert not lock.exists() and (tmp_path / "config.yaml").exists()
