@@ -58,6 +58,13 @@ def normalized_nll(logps: torch.Tensor, answer_lengths: torch.Tensor) -> torch.T
 TOKEN_AVERAGES = ("sequence", "batch")
 
 
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``choices``, else one clear error naming ``name`` and the choices."""
+    if value not in choices:
+        raise ValueError(f"{name}={value!r}; use one of {', '.join(choices)}.")
+    return value
+
+
 def nll_loss(logps: torch.Tensor, answer_lengths: torch.Tensor, token_average: str = "sequence") -> torch.Tensor:
     """Mean answer NLL of a batch.
 
@@ -69,11 +76,9 @@ def nll_loss(logps: torch.Tensor, answer_lengths: torch.Tensor, token_average: s
             HF's causal-LM loss over the batch, which OpenUnlearning's GA/GD use). They differ when answer lengths
             differ within a batch.
     """
-    if token_average == "sequence":
+    if check_choice("token_average", token_average, TOKEN_AVERAGES) == "sequence":
         return normalized_nll(logps, answer_lengths).mean()
-    if token_average == "batch":
-        return -logps.sum() / answer_lengths.sum().clamp(min=1).to(logps.dtype)
-    raise ValueError(f"token_average={token_average!r}; use one of {', '.join(TOKEN_AVERAGES)}.")
+    return -logps.sum() / answer_lengths.sum().clamp(min=1).to(logps.dtype)
 
 
 def ga_loss(forget_logps: torch.Tensor, forget_lengths: torch.Tensor, token_average: str = "sequence") -> torch.Tensor:
@@ -167,15 +172,13 @@ def kl_divergence(
             padding; pass ``attention_mask`` to leave it out — on an unpadded batch the two agree).
         attention_mask: ``(B, T)``, with ``positions="all"``: 0 marks padding.
     """
-    if positions == "answer":
+    if check_choice("positions", positions, KL_POSITIONS) == "answer":
         mask = labels[:, 1:] != IGNORE_INDEX
         policy_logits, reference_logits = policy_logits[:, :-1], reference_logits[:, :-1]
-    elif positions == "all":
+    else:
         mask = torch.ones(labels.shape, dtype=torch.bool, device=labels.device)
         if attention_mask is not None:
             mask = attention_mask.bool()
-    else:
-        raise ValueError(f"positions={positions!r}; use one of {', '.join(KL_POSITIONS)}.")
     log_p = F.log_softmax(policy_logits.float(), dim=-1)
     log_ref = F.log_softmax(reference_logits.float(), dim=-1)
     per_position = (log_ref.exp() * (log_ref - log_p)).sum(-1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from typing_extensions import override
 
-from lightning_unlearn.losses import TOKEN_AVERAGES, ga_loss, normalized_nll
+from lightning_unlearn.losses import TOKEN_AVERAGES, check_choice, ga_loss, normalized_nll
 from lightning_unlearn.models import AdapterConfig
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.objectives.unlearning_module import UnlearningModule
@@ -36,8 +36,7 @@ class GradientAscent(UnlearningModule):
         token_average: str = "sequence",
     ) -> None:
         super().__init__(model_path, adapter, optim, max_bad_loss)
-        if token_average not in TOKEN_AVERAGES:
-            raise ValueError(f"token_average={token_average!r}; use one of {', '.join(TOKEN_AVERAGES)}.")
+        check_choice("token_average", token_average, TOKEN_AVERAGES)
         self.save_hyperparameters()
         self.token_average = token_average
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from typing_extensions import override
 
-from lightning_unlearn.losses import KL_POSITIONS, ga_retain_loss, kl_divergence, normalized_nll
+from lightning_unlearn.losses import KL_POSITIONS, check_choice, ga_retain_loss, kl_divergence, normalized_nll
 from lightning_unlearn.models import AdapterConfig
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.objectives.unlearning_module import UnlearningModule
@@ -44,8 +44,7 @@ class GARetain(UnlearningModule):
         kl_positions: str = "answer",
     ) -> None:
         super().__init__(model_path, adapter, optim, max_bad_loss)
-        if kl_positions not in KL_POSITIONS:
-            raise ValueError(f"kl_positions={kl_positions!r}; use one of {', '.join(KL_POSITIONS)}.")
+        check_choice("kl_positions", kl_positions, KL_POSITIONS)
         self.save_hyperparameters()
         self.kl_positions = kl_positions
         self.forget_weight = forget_weight
