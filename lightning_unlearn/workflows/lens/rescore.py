@@ -6,7 +6,7 @@ replaces the ``sce`` rows of ``checkpoint_metrics.jsonl`` (other families are ke
 ``selection.json`` and ``sce_heatmap.png`` — so a new detector, cue or labeler reaches old runs without
 regenerating a single answer (the generations are deterministic given the weights, so the result equals a re-run).
 
-    lightning-unlearn lens-rescore runs/lens/smollm2/nato-forced-war-en/npo/trajectory
+    lightning-unlearn lens rescore runs/lens/smollm2/nato-forced-war-en/npo/trajectory
 """
 
 from __future__ import annotations
@@ -118,12 +118,3 @@ def rescore(
 
     plt.close(fig)
     return selection
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``lightning-unlearn lens-rescore RUN_DIR``: re-score saved generations; prints the selection as JSON."""
-    from jsonargparse import auto_cli
-
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    selection = auto_cli(rescore, args=argv, as_positional=True, prog="lightning-unlearn lens-rescore")
-    print(json.dumps(selection, indent=1, ensure_ascii=False))
