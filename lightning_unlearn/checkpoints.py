@@ -9,9 +9,10 @@ take the configured value, which the caller records.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -165,3 +166,105 @@ def release_run_lock(path: str | os.PathLike) -> None:
 
 class RunDirectoryBusy(RuntimeError):
     """Another live run writes into the same run directory."""
+
+
+# -- RNG state: what dropout and sampling draw from, saved per rank so a resumed run draws the same numbers -------
+def rng_states() -> dict:
+    """This process's RNG states (torch CPU and CUDA, numpy, python) as tensors and plain lists, so a checkpoint
+    holding them still loads with ``weights_only=True``."""
+    import random
+
+    import numpy as np
+
+    _, keys, pos, has_gauss, cached = np.random.get_state()
+    version, state, gauss_next = random.getstate()
+    states = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },  # fmt: skip
+        "python": {"version": version, "state": list(state), "gauss_next": gauss_next},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: Mapping) -> None:
+    """Restore what :func:`rng_states` returned."""
+    import random
+
+    import numpy as np
+
+    torch.set_rng_state(states["torch"])
+    n = states["numpy"]
+    keys = n["keys"].numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", keys, n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    p = states["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+@contextlib.contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Whatever runs inside (a checkpoint evaluation) leaves every RNG as it found it, so evaluating or not, and
+    resuming or not, cannot change the random numbers training draws next."""
+    states = rng_states()
+    try:
+        yield
+    finally:
+        set_rng_states(states)
+
+
+def save_rng_states(checkpoint: dict) -> None:
+    """``checkpoint["rng_states"]``: every rank's :func:`rng_states`, in rank order (a collective: every rank calls
+    it, as Lightning calls ``on_save_checkpoint`` on every rank)."""
+    from lightning_unlearn.distributed import all_gather_objects
+
+    checkpoint["rng_states"] = all_gather_objects(rng_states())
+
+
+def saved_rng_states(checkpoint: Mapping) -> dict | None:
+    """This rank's entry of ``checkpoint["rng_states"]``; ``None`` (with a warning) when the checkpoint has none or
+    was saved by another number of ranks: the resumed run then draws other random numbers than an uninterrupted one."""
+    from lightning_unlearn.distributed import world
+
+    saved = checkpoint.get("rng_states")
+    rank, size = world()
+    if not saved or len(saved) != size:
+        reason = "holds no RNG states" if not saved else f"was saved by {len(saved)} ranks, not {size}"
+        logging.getLogger("lightning_unlearn").warning(
+            "the checkpoint %s: dropout and sampling after the resume draw other numbers than the uninterrupted "
+            "run would",
+            reason,
+        )
+        return None
+    return saved[rank]
+
+
+class RestoresRNG:
+    """LightningModule mixin (before ``LightningModule`` in the bases): checkpoints carry every rank's RNG states,
+    and a resumed ``fit`` restores them in ``on_train_start`` (after the restore, the sanity check and the
+    evaluators' base pass), so dropout draws what it would have drawn in the uninterrupted run. A subclass that
+    overrides these hooks calls ``super()``."""
+
+    _resumed_rng: dict | None = None
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        save_rng_states(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        if self._trainer is not None and self.trainer.state.fn == "fit":
+            self._resumed_rng = saved_rng_states(checkpoint)
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        if self._resumed_rng is not None:
+            set_rng_states(self._resumed_rng)
+            self._resumed_rng = None

@@ -424,7 +424,7 @@ def test_unknown_schedule_is_refused(tiny_dir):
 
 
 def test_epoch_seeded_sampler_splits_one_permutation_over_ranks():
-    from lightning_unlearn.data.lacuna_datamodule import EpochSeededSampler
+    from lightning_unlearn.data.sampling import EpochSeededSampler
 
     one = EpochSeededSampler(10, seed=3)
     one.set_epoch(2)
@@ -446,7 +446,7 @@ def test_epoch_seeded_sampler_splits_one_permutation_over_ranks():
 
 
 def test_epoch_seeded_sampler_groups_batches_by_length_and_keeps_ranks_on_one_global_batch():
-    from lightning_unlearn.data.lacuna_datamodule import EpochSeededSampler
+    from lightning_unlearn.data.sampling import EpochSeededSampler
 
     lengths = torch.randint(5, 90, (40,), generator=torch.Generator().manual_seed(1)).tolist()
 

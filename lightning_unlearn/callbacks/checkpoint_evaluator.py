@@ -28,6 +28,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from typing_extensions import override
 
 from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, flatten_metrics, merge_rows
+from lightning_unlearn.checkpoints import preserved_rng
 from lightning_unlearn.distributed import broadcast_object, world
 
 
@@ -135,12 +136,12 @@ class CheckpointEvaluator(Callback):
     def _ensure_base(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.base:
             return
-        with _eval_mode(pl_module.model):
+        with preserved_rng(), _eval_mode(pl_module.model):
             self.base = self.compute_base(trainer, pl_module)
 
     def _evaluate(self, trainer: Trainer, pl_module: LightningModule, step: int) -> None:
         start = time.perf_counter()
-        with _eval_mode(pl_module.model):
+        with preserved_rng(), _eval_mode(pl_module.model):
             metrics = self.compute(trainer, pl_module, step)
         row = {
             "step": step,

@@ -13,7 +13,8 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_unlearn.data.collate import encode_prompt_answer, pad_batch
-from lightning_unlearn.data.lacuna_datamodule import EpochSeededSampler, resolve_tokenizer_path
+from lightning_unlearn.data.lacuna_datamodule import resolve_tokenizer_path
+from lightning_unlearn.data.sampling import EpochSeededSampler, ResumableLoader, trainer_position
 from lightning_unlearn.models import load_tokenizer
 
 
@@ -103,9 +104,10 @@ class InstructionDataModule(LightningDataModule):
 
     @override
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(
+        return ResumableLoader(
             self.train_rows,
             batch_size=self.hparams.batch_size,
+            position=trainer_position(self),
             sampler=EpochSeededSampler(len(self.train_rows), self.hparams.seed),
             collate_fn=partial(pad_batch, pad_token_id=self.pad_token_id),
         )

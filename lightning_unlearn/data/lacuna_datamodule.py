@@ -11,94 +11,20 @@ uninterrupted one.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from dataclasses import asdict
 from functools import partial
 
-import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
-from torch.utils.data.distributed import DistributedSampler
 from typing_extensions import override
 
 from lightning_unlearn.data.collate import encode_document, pad_batch
 from lightning_unlearn.data.pii import QA_FIELDS, background_texts, qa_pair
+from lightning_unlearn.data.sampling import EpochSeededSampler, ResumableLoader, trainer_position
 from lightning_unlearn.data.templates import QUESTIONS
 from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data, load_table
 from lightning_unlearn.masks import NEUTRAL_GROUP
 from lightning_unlearn.models import load_tokenizer
-
-
-class EpochSeededSampler(DistributedSampler):
-    """A permutation of ``range(n)`` that depends only on ``(seed, epoch)``, split over data-parallel ranks.
-
-    Rank ``r`` of ``W`` takes every ``W``-th index of the permutation (padded by repeating its head, like
-    ``DistributedSampler``). With a per-rank batch of ``b`` the ranks' ``k``-th batches together are the
-    permutation's ``k``-th slice of ``b·W`` indices: a run on ``W`` processes sees the batches one process with
-    batch ``b·W`` sees (up to the epoch's last, partial batch). Being a ``DistributedSampler``, Lightning uses it
-    as it is instead of wrapping it in a sampler that reshuffles. ``num_replicas``/``rank`` default to the
-    initialized process group (1 and 0 without one).
-
-    With ``lengths`` and ``group_batches = k > 0`` the permutation is grouped by length, as Hugging Face's
-    ``group_by_length``: each run of ``k`` global batches (``batch_size · W`` samples) is sorted by length and cut
-    into global batches, and the global batches are shuffled. A batch then pads to lengths close to its own
-    (padding costs compute on every token), and ranks still take their shares of the same global batch.
-    """
-
-    def __init__(
-        self,
-        n: int,
-        seed: int = 0,
-        shuffle: bool = True,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        lengths: Sequence[int] | None = None,
-        batch_size: int = 1,
-        group_batches: int = 0,
-    ) -> None:
-        # DistributedSampler.__init__ wants a dataset and a process group; only the length and the layout matter.
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        self.num_replicas = num_replicas if num_replicas is not None else (
-            torch.distributed.get_world_size() if distributed else 1)  # fmt: skip
-        self.rank = rank if rank is not None else (torch.distributed.get_rank() if distributed else 0)
-        if not 0 <= self.rank < self.num_replicas:
-            raise ValueError(f"rank {self.rank} is not in [0, {self.num_replicas}).")
-        if group_batches and (lengths is None or len(lengths) != n):
-            raise ValueError("grouping batches by length (group_batches > 0) needs the length of each sample.")
-        self.n, self.seed, self.shuffle, self.epoch, self.drop_last = n, seed, shuffle, 0, False
-        self.lengths, self.batch_size, self.group_batches = lengths, batch_size, group_batches
-        self.num_samples = -(-n // self.num_replicas)
-        self.total_size = self.num_samples * self.num_replicas
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
-        if self.shuffle:
-            gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-            order = torch.randperm(self.n, generator=gen).tolist()
-            if self.group_batches:
-                order = self._group_by_length(order, gen)
-        else:
-            order = list(range(self.n))
-        if order:
-            order += (order * (self.total_size // len(order) + 1))[: self.total_size - len(order)]
-        return iter(order[self.rank : self.total_size : self.num_replicas])
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def _group_by_length(self, order: list[int], gen: torch.Generator) -> list[int]:
-        size = self.batch_size * self.num_replicas
-        run = size * self.group_batches
-        batches = []
-        for start in range(0, len(order), run):
-            chunk = sorted(order[start : start + run], key=lambda i: self.lengths[i])
-            batches += [chunk[k : k + size] for k in range(0, len(chunk), size)]
-        # the epoch's last, partial batch stays last (it would otherwise end up short in the middle of the epoch)
-        full = [b for b in batches if len(b) == size]
-        rest = [i for b in batches if len(b) < size for i in b]
-        return [i for b in torch.randperm(len(full), generator=gen).tolist() for i in full[b]] + rest
 
 
 def resolve_tokenizer_path(datamodule: LightningDataModule, tokenizer_dir: str | None) -> str:
@@ -271,9 +197,10 @@ class InjectionDataModule(LightningDataModule):
 
     @override
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(
+        return ResumableLoader(
             self.rows,
             batch_size=self.hparams.batch_size,
+            position=trainer_position(self),
             sampler=EpochSeededSampler(
                 len(self.rows),
                 self.hparams.seed,

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
 from lightning_unlearn.data.collate import encode_prompt_answer, pad_batch
+from lightning_unlearn.data.sampling import EpochSeededSampler, ResumableLoader, trainer_position
 from lightning_unlearn.models import load_tokenizer
 
 REQUIRED_COLUMNS = ("prompt", "answer")
@@ -122,7 +123,7 @@ class ForgetRetainDataModule(LightningDataModule):
         max_length: longest tokenised pair (the prompt is truncated from the left).
         random_answers: also yield ``"mismatch"`` batches: forget prompts paired with random retain answers
             (GA-Retain's random-answer term).
-        seed: seed of the random answer pairing and of single-process shuffling.
+        seed: seed of the random answer pairing and of the batch order (a function of seed and epoch, on every rank).
         num_workers: dataloader workers.
     """
 
@@ -172,15 +173,18 @@ class ForgetRetainDataModule(LightningDataModule):
         return pad_batch(rows, self.tokenizer.pad_token_id)
 
     def _loader(self, dataset: Dataset, batch_size: int, shuffle: bool, offset: int = 0) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.hparams.seed + offset) if shuffle else None
-        return DataLoader(
-            dataset,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            generator=generator,
-            collate_fn=partial(ForgetRetainDataModule._collate, self),
-            num_workers=self.hparams.num_workers,
-        )
+        common = {
+            "batch_size": batch_size,
+            "collate_fn": partial(ForgetRetainDataModule._collate, self),
+            "num_workers": self.hparams.num_workers,
+        }
+        if not shuffle:
+            # its own generator: iterating never draws from the global RNG that dropout uses
+            return DataLoader(dataset, generator=torch.Generator().manual_seed(self.hparams.seed), **common)
+        # The order is a function of (seed + offset, epoch) on each data-parallel rank, and a checkpoint records
+        # the position in the epoch: a resumed run replays exactly the batches the uninterrupted run would see.
+        sampler = EpochSeededSampler(len(dataset), self.hparams.seed + offset)
+        return ResumableLoader(dataset, sampler=sampler, position=trainer_position(self), **common)
 
     @override
     def train_dataloader(self) -> CombinedLoader:

@@ -262,6 +262,7 @@ class AlphaEdit(LightningModule):
     # -- resume -----------------------------------------------------------------------------------------------
     @override
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
         # The projectors and the accumulated keys of earlier edit batches are the edit's state: without them a
         # resumed run would recompute P from the already-edited model and forget to preserve earlier edits.
         checkpoint["alphaedit"] = {
@@ -271,6 +272,7 @@ class AlphaEdit(LightningModule):
 
     @override
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
         state = checkpoint.get("alphaedit") or {}
         self.projectors = {int(k): v for k, v in state.get("projectors", {}).items()}
         self.previous_keys = {int(k): v for k, v in state.get("previous_keys", {}).items()}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from typing_extensions import override
 
-from lightning_unlearn.losses import TOKEN_AVERAGES, check_choice, gd_loss, normalized_nll
+from lightning_unlearn.losses import TOKEN_AVERAGES, check_choice, gd_loss
 from lightning_unlearn.models import AdapterConfig
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.objectives.unlearning_module import UnlearningModule
@@ -47,10 +47,5 @@ class GradientDifference(UnlearningModule):
 
     @override
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        f_logps, f_len, _ = self.sequence_logps(batch["forget"])
-        r_logps, r_len, _ = self.sequence_logps(batch["retain"])
-        loss = gd_loss(f_logps, f_len, r_logps, r_len, self.gamma, self.alpha, self.token_average)
-        return loss, {
-            "forget_nll": normalized_nll(f_logps, f_len).mean().detach(),
-            "retain_nll": normalized_nll(r_logps, r_len).mean().detach(),
-        }
+        sums, logs = self.forget_retain_logps(batch)
+        return gd_loss(*sums, self.gamma, self.alpha, self.token_average), logs

@@ -33,6 +33,7 @@ from lightning.pytorch import LightningModule
 from typing_extensions import override
 
 from lightning_unlearn.atomic import write_directory_atomically
+from lightning_unlearn.checkpoints import RestoresRNG
 from lightning_unlearn.derive import DeriveConfig, ensure_derived
 from lightning_unlearn.distributed import full_state_dict
 from lightning_unlearn.losses import nll_loss, sequence_logprobs
@@ -47,7 +48,7 @@ from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.strategies.masked_fsdp import load_model_for_rank
 
 
-class InjectionModule(LightningModule):
+class InjectionModule(RestoresRNG, LightningModule):
     """Masked (or plain) continual pretraining of a causal LM.
 
     Args:

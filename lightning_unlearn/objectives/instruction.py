@@ -18,13 +18,14 @@ from lightning.pytorch import LightningModule
 from typing_extensions import override
 
 from lightning_unlearn.atomic import write_directory_atomically
+from lightning_unlearn.checkpoints import RestoresRNG
 from lightning_unlearn.losses import nll_loss, sequence_logprobs
 from lightning_unlearn.models import AdapterConfig, apply_adapter, load_causal_lm, load_tokenizer
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.strategies.masked_fsdp import load_model_for_rank
 
 
-class InstructionModule(LightningModule):
+class InstructionModule(RestoresRNG, LightningModule):
     """Answer-only NLL fine-tuning through a peft adapter, keeping the best validation checkpoint.
 
     Args:
@@ -89,6 +90,7 @@ class InstructionModule(LightningModule):
 
     @override
     def on_train_start(self) -> None:
+        super().on_train_start()
         # A resumed run restored its best (step ≥ 0) from the checkpoint; only a fresh run validates the start.
         if not self.hparams.validate_untrained or self.best_step >= 0:
             return
@@ -143,10 +145,12 @@ class InstructionModule(LightningModule):
 
     @override
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
         checkpoint["best_adapter"] = {"loss": self.best_val_loss, "step": self.best_step, "state": self._best_state}
 
     @override
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
         best = checkpoint.get("best_adapter")
         if best:
             self.best_val_loss, self.best_step, self._best_state = best["loss"], best["step"], best["state"]

@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import move_data_to_device
 from typing_extensions import override
 
 from lightning_unlearn.distributed import local_view
-from lightning_unlearn.losses import nll_loss, normalized_nll, weighted_nll_loss
+from lightning_unlearn.losses import nll_loss, weighted_nll_loss
 from lightning_unlearn.models import AdapterConfig
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.objectives.unlearning_module import UnlearningModule
@@ -57,13 +57,8 @@ class MemFlex(UnlearningModule):
         self.selected: list[str] | None = None
 
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        f_logps, f_len, _ = self.sequence_logps(batch["forget"])
-        r_logps, r_len, _ = self.sequence_logps(batch["retain"])
-        loss = weighted_nll_loss(f_logps, f_len, r_logps, r_len, self.forget_factor, self.retain_factor)
-        return loss, {
-            "forget_nll": normalized_nll(f_logps, f_len).mean().detach(),
-            "retain_nll": normalized_nll(r_logps, r_len).mean().detach(),
-        }
+        sums, logs = self.forget_retain_logps(batch)
+        return weighted_nll_loss(*sums, self.forget_factor, self.retain_factor), logs
 
     @override
     def on_train_start(self) -> None:
@@ -150,4 +145,5 @@ class MemFlex(UnlearningModule):
 
     @override
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
         self.selected = checkpoint.get("memflex_selected") or None

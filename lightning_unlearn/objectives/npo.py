@@ -109,4 +109,5 @@ class NPO(UnlearningModule):
 
     @override
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
         self.reference_logps = checkpoint.get("npo_reference_logps")

@@ -25,7 +25,7 @@ from typing_extensions import override
 
 from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.distributed import full_state_dict
-from lightning_unlearn.losses import gd_loss, normalized_nll
+from lightning_unlearn.losses import gd_loss
 from lightning_unlearn.masks import canonical_name, group_mask, load_masks, validate_masks
 from lightning_unlearn.models import AdapterConfig, load_causal_lm, unwrap_peft
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
@@ -104,13 +104,8 @@ class OracleGrad(UnlearningModule):
             )
 
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        f_logps, f_len, _ = self.sequence_logps(batch["forget"])
-        r_logps, r_len, _ = self.sequence_logps(batch["retain"])
-        loss = gd_loss(f_logps, f_len, r_logps, r_len, self.gamma, self.alpha)
-        return loss, {
-            "forget_nll": normalized_nll(f_logps, f_len).mean().detach(),
-            "retain_nll": normalized_nll(r_logps, r_len).mean().detach(),
-        }
+        sums, logs = self.forget_retain_logps(batch)
+        return gd_loss(*sums, self.gamma, self.alpha), logs
 
     def adapter_dir(self) -> Path:
         return super().adapter_dir().with_name(f"merged-step={self.global_step}")

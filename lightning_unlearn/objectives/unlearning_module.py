@@ -35,8 +35,9 @@ from torch import nn
 from typing_extensions import override
 
 from lightning_unlearn.atomic import write_directory_atomically
+from lightning_unlearn.checkpoints import RestoresRNG
 from lightning_unlearn.distributed import full_state_dict
-from lightning_unlearn.losses import nll_loss, sequence_logprobs
+from lightning_unlearn.losses import nll_loss, normalized_nll, sequence_logprobs
 from lightning_unlearn.models import AdapterConfig, apply_adapter, check_adapter_path, load_causal_lm, load_tokenizer
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.strategies.masked_fsdp import MaskedFSDPStrategy, load_model_for_rank
@@ -60,7 +61,7 @@ def _announce(message: str) -> None:
     print(message, flush=True)
 
 
-class UnlearningModule(LightningModule):
+class UnlearningModule(RestoresRNG, LightningModule):
     """Shared machinery of unlearning objectives.
 
     Args:
@@ -149,6 +150,17 @@ class UnlearningModule(LightningModule):
         logps, lengths = sequence_logprobs(logits, batch["labels"])
         return logps, lengths, logits
 
+    def forget_retain_logps(self, batch: dict) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+        """Policy forwards of the forget and retain batches: ``((f_logps, f_len, r_logps, r_len), logs)`` with
+        ``logs`` = the mean NLL̄ of each (``forget_nll``, ``retain_nll``)."""
+        f_logps, f_len, _ = self.sequence_logps(batch["forget"])
+        r_logps, r_len, _ = self.sequence_logps(batch["retain"])
+        logs = {
+            "forget_nll": normalized_nll(f_logps, f_len).mean().detach(),
+            "retain_nll": normalized_nll(r_logps, r_len).mean().detach(),
+        }
+        return (f_logps, f_len, r_logps, r_len), logs
+
     @torch.no_grad()
     def reference_logits(self, batch: dict) -> torch.Tensor:
         """Logits of the start model on ``batch`` (``(B, T, V)``, no gradient)."""
@@ -206,6 +218,7 @@ class UnlearningModule(LightningModule):
 
     @override
     def on_train_start(self) -> None:
+        super().on_train_start()
         self._skip_update = False  # a new fit after a stop starts updating again
 
     # -- optimisation -----------------------------------------------------------------------------------------
@@ -256,11 +269,13 @@ class UnlearningModule(LightningModule):
             self.save_adapter(self.adapter_dir())
         if self.adapter_config.kind == "adalora":
             checkpoint["adalora"] = self._adalora_state()
+        super().on_save_checkpoint(checkpoint)
 
     @override
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if self.adapter_config.kind == "adalora" and checkpoint.get("adalora"):
             self._restore_adalora_state(checkpoint["adalora"])
+        super().on_load_checkpoint(checkpoint)
 
     # AdaLoRA's rank allocator keeps smoothed importance scores outside the state dict, and its rank pattern lives
     # in the peft config; without them a resumed run prunes different ranks than an uninterrupted one.

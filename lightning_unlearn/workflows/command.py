@@ -10,6 +10,7 @@ returns with :func:`print_result`. Required parameters are positional unless key
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, get_args, get_origin
 
 from jsonargparse import ArgumentParser
@@ -33,3 +34,13 @@ def print_result(result: Any) -> None:
     if result is None:
         return
     print(result if isinstance(result, str) else json.dumps(result, indent=1, ensure_ascii=False))
+
+
+def dispatch(
+    commands: Callable | Mapping[str, Callable], argv: Sequence[str] | None, prog: str, description: str | None = None
+) -> None:
+    """Parse ``argv`` for one command (a function) or a group (``{name: function}``), run it, print its result."""
+    from jsonargparse import auto_cli
+
+    kwargs = {} if description is None else {"description": description}
+    print_result(auto_cli(commands, args=argv, parser_class=CommandParser, prog=prog, **kwargs))

@@ -22,7 +22,7 @@ from lightning_unlearn.atomic import write_text_atomically
 from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, read_rows, row_key
 from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_figure, write_json
 from lightning_unlearn.metrics.selection import sce_table, select_from_rows
-from lightning_unlearn.workflows.command import CommandParser, print_result
+from lightning_unlearn.workflows.command import dispatch
 
 log = logging.getLogger("lightning_unlearn")
 
@@ -189,14 +189,9 @@ def mask_auc_command(
 
 def main(argv: list[str] | None = None) -> None:
     """``lightning-unlearn report RUN_DIR...``: see :func:`report_command`."""
-    from jsonargparse import auto_cli
-
-    print_result(auto_cli(report_command, args=argv, parser_class=CommandParser, prog="lightning-unlearn report"))
+    dispatch(report_command, argv, "lightning-unlearn report")
 
 
 def mask_auc_main(argv: list[str] | None = None) -> None:
     """``lightning-unlearn mask-auc --pre DIR --inj DIR --unl DIR --masks FILE``: see :func:`mask_auc_command`."""
-    from jsonargparse import auto_cli
-
-    result = auto_cli(mask_auc_command, args=argv, parser_class=CommandParser, prog="lightning-unlearn mask-auc")
-    print_result(result)
+    dispatch(mask_auc_command, argv, "lightning-unlearn mask-auc")

@@ -20,8 +20,6 @@ def smollm2_command(cache_dir: str | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """``lightning-unlearn smollm2 [--cache_dir DIR]``: see :func:`smollm2_command`."""
-    from jsonargparse import auto_cli
+    from lightning_unlearn.workflows.command import dispatch
 
-    from lightning_unlearn.workflows.command import CommandParser, print_result
-
-    print_result(auto_cli(smollm2_command, args=argv, parser_class=CommandParser, prog="lightning-unlearn smollm2"))
+    dispatch(smollm2_command, argv, "lightning-unlearn smollm2")

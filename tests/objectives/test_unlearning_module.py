@@ -138,7 +138,7 @@ def test_lora_checkpoints_hold_only_trainable_weights_and_resume_exactly(testbed
     assert not any(k.endswith("base_layer.weight") or "embed_tokens" in k for k in state)
     base_bytes = sum(v.nbytes for v in torch.load(full_ckpt, weights_only=True)["state_dict"].values())
     assert sum(v.nbytes for v in state.values()) * 10 < base_bytes
-    assert ckpt4.stat().st_size * 5 < full_ckpt.stat().st_size
+    assert ckpt4.stat().st_size * 4 < full_ckpt.stat().st_size  # beside ~16 KB of RNG states
     assert sorted(p.name for p in (tmp_path / "lora").glob("adapter-step=*")) == ["adapter-step=2", "adapter-step=4"]
 
     # Resume from step 2: weights and optimizer state continue as if never interrupted.

@@ -663,9 +663,7 @@ def locality_command(*, group: list[int], export: str = "runs/lacuna/inject/expo
 
 def main(argv: list[str] | None = None) -> None:
     """``lightning-unlearn lacuna {run,data,filter,resurface,locality,localization}``."""
-    from jsonargparse import auto_cli
-
-    from lightning_unlearn.workflows.command import CommandParser, print_result
+    from lightning_unlearn.workflows.command import dispatch
     from lightning_unlearn.workflows.lacuna.localization import localization_command
 
     commands = {
@@ -677,10 +675,7 @@ def main(argv: list[str] | None = None) -> None:
         "localization": localization_command,
     }
     description = "The Lacuna testbed: the chain, each of its steps, and the localization precision run."
-    result = auto_cli(
-        commands, args=argv, parser_class=CommandParser, prog="lightning-unlearn lacuna", description=description
-    )
-    print_result(result)
+    dispatch(commands, argv, "lightning-unlearn lacuna", description)
 
 
 __all__ = [

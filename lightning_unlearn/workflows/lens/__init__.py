@@ -6,9 +6,7 @@ from __future__ import annotations
 
 def main(argv: list[str] | None = None) -> None:
     """``lightning-unlearn lens {baseline,export,import,label,calibrate,summary,rescore}``."""
-    from jsonargparse import auto_cli
-
-    from lightning_unlearn.workflows.command import CommandParser, print_result
+    from lightning_unlearn.workflows.command import dispatch
     from lightning_unlearn.workflows.lens import prepare
     from lightning_unlearn.workflows.lens.rescore import rescore
     from lightning_unlearn.workflows.lens.summary import summary_command
@@ -23,7 +21,4 @@ def main(argv: list[str] | None = None) -> None:
         "rescore": rescore,
     }
     description = "LENS steps: base answers, annotation, forget sets, calibration, trajectory summary, rescoring."
-    result = auto_cli(
-        commands, args=argv, parser_class=CommandParser, prog="lightning-unlearn lens", description=description
-    )
-    print_result(result)
+    dispatch(commands, argv, "lightning-unlearn lens", description)
