@@ -93,3 +93,19 @@ def write_texts_atomically(files: Mapping[str | os.PathLike, str]) -> None:
         raise
     for tmp, target in staged:
         os.replace(tmp, target)
+
+
+def remove_stale_temporaries(root: str | os.PathLike) -> list[Path]:
+    """Delete the temporaries (``.<name>.*.tmp`` files and directories) an interrupted atomic write left anywhere
+    under ``root``; call it only while no other process writes there (a run holding the directory's lock)."""
+    removed = []
+    root = Path(root)
+    if not root.is_dir():
+        return removed
+    for tmp in sorted(root.rglob(".*.tmp"), key=lambda p: len(p.parts), reverse=True):
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+    return removed

@@ -113,6 +113,10 @@ class UnlearnCLI(LightningCLI):
             lock = acquire_run_lock(self.trainer.default_root_dir)
         except RunDirectoryBusy as err:
             raise SystemExit(f"lightning-unlearn fit: error: {err}") from None
+        from lightning_unlearn.atomic import remove_stale_temporaries
+
+        for tmp in remove_stale_temporaries(self.trainer.default_root_dir):  # this run holds the directory now
+            logging.getLogger("lightning_unlearn").info("removed %s, left by an interrupted write", tmp)
         try:
             super()._run_subcommand(subcommand)
         finally:

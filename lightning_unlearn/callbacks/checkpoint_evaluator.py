@@ -132,6 +132,17 @@ class CheckpointEvaluator(Callback):
         step = self._loaded_step if self._loaded_step is not None else int(trainer.global_step)
         self._evaluate(trainer, pl_module, step)
 
+    def on_run_stopped(self, trainer: Trainer, bad_step: int, reason: str) -> None:
+        """Called on every rank when the module's stop rule fires: the weights of ``bad_step`` and later were never
+        good, so their rows go, from the state and from the metrics file."""
+        self.rows = {s: r for s, r in self.rows.items() if s < bad_step}
+        if world()[0] == 0 and self._metrics_path is not None and Path(self._metrics_path).exists():
+            merge_rows(self._metrics_path, [], drop_from=bad_step)
+            self.discard_extras(bad_step)
+
+    def discard_extras(self, bad_step: int) -> None:
+        """Rank 0, after a stop: remove what :meth:`log_extras` wrote for steps ≥ ``bad_step`` (default: nothing)."""
+
     # -- machinery ------------------------------------------------------------------------------------------
     def _ensure_base(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.base:

@@ -36,15 +36,16 @@ def _jsonable(value):
     return value
 
 
-def merge_rows(path: str | os.PathLike, rows: Iterable[dict]) -> list[dict]:
+def merge_rows(path: str | os.PathLike, rows: Iterable[dict], drop_from: int | None = None) -> list[dict]:
     """Replace the rows of ``path`` that share a (step, family) key with ``rows``; write temp + ``os.replace``.
 
     Keyed replacement is what makes resumed runs exact: a checkpoint evaluated before a crash and again after the
-    resume appears once, and rows written by other families are kept.
+    resume appears once, and rows written by other families are kept. ``drop_from``: also remove every row of a
+    step ≥ it (the checkpoints a stop rule discarded).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    merged = {row_key(r): r for r in read_rows(path)}
+    merged = {row_key(r): r for r in read_rows(path) if drop_from is None or int(r["step"]) < drop_from}
     for r in rows:
         merged[row_key(r)] = _jsonable(r)
     ordered = [merged[k] for k in sorted(merged)]

@@ -33,6 +33,9 @@ class CheckpointSelection(Callback):
     - for each selected checkpoint, every bound's value and whether it holds, and the verdict "useful operating
       point" or "apparent forgetting: <reasons>" (LENS Sec. 6: SCE is never read alone).
 
+    - ``stopped`` (when the module's stop rule ended the run): the first discarded step and the reason; the
+      checkpoints from that step on are gone and never selected.
+
     The SCE evaluator notifies it after each row (``on_checkpoint_evaluated``), so callback order does not matter.
 
     Args:
@@ -73,6 +76,7 @@ class CheckpointSelection(Callback):
         self.output_dir = output_dir
         self._dir: Path | None = None
         self.selection: dict | None = None
+        self.stopped: dict | None = None
 
     @property
     @override
@@ -87,6 +91,12 @@ class CheckpointSelection(Callback):
         """Called by every :class:`CheckpointEvaluator` on rank 0 right after it wrote ``row``."""
         if row.get("family") == self.family:
             self.update(trainer)
+
+    def on_run_stopped(self, trainer: Trainer, bad_step: int, reason: str) -> None:
+        """The module's stop rule fired: the selection says so and why, and never picks step ``bad_step`` or later
+        (their rows are gone by the time :meth:`on_train_end` selects again)."""
+        self.stopped = {"step": bad_step, "reason": reason}
+        self.update(trainer)
 
     @override
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -103,13 +113,16 @@ class CheckpointSelection(Callback):
             return None
         rows = read_rows(self._dir / METRICS_FILE)
         table = sce_table(rows, self.family)
-        if not table:
-            return None
-        selection = select_from_rows(
+        selection = table and select_from_rows(
             rows, self.family, self.collapse_boundary, self.metric, self.guards, self.retain_family, self.utility_family
         )
-        if selection is None:
+        if not selection:
+            if self.stopped is not None:  # every evaluated checkpoint was discarded: say so instead of a stale pick
+                write_json(self._dir / SELECTION_FILE, {"stopped": self.stopped})
+                (self._dir / HEATMAP_FILE).unlink(missing_ok=True)
             return None
+        if self.stopped is not None:
+            selection["stopped"] = self.stopped
         self.selection = selection
         write_json(self._dir / SELECTION_FILE, self.selection)
         name = self.run_name or (trainer.logger.name if trainer.logger is not None else None) or "run"

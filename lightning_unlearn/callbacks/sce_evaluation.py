@@ -327,6 +327,12 @@ class SCEEvaluation(CheckpointEvaluator):
         }
 
     @override
+    def discard_extras(self, bad_step: int) -> None:
+        for path in (Path(self.metrics_path).parent / GENERATIONS_DIR).glob("step=*.jsonl"):
+            if int(path.stem.removeprefix("step=")) >= bad_step:
+                path.unlink()
+
+    @override
     def log_extras(self, trainer: Trainer, step: int) -> None:
         if not self._outputs:
             return

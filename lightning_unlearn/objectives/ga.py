@@ -23,6 +23,7 @@ class GradientAscent(UnlearningModule):
         adapter: full fine-tuning, LoRA or AdaLoRA.
         optim: optimizer and schedule.
         max_bad_loss: stop bound on the forget NLL (``None``: none).
+        collapse_fraction: stop when the retain NLL reaches this fraction of ln |V| (``None``: never).
         token_average: ``sequence`` (default: each forget answer weighs the same, NLL̄ = mean_i NLL_i/|y_i|) or
             ``batch`` (each answer token weighs the same: ΣNLL/Σ|y|, OpenUnlearning's GA).
     """
@@ -33,9 +34,10 @@ class GradientAscent(UnlearningModule):
         adapter: AdapterConfig | None = None,
         optim: OptimizerConfig | None = None,
         max_bad_loss: float | None = None,
+        collapse_fraction: float | None = None,
         token_average: str = "sequence",
     ) -> None:
-        super().__init__(model_path, adapter, optim, max_bad_loss)
+        super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
         check_choice("token_average", token_average, TOKEN_AVERAGES)
         self.save_hyperparameters()
         self.token_average = token_average

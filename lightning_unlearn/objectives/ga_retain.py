@@ -23,6 +23,7 @@ class GARetain(UnlearningModule):
         adapter: full fine-tuning, LoRA or AdaLoRA.
         optim: optimizer and schedule.
         max_bad_loss: stop bound on the forget NLL (``None``: none).
+        collapse_fraction: stop when the retain NLL reaches this fraction of ln |V| (``None``: never).
         forget_weight: w_f (Yao et al.: 0.5).
         random_weight: w_r (1).
         kl_weight: w_n (1).
@@ -38,12 +39,13 @@ class GARetain(UnlearningModule):
         adapter: AdapterConfig | None = None,
         optim: OptimizerConfig | None = None,
         max_bad_loss: float | None = None,
+        collapse_fraction: float | None = None,
         forget_weight: float = 0.5,
         random_weight: float = 1.0,
         kl_weight: float = 1.0,
         kl_positions: str = "answer",
     ) -> None:
-        super().__init__(model_path, adapter, optim, max_bad_loss)
+        super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
         check_choice("kl_positions", kl_positions, KL_POSITIONS)
         self.save_hyperparameters()
         self.kl_positions = kl_positions

@@ -22,6 +22,7 @@ class GradientDifference(UnlearningModule):
         adapter: full fine-tuning, LoRA or AdaLoRA.
         optim: optimizer and schedule.
         max_bad_loss: stop bound on the forget NLL (``None``: none).
+        collapse_fraction: stop when the retain NLL reaches this fraction of ln |V| (``None``: never).
         gamma: forget weight γ.
         alpha: retain weight α.
         token_average: ``sequence`` (default: NLL̄ = mean_i NLL_i/|y_i|) or ``batch`` (ΣNLL/Σ|y| per batch, as
@@ -34,11 +35,12 @@ class GradientDifference(UnlearningModule):
         adapter: AdapterConfig | None = None,
         optim: OptimizerConfig | None = None,
         max_bad_loss: float | None = None,
+        collapse_fraction: float | None = None,
         gamma: float = 1.0,
         alpha: float = 1.0,
         token_average: str = "sequence",
     ) -> None:
-        super().__init__(model_path, adapter, optim, max_bad_loss)
+        super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
         check_choice("token_average", token_average, TOKEN_AVERAGES)
         self.save_hyperparameters()
         self.gamma = gamma

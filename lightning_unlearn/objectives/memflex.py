@@ -30,6 +30,7 @@ class MemFlex(UnlearningModule):
         adapter: full fine-tuning, LoRA or AdaLoRA (with an adapter, the adapter tensors are localised).
         optim: optimizer and schedule.
         max_bad_loss: stop bound on the forget NLL (``None``: none).
+        collapse_fraction: stop when the retain NLL reaches this fraction of ln |V| (``None``: never).
         forget_factor: factor on the forget NLL̄ (negative: ascent).
         retain_factor: factor on the retain NLL̄.
         similarity_threshold: select tensors whose forget/retain gradient cosine is below this.
@@ -43,13 +44,14 @@ class MemFlex(UnlearningModule):
         adapter: AdapterConfig | None = None,
         optim: OptimizerConfig | None = None,
         max_bad_loss: float | None = None,
+        collapse_fraction: float | None = None,
         forget_factor: float = -0.6,
         retain_factor: float = 2.0,
         similarity_threshold: float = 0.92,
         gradient_threshold: float = 6e-4,
         localization_batches: int | None = None,
     ) -> None:
-        super().__init__(model_path, adapter, optim, max_bad_loss)
+        super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
         self.save_hyperparameters()
         self.forget_factor, self.retain_factor = forget_factor, retain_factor
         self.similarity_threshold, self.gradient_threshold = similarity_threshold, gradient_threshold

@@ -29,6 +29,7 @@ class NPO(UnlearningModule):
         adapter: full fine-tuning, LoRA or AdaLoRA.
         optim: optimizer and schedule.
         max_bad_loss: stop bound on the forget NLL (``None``: none).
+        collapse_fraction: stop when the retain NLL reaches this fraction of ln |V| (``None``: never).
         beta: inverse temperature β.
         retain_weight: weight of an added retain NLL term (0 disables it and skips the retain forward).
         reference: ``"model"`` (reference forward every step) or ``"precomputed"`` (forget-set log-probs of the
@@ -43,6 +44,7 @@ class NPO(UnlearningModule):
         adapter: AdapterConfig | None = None,
         optim: OptimizerConfig | None = None,
         max_bad_loss: float | None = None,
+        collapse_fraction: float | None = None,
         beta: float = 0.1,
         retain_weight: float = 0.0,
         reference: str = "model",
@@ -51,7 +53,7 @@ class NPO(UnlearningModule):
             raise ValueError(f"NPO reference={reference!r} is not one of 'model', 'precomputed'.")
         # Read by UnlearningModule.__init__ before the model exists: precomputed log-probs need no frozen copy.
         self.needs_reference = reference == "model"
-        super().__init__(model_path, adapter, optim, max_bad_loss)
+        super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
         self.save_hyperparameters()
         if beta <= 0:
             raise ValueError(f"NPO beta must be positive, got {beta}.")

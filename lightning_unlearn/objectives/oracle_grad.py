@@ -43,6 +43,7 @@ class OracleGrad(UnlearningModule):
         adapter: full fine-tuning (restricted by the masked strategy) or LoRA (masked adapter delta).
         optim: optimizer and schedule.
         max_bad_loss: stop bound on the forget NLL (``None``: none).
+        collapse_fraction: stop when the retain NLL reaches this fraction of ln |V| (``None``: never).
         forget_groups: group ids whose union is m^F.
         gamma: forget weight γ.
         alpha: retain weight α.
@@ -55,11 +56,12 @@ class OracleGrad(UnlearningModule):
         adapter: AdapterConfig | None = None,
         optim: OptimizerConfig | None = None,
         max_bad_loss: float | None = None,
+        collapse_fraction: float | None = None,
         forget_groups: list[int] | None = None,
         gamma: float = 5.0,
         alpha: float = 1.0,
     ) -> None:
-        super().__init__(model_path, adapter, optim, max_bad_loss)
+        super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
         self.save_hyperparameters()
         self.gamma, self.alpha = gamma, alpha
         self.forget_groups = list(FORGET_GROUPS if forget_groups is None else forget_groups)

@@ -22,6 +22,7 @@ class SimNPO(UnlearningModule):
         adapter: full fine-tuning, LoRA or AdaLoRA.
         optim: optimizer and schedule.
         max_bad_loss: stop bound on the forget NLL (``None``: none).
+        collapse_fraction: stop when the retain NLL reaches this fraction of ln |V| (``None``: never).
         gamma: forget weight γ.
         alpha: retain weight α.
         beta: temperature β.
@@ -34,12 +35,13 @@ class SimNPO(UnlearningModule):
         adapter: AdapterConfig | None = None,
         optim: OptimizerConfig | None = None,
         max_bad_loss: float | None = None,
+        collapse_fraction: float | None = None,
         gamma: float = 3.0,
         alpha: float = 0.01,
         beta: float = 10.0,
         delta: float = 1.5,
     ) -> None:
-        super().__init__(model_path, adapter, optim, max_bad_loss)
+        super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
         self.save_hyperparameters()
         if beta <= 0:
             raise ValueError(f"SimNPO beta must be positive, got {beta}.")

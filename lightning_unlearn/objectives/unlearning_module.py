@@ -24,18 +24,19 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
+import math
 import os
 import warnings
 from pathlib import Path
 
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
 from typing_extensions import override
 
 from lightning_unlearn.atomic import write_directory_atomically
-from lightning_unlearn.checkpoints import RestoresRNG
+from lightning_unlearn.checkpoints import RestoresRNG, discard_checkpoints_from
 from lightning_unlearn.distributed import full_state_dict
 from lightning_unlearn.losses import nll_loss, normalized_nll, sequence_logprobs
 from lightning_unlearn.models import AdapterConfig, apply_adapter, check_adapter_path, load_causal_lm, load_tokenizer
@@ -56,9 +57,7 @@ def shard_transformer(model: nn.Module, mesh) -> None:
     fully_shard(model, mesh=mesh)
 
 
-@rank_zero_only
-def _announce(message: str) -> None:
-    print(message, flush=True)
+log = logging.getLogger("lightning_unlearn")
 
 
 class UnlearningModule(RestoresRNG, LightningModule):
@@ -70,6 +69,13 @@ class UnlearningModule(RestoresRNG, LightningModule):
         optim: optimizer and learning-rate schedule.
         max_bad_loss: stop the run when the mean forget NLL (length-normalised, nats per token) exceeds this
             (Yao et al.'s ``max_bad_loss``); ``None`` disables the bound. A non-finite loss always stops the run.
+        collapse_fraction: stop the run when the mean retain NLL̄ of a batch reaches this fraction of ln |V|, the
+            NLL̄ of a uniform output (0.9: the model has collapsed, even with a finite loss); ``None`` disables it.
+            Objectives without a retain term compute the retain NLL̄ without gradient for it.
+
+    When a rule fires, the weights of that step were made by a bad update: the update is skipped, the run ends,
+    and every checkpoint, adapter directory and evaluation row of that step is discarded (``last`` = the newest
+    good checkpoint; ``CheckpointSelection`` records the stop).
     """
 
     # Subclasses that compare against the start model set this (NPO, GA-Retain).
@@ -81,6 +87,7 @@ class UnlearningModule(RestoresRNG, LightningModule):
         adapter: AdapterConfig | None = None,
         optim: OptimizerConfig | None = None,
         max_bad_loss: float | None = None,
+        collapse_fraction: float | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -88,6 +95,9 @@ class UnlearningModule(RestoresRNG, LightningModule):
         self.adapter_config = AdapterConfig(**adapter) if isinstance(adapter, dict) else adapter or AdapterConfig()
         self.optim_config = OptimizerConfig(**optim) if isinstance(optim, dict) else optim or OptimizerConfig()
         self.max_bad_loss = max_bad_loss
+        if collapse_fraction is not None and not 0 < collapse_fraction <= 1:
+            raise ValueError(f"collapse_fraction={collapse_fraction} must be in (0, 1]: a fraction of ln |V|.")
+        self.collapse_fraction = collapse_fraction
         self.model_path = model_path
         self.tokenizer = load_tokenizer(model_path)
         if self.adapter_config.path is not None:
@@ -102,6 +112,7 @@ class UnlearningModule(RestoresRNG, LightningModule):
             # non-strict loading to skip the absent frozen weights.
             self.strict_loading = False
         self.stop_reason: str | None = None
+        self.stopped_at_step: int | None = None  # the step whose weights tripped the stop rule
         self._skip_update = False
         self._sharded = False
 
@@ -187,22 +198,33 @@ class UnlearningModule(RestoresRNG, LightningModule):
             reason = f"the loss is {float(loss)}"
         elif self.max_bad_loss is not None and forget_nll > self.max_bad_loss:
             reason = f"the forget NLL {forget_nll:.4g} exceeds max_bad_loss={self.max_bad_loss:g}"
+        elif self.collapse_fraction is not None:
+            retain_nll, uniform = self._retain_nll(batch, logs), math.log(self.model.config.vocab_size)
+            if retain_nll >= self.collapse_fraction * uniform:
+                reason = (
+                    f"the retain NLL {retain_nll:.4g} reaches collapse_fraction={self.collapse_fraction:g} of ln |V| = "
+                    f"{uniform:.4g} (a uniform output): the model has collapsed"
+                )
         # Every rank must agree, or one rank would skip its backward while the others wait in a collective.
         if self.trainer.strategy.reduce_boolean_decision(reason is not None, all=False):
             if self.stop_reason is None:
-                self.stop_reason = reason or "another rank reported a non-finite loss or max_bad_loss"
-                _announce(
-                    f"[lightning_unlearn] stopping {type(self).__name__} at step {self.global_step}: "
-                    f"{self.stop_reason}. This update was skipped; the last saved checkpoint holds good weights."
-                )
+                self.stop_reason = reason or "another rank's stop rule fired"
+                self._stop(self.stop_reason)
             self.trainer.should_stop = True
-            # Distributed Lightning cannot skip a step (returning None): back-propagate an exact zero instead and
-            # drop every gradient in on_before_optimizer_step, so the optimizer leaves all weights as they were.
+            # Distributed Lightning cannot skip a step (returning None): back-propagate an exact zero instead, and
+            # optimizer_step skips the update.
             self._skip_update = True
             return torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0) * 0.0
         self.log("train/loss", loss.detach(), prog_bar=True)
         self.log_dict({f"train/{k}": v.detach().float() for k, v in logs.items()})
         return loss
+
+    def _retain_nll(self, batch: dict, logs: dict[str, torch.Tensor]) -> float:
+        if "retain_nll" in logs:
+            return float(logs["retain_nll"])
+        with torch.no_grad():
+            logps, lengths, _ = self.sequence_logps(batch["retain"])
+        return float(normalized_nll(logps, lengths).mean())
 
     @override
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -222,15 +244,45 @@ class UnlearningModule(RestoresRNG, LightningModule):
         self._skip_update = False  # a new fit after a stop starts updating again
 
     # -- optimisation -----------------------------------------------------------------------------------------
-    @override
-    def on_before_optimizer_step(self, optimizer) -> None:
-        if self._skip_update:
-            for param in self.model.parameters():
-                param.grad = None  # AdamW skips parameters without a gradient: no step, no decay, no momentum
+    def _stop(self, reason: str) -> None:
+        """The stop rule fired on the weights of this step, so the update that made them was bad: nothing of this
+        step or later is kept. ModelCheckpoint saves no more (its own "already saved at this step" mark, the step
+        no longer advancing), what it saved of this step goes with its evaluation rows, and ``last`` is the newest
+        good checkpoint."""
+        bad_step = self.stopped_at_step = int(self.global_step)
+        trainer = self.trainer
+        for cb in trainer.checkpoint_callbacks:
+            cb._last_global_step_saved = bad_step
+        kept = discard_checkpoints_from(trainer.checkpoint_callbacks, bad_step) if self.global_rank == 0 else None
+        for cb in trainer.callbacks:
+            notify = getattr(cb, "on_run_stopped", None)
+            if callable(notify):
+                notify(trainer, bad_step, reason)
+        if self.global_rank != 0:
+            return
+        kept_text = f"the last good checkpoint is {kept}" if kept else "no earlier checkpoint was saved"
+        log.warning(
+            "stopping %s at step %d: %s. The weights of this step and any checkpoint, adapter and evaluation row of "
+            "it are discarded; %s.",
+            type(self).__name__,
+            bad_step,
+            reason,
+            kept_text,
+        )
 
     @override
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
-        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        # The closure (training_step, backward) runs first: the stop rule decides inside it whether to step. A
+        # skipped step leaves the weights, the optimizer state and global_step as they are; every rank has run
+        # the same (zero) backward, so DDP/FSDP stay in lockstep.
+        result = optimizer_closure()
+        if self._skip_update:
+            # Lightning counts this call as a step all the same (global_step + 1 after this hook): mark that step
+            # as saved, so ModelCheckpoint writes nothing more of these bad weights.
+            for cb in self.trainer.checkpoint_callbacks:
+                cb._last_global_step_saved = self.global_step + 1
+            return
+        super().optimizer_step(epoch, batch_idx, optimizer, lambda: result)
         # AdaLoRA's rank budget: peft asks for this call after every optimizer step, while the gradients exist
         # (Lightning zeroes them at the start of the next step). Not in on_train_batch_end: ModelCheckpoint saves
         # in its own on_train_batch_end, which runs before the module's, so the checkpoint would hold the weights

@@ -135,6 +135,7 @@ def run_case(spec: dict, case: dict) -> dict:
     result = {
         "global_step": trainer.global_step,
         "stop_reason": module.stop_reason,
+        "stopped_at_step": module.stopped_at_step,
         "forget_nll": mean_nll(module.model, module.tokenizer, forget),
         "retain_nll": mean_nll(module.model, module.tokenizer, retain),
         "world_size": trainer.world_size,

@@ -139,7 +139,7 @@ def distributed_results(testbed, tmp_path_factory):
             "objective": "ga",
             "adapter": "full",
             "strategy": "ddp",
-            "lr": 1e-2,
+            "lr": 3e-3,
             "max_bad_loss": 2.0,
             "checkpoint_every": 1,
         }
@@ -248,10 +248,13 @@ def test_stop_rule_stops_every_rank_and_keeps_good_checkpoints(distributed_resul
     out, results = distributed_results
     res = results["ga_stop_ddp"]
     assert res["stop_reason"] is not None and "max_bad_loss" in res["stop_reason"]
-    assert res["global_step"] < 20
+    bad = res["stopped_at_step"]
+    assert 2 <= bad < 20
     log = (out / "rank0.log").read_text() + (out / "rank1.log").read_text()
     assert log.count("stopping GradientAscent") == 1
-    assert any((out / "ga_stop_ddp").glob("*.ckpt"))
+    # every checkpoint before the bad step is kept, the bad step's (saved before its loss was seen) is not
+    kept = sorted(int(p.stem.split("step=")[1]) for p in (out / "ga_stop_ddp").glob("*.ckpt"))
+    assert kept == list(range(1, bad))
 
 
 @pytest.mark.multiprocess

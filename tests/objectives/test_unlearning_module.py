@@ -10,29 +10,53 @@ from lightning_unlearn.models import AdapterConfig, load_causal_lm
 from lightning_unlearn.objectives import GradientAscent, OptimizerConfig
 
 
-def test_max_bad_loss_stops_once_and_skips_the_bad_update(testbed, tmp_path, capsys):
+def test_max_bad_loss_stops_once_and_keeps_no_checkpoint_of_the_bad_step(testbed, tmp_path, caplog):
     module = GradientAscent(testbed.model_dir, AdapterConfig(kind="full"), OptimizerConfig(lr=1e-2), max_bad_loss=2.0)
-    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)
-    trainer = fit(module, testbed, callbacks=[ckpt], enable_checkpointing=True)
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1, filename="{step}")
+    with caplog.at_level("WARNING", logger="lightning_unlearn"):
+        fit(module, testbed, callbacks=[ckpt], enable_checkpointing=True)
     assert "max_bad_loss" in module.stop_reason
-    assert trainer.global_step < 20
-    assert capsys.readouterr().out.count("stopping GradientAscent") == 1
-    # The last two checkpoints hold the same weights: the step that crossed the bound changed nothing.
-    paths = sorted(tmp_path.glob("*.ckpt"), key=lambda p: int(p.stem.split("step=")[1]))
-    last, before_last = (torch.load(p, weights_only=True)["state_dict"] for p in paths[-1:-3:-1])
-    assert all(torch.equal(last[k], before_last[k]) for k in last)
+    bad = module.stopped_at_step  # the step whose weights crossed the bound: no update after it
+    assert 1 <= bad < 20
+    assert sum("stopping GradientAscent" in r.message for r in caplog.records) == 1
+    steps = sorted(int(p.stem.split("step=")[1]) for p in tmp_path.glob("step=*.ckpt"))
+    assert steps == list(range(1, bad))  # step=bad.ckpt, saved before its loss was seen, is gone
 
 
-def test_non_finite_loss_stops_the_run(testbed):
-    class Exploding(GradientAscent):
-        def unlearning_loss(self, batch):
-            loss, logs = super().unlearning_loss(batch)
-            return loss * float("inf") if self.global_step == 2 else loss, logs
+class _Explodes(GradientAscent):
+    """A bad update: the weights of step 3 have magnitude 1e30 (as a huge learning rate gives), and their loss is not
+    finite. (Inside this hook global_step is still the step being taken, 2.)"""
 
-    module = Exploding(testbed.model_dir, AdapterConfig(kind="full"), OptimizerConfig(lr=1e-4))
-    trainer = fit(module, testbed)
-    assert module.stop_reason.startswith("the loss is") and trainer.global_step == 3
-    assert all(torch.isfinite(p).all() for p in module.model.parameters())
+    def optimizer_step(self, *args, **kwargs):
+        super().optimizer_step(*args, **kwargs)
+        if self.global_step == 2 and not self._skip_update:
+            with torch.no_grad():
+                for p in self.trainable_parameters():
+                    p.mul_(1e30)
+
+
+def test_a_non_finite_loss_leaves_last_at_the_last_good_weights(testbed, tmp_path):
+    from lightning_unlearn.callbacks import CheckpointSelection, RetainDriftEvaluation
+    from lightning_unlearn.callbacks.checkpoint_metrics_file import read_rows
+
+    module = _Explodes(testbed.model_dir, AdapterConfig(kind="lora", r=2, dropout=0.0), OptimizerConfig(lr=1e-3))
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1, save_last=True, filename="{step}")
+    drift = RetainDriftEvaluation(testbed.retain, output_dir=str(tmp_path))
+    selection = CheckpointSelection(output_dir=str(tmp_path))
+    fit(module, testbed, max_steps=8, callbacks=[ckpt, drift, selection], enable_checkpointing=True)
+    assert module.stop_reason.startswith("the loss is") and module.stopped_at_step == 3
+    # step=3.ckpt (the exploded weights, saved and evaluated before the next forward saw them) and its adapter
+    # directory are gone; nothing after it was written; last.ckpt holds step 2's weights exactly.
+    assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == ["last.ckpt", "step=1.ckpt", "step=2.ckpt"]
+    assert sorted(p.name for p in tmp_path.glob("adapter-step=*")) == ["adapter-step=1", "adapter-step=2"]
+    last = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    good = torch.load(tmp_path / "step=2.ckpt", weights_only=True)
+    assert last["global_step"] == 2 and last["state_dict"].keys() == good["state_dict"].keys()
+    for k, v in last["state_dict"].items():
+        assert torch.isfinite(v).all() and v.abs().max() < 1e3 and torch.equal(v, good["state_dict"][k]), k
+    assert [r["step"] for r in read_rows(tmp_path / "checkpoint_metrics.jsonl")] == [1, 2]
+    assert drift.rows.keys() == {1, 2}
+    assert selection.stopped == {"step": 3, "reason": module.stop_reason}
 
 
 def test_lora_checkpoints_write_an_adapter_directory_every_n_steps(testbed, tmp_path):
@@ -245,3 +269,21 @@ def test_adapter_path_errors_name_the_problem(testbed, tmp_path):
     module.model.save_pretrained(tmp_path / "lora_adapter")
     with pytest.raises(ValueError, match="set adapter.kind='lora'"):
         _ = GradientAscent(testbed.model_dir, AdapterConfig(kind="adalora", path=str(tmp_path / "lora_adapter")))
+
+
+def test_a_finite_collapse_is_caught_by_collapse_fraction(testbed, tmp_path):
+    # lr 1e6: the loss stays finite but the output is uniform (retain NLL = ln |V| = ln 300 = 5.704) from step 1.
+    def run(fraction, root):
+        module = GradientAscent(testbed.model_dir, AdapterConfig(kind="full"),
+                                OptimizerConfig(lr=1e6, schedule="constant"), collapse_fraction=fraction)  # fmt: skip
+        ckpt = ModelCheckpoint(dirpath=root, every_n_train_steps=1, save_top_k=-1, filename="{step}")
+        trainer = fit(module, testbed, max_steps=4, callbacks=[ckpt], enable_checkpointing=True)
+        return module, trainer
+
+    unguarded, trainer = run(None, tmp_path / "off")
+    assert unguarded.stop_reason is None and trainer.global_step == 4  # without the guard: never caught
+    module, _ = run(0.9, tmp_path / "on")
+    assert module.stopped_at_step == 1 and "collapse_fraction=0.9 of ln |V| = 5.704" in module.stop_reason
+    assert not list((tmp_path / "on").glob("*.ckpt"))  # step 1's collapsed weights are not kept
+    with pytest.raises(ValueError, match="collapse_fraction"):
+        GradientAscent(testbed.model_dir, collapse_fraction=1.5)
