@@ -123,6 +123,36 @@ class UnlearnCLI(LightningCLI):
             release_run_lock(lock)
 
     @override
+    def before_instantiate_classes(self) -> None:
+        subcommand = self.config.get("subcommand")
+        trainer = self.config.get(subcommand, {}).get("trainer", {}) if subcommand else {}
+        if subcommand == "fit" and trainer.get("max_steps") == 0:
+            raise SystemExit(
+                "lightning-unlearn fit: error: trainer.max_steps=0 trains nothing; set a positive max_steps, or -1 to "
+                "let max_epochs decide."
+            )
+        if subcommand == "validate" and trainer.get("limit_val_batches") in (0, 0.0):
+            # A config that turns the validation loop off during fit (the evaluators run at checkpoint saves) would
+            # make validate run no epoch, so no evaluator, and exit 0 with no row.
+            logging.getLogger("lightning_unlearn").info(
+                "validate: limit_val_batches=0 in the config would skip validation and every evaluation callback; "
+                "validating one batch of each loader so the callbacks evaluate the checkpoint"
+            )
+            trainer["limit_val_batches"] = 1
+
+    @override
+    def instantiate_classes(self) -> None:
+        # A bad value in the config (a negative learning rate, a missing path) raises inside jsonargparse's
+        # instantiation and would surface as 70-110 lines of chained tracebacks: print the one line that says it.
+        try:
+            super().instantiate_classes()
+        except Exception as err:
+            cause = _user_error(err)
+            if cause is None:
+                raise
+            raise SystemExit(f"lightning-unlearn {self.config.get('subcommand')}: error: {cause}") from None
+
+    @override
     def _parse_ckpt_path(self) -> None:
         from lightning_unlearn.checkpoints import CheckpointError, latest_checkpoint, read_checkpoint, resume_conflicts
 
@@ -167,6 +197,22 @@ class UnlearnCLI(LightningCLI):
             )
         for line in changed:
             logging.getLogger("lightning_unlearn").warning("resuming %s with a changed value: %s", ckpt_path, line)
+
+
+def _user_error(err: BaseException) -> str | None:
+    """The message of the innermost :data:`USER_ERRORS` exception in ``err``'s chain that this package raised (a
+    validation of a config value or path), else ``None`` (a bug keeps its traceback)."""
+    found, seen = None, set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        tb = err.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        ours = tb is not None and f"{os.sep}lightning_unlearn{os.sep}" in tb.tb_frame.f_code.co_filename
+        if isinstance(err, USER_ERRORS) and (ours or isinstance(err, FileNotFoundError)):
+            found = str(err)
+        err = err.__cause__ or err.__context__
+    return found
 
 
 def _plain(value):

@@ -263,6 +263,35 @@ def validate_masks(packed: Mapping[str, torch.Tensor], model: nn.Module) -> None
         )
 
 
+def check_masks_for_weights(
+    packed: Mapping[str, torch.Tensor],
+    meta: Mapping[str, object],
+    weights: Mapping[str, torch.Tensor],
+    pre_path: str | os.PathLike | None = None,
+    masks_path: str | os.PathLike = "masks",
+) -> None:
+    """Raise ``ValueError`` (one line) when the masks do not belong to these weights: a mask names no tensor of
+    ``weights`` or has another shape, or (masks written by an injection export, which records its θ_pre) the
+    model at ``pre_path`` is not the θ_pre the masks were sampled on, even with the same shapes."""
+    for name, mask in packed.items():
+        if name not in weights:
+            raise ValueError(f"masks {str(masks_path)!r} do not match the model: mask {name!r} names no tensor of it.")
+        if tuple(mask.shape) != tuple(weights[name].shape):
+            raise ValueError(
+                f"masks {str(masks_path)!r} do not match the model: {name!r} has shape {tuple(weights[name].shape)} "
+                f"but its mask has shape {tuple(mask.shape)}."
+            )
+    recorded = meta.get("pre_fingerprint")
+    if pre_path is not None and recorded is not None:
+        from lightning_unlearn.models import weights_fingerprint
+
+        if weights_fingerprint(pre_path) != recorded:
+            raise ValueError(
+                f"masks {str(masks_path)!r} were sampled on another θ_pre than {str(pre_path)!r} (same names and "
+                "shapes, other weights); pass the masks exported with that model, or the θ_pre they belong to."
+            )
+
+
 def save_masks(path: str | os.PathLike, packed: Mapping[str, torch.Tensor], **metadata) -> None:
     """Write ``packed`` to a safetensors file atomically (temp file, then rename).
 

@@ -269,11 +269,7 @@ def unwrap_peft(model: nn.Module) -> nn.Module:
     return get_base() if callable(get_base) else model
 
 
-def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """``{canonical name: tensor}`` from a ``.safetensors`` file or a ``save_pretrained`` directory."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
+def _weight_files(path: Path) -> list[Path]:
     if path.is_dir():
         files = sorted(path.glob("*.safetensors"))
         if not files:
@@ -282,7 +278,37 @@ def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         files = [path]
     else:
         raise FileNotFoundError(f"weights {str(path)!r} do not exist.")
+    return files
+
+
+def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """``{canonical name: tensor}`` from a ``.safetensors`` file or a ``save_pretrained`` directory."""
+    from safetensors.torch import load_file
+
     out: dict[str, torch.Tensor] = {}
-    for f in files:
+    for f in _weight_files(Path(path)):
         out.update({canonical_name(k): v for k, v in load_file(str(f)).items()})
     return out
+
+
+def weights_fingerprint(path: str | os.PathLike) -> str:
+    """A digest of the weights at ``path`` (as :func:`load_weights` reads them) that costs the same at any model
+    size: every tensor's name, shape, dtype and first 64 values, read as slices. Two models share it only if they
+    share those, so masks recorded against one model's fingerprint are recognised on another's."""
+    import hashlib
+
+    from safetensors import safe_open
+
+    digest = hashlib.blake2b(digest_size=16)
+    entries = []
+    for f in _weight_files(Path(path)):
+        with safe_open(str(f), framework="pt") as fh:
+            for key in fh.keys():
+                part = fh.get_slice(key)
+                shape = tuple(part.get_shape())
+                head = part[: min(shape[0], 64)] if shape else fh.get_tensor(key)
+                entries.append((canonical_name(key), shape, head.reshape(-1)[:64].float()))
+    for name, shape, head in sorted(entries, key=lambda e: e[0]):
+        digest.update(f"{name}{shape}".encode())
+        digest.update(head.numpy().tobytes())
+    return digest.hexdigest()

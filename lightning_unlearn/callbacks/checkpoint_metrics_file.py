@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -45,11 +46,15 @@ def merge_rows(path: str | os.PathLike, rows: Iterable[dict], drop_from: int | N
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    merged = {row_key(r): r for r in read_rows(path) if drop_from is None or int(r["step"]) < drop_from}
-    for r in rows:
-        merged[row_key(r)] = _jsonable(r)
-    ordered = [merged[k] for k in sorted(merged)]
-    write_text_atomically(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered))
+    # Read, merge and replace under an exclusive lock: two writers (evaluators, a `validate` beside a `fit`) would
+    # otherwise each rewrite the file from their own read and drop the other's rows.
+    with open(path.with_name(f".{path.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        merged = {row_key(r): r for r in read_rows(path) if drop_from is None or int(r["step"]) < drop_from}
+        for r in rows:
+            merged[row_key(r)] = _jsonable(r)
+        ordered = [merged[k] for k in sorted(merged)]
+        write_text_atomically(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered))
     return ordered
 
 

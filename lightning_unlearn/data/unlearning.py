@@ -29,6 +29,7 @@ from typing_extensions import override
 
 from lightning_unlearn.data.collate import encode_prompt_answer, pad_batch
 from lightning_unlearn.data.sampling import EpochSeededSampler, ResumableLoader, trainer_position
+from lightning_unlearn.masks import MAX_GROUPS, NEUTRAL_GROUP
 from lightning_unlearn.models import load_tokenizer
 
 REQUIRED_COLUMNS = ("prompt", "answer")
@@ -99,7 +100,13 @@ class EncodedPairs(Dataset):
             row = encode_prompt_answer(tokenizer, str(rec["prompt"]), str(rec["answer"]), max_length)
             row["index"] = i
             if "group_id" in rec and rec["group_id"] is not None:
-                row["group_ids"] = int(rec["group_id"])
+                group = int(rec["group_id"])
+                if not NEUTRAL_GROUP <= group < MAX_GROUPS:
+                    raise ValueError(
+                        f"row {i} ({str(rec['prompt'])[:40]!r}) has group_id {group}; group ids are "
+                        f"{NEUTRAL_GROUP} (neutral) to {MAX_GROUPS - 1} (one bit of the packed uint32 masks)."
+                    )
+                row["group_ids"] = group
             self.rows.append(row)
 
     def __len__(self) -> int:

@@ -43,6 +43,7 @@ from lightning_unlearn.models import (
     build_tiny_llama,
     load_tokenizer,
     train_bpe_tokenizer,
+    weights_fingerprint,
 )
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.strategies.masked_fsdp import load_model_for_rank
@@ -250,6 +251,7 @@ class InjectionModule(RestoresRNG, LightningModule):
                     coverage=self.hparams.coverage,
                     mask_seed=self.hparams.mask_seed,
                     masked=self.hparams.masked,
+                    pre_fingerprint=weights_fingerprint(self.model_dir),
                 )
                 info.update(masked=self.hparams.masked, model_path=self.model_dir)
             (tmp / "run.json").write_text(json.dumps(info, indent=1))

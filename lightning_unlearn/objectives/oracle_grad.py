@@ -30,6 +30,7 @@ from lightning_unlearn.masks import canonical_name, group_mask, load_masks, vali
 from lightning_unlearn.models import AdapterConfig, load_causal_lm, unwrap_peft
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.objectives.unlearning_module import UnlearningModule
+from lightning_unlearn.strategies.masked_gradients import groups_in_mask
 
 FORGET_GROUPS = (0, 1, 2)
 
@@ -67,6 +68,11 @@ class OracleGrad(UnlearningModule):
         self.forget_groups = list(FORGET_GROUPS if forget_groups is None else forget_groups)
         packed, _ = load_masks(masks_path)
         validate_masks(packed, load_causal_lm(model_path, weights=False))  # names and shapes, on a meta skeleton
+        present = set().union(*(groups_in_mask(t) for t in packed.values()))
+        if missing := sorted(set(self.forget_groups) - present):
+            raise ValueError(
+                f"forget_groups {missing} have no element in the masks {masks_path!r} (its groups: {sorted(present)})."
+            )
         self._masks = packed  # turned into the LoRA layers' masks once the model is built
         if self.adapter_config.kind == "full":
             # Read by the masked strategies (lightning_unlearn.strategies): restricted-update mode.
@@ -98,6 +104,15 @@ class OracleGrad(UnlearningModule):
 
     @override
     def setup(self, stage: str) -> None:
+        forget = getattr(getattr(self.trainer, "datamodule", None), "forget", None)
+        for row in getattr(forget, "rows", []):
+            group = row.get("group_ids")
+            if group is not None and group not in self.forget_groups:
+                raise ValueError(
+                    f"forget row {row['index']} has group_id {group}, outside forget_groups {self.forget_groups}: "
+                    "OracleGrad only updates the elements of those groups' masks (m^F), so it cannot unlearn that "
+                    "row. Fix the forget set, or set forget_groups to the groups it holds."
+                )
         if self.adapter_config.kind == "full" and not hasattr(self.trainer.strategy, "masked"):
             raise TypeError(
                 f"OracleGrad with full fine-tuning needs a masked strategy to restrict updates to m^F, got "

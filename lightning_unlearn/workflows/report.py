@@ -153,13 +153,21 @@ def mask_auc_command(
         seed: subsampling seed.
         out: also write the JSON here.
     """
-    from lightning_unlearn.masks import group_mask, load_masks, masked_parameter_names, union_mask
+    from lightning_unlearn.masks import (
+        check_masks_for_weights,
+        group_mask,
+        load_masks,
+        masked_parameter_names,
+        union_mask,
+    )
     from lightning_unlearn.metrics.mask_auc import mask_auc
     from lightning_unlearn.models import load_weights
 
     if (control_inj is None) != (control_unl is None):
         raise ValueError("pass both --control_inj and --control_unl (the UnMask control), or neither.")
-    packed, _ = load_masks(masks)
+    packed, meta = load_masks(masks)
+    pre_weights = load_weights(pre)
+    check_masks_for_weights(packed, meta, pre_weights, pre, masks)
     unl_weights = load_weights(unl)
     if Path(unl, "config.json").exists():
         from lightning_unlearn.models import load_causal_lm
@@ -172,7 +180,7 @@ def mask_auc_command(
         c_inj, c_unl = load_weights(control_inj), load_weights(control_unl)
         control = {n: c_unl[n] - c_inj[n] for n in names}
     result = mask_auc(
-        load_weights(pre),
+        pre_weights,
         load_weights(inj),
         unl_weights,
         union_mask(packed, list(forget_groups)),

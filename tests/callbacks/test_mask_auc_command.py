@@ -43,3 +43,37 @@ def test_mask_auc_command(tiny_dir, tmp_path, capsys):
     names = masked_parameter_names(model)
     assert not any("embed" in n or "norm" in n or ".layers.2." in n or ".layers.3." in n for n in names)
     assert result["num_weights"] == sum(params[n].numel() for n in names)
+
+
+def _mask_auc(w, masks, pre, out):
+    main(["mask-auc", "--pre", pre, "--inj", w["inj_dir"], "--unl", w["unl_dir"], "--masks", masks, "--out", str(out)])
+
+
+def test_masks_of_another_model_are_refused_in_one_line(tiny_dir, tmp_path):
+    import pytest
+    import torch
+
+    from lightning_unlearn.masks import load_masks, sample_masks, save_masks
+    from lightning_unlearn.models import TinyLlamaConfig, build_tiny_llama, load_tokenizer, weights_fingerprint
+
+    w = write_lacuna_weights(tiny_dir, tmp_path)
+    out = tmp_path / "auc.json"
+    # The same shapes, recorded against another θ_pre (as an injection export records its own).
+    packed, _ = load_masks(w["masks"])
+    other_pre = tmp_path / "other_pre"
+    torch.manual_seed(1)
+    load_causal_lm(w["inj_dir"]).save_pretrained(other_pre)
+    save_masks(tmp_path / "recorded.safetensors", packed, pre_fingerprint=weights_fingerprint(other_pre))
+    with pytest.raises(SystemExit, match=r"were sampled on another θ_pre than") as err:
+        _mask_auc(w, str(tmp_path / "recorded.safetensors"), w["pre_dir"], out)
+    assert "\n" not in str(err.value) and not out.exists()
+    _mask_auc(w, str(tmp_path / "recorded.safetensors"), str(other_pre), out)  # its own θ_pre: accepted
+    assert out.exists()
+    out.unlink()
+    # Another architecture: a shape differs.
+    small = build_tiny_llama(load_tokenizer(tiny_dir), TinyLlamaConfig(hidden_size=16, num_layers=4, num_heads=2,
+                                                                        intermediate_size=32))  # fmt: skip
+    save_masks(tmp_path / "small.safetensors", sample_masks(small, num_groups=6, coverage=0.05))
+    with pytest.raises(SystemExit, match=r"do not match the model: .* has shape") as err:
+        _mask_auc(w, str(tmp_path / "small.safetensors"), w["pre_dir"], out)
+    assert "\n" not in str(err.value) and not out.exists()

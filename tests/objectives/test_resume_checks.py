@@ -122,3 +122,66 @@ def test_a_second_run_in_the_same_directory_is_refused(testbed, tmp_path):
         other.wait()
     main(argv)  # the holder is gone: its lock is stale, replaced, and released when this run ends
     assert not lock.exists() and (tmp_path / "config.yaml").exists()
+
+
+# -- inputs that used to be accepted silently: one line, and nothing written ------------------------------------------
+def _fit_argv(testbed, tmp_path, *extra):
+    return _argv("fit", testbed, "null", tmp_path, *extra)[:-1]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--trainer.max_steps=0"], r"trainer.max_steps=0 trains nothing"),
+        (["--model.init_args.optim.lr=-1"], r"fit: error: optim.lr must be positive, got -1.0.$"),
+    ],
+    ids=["max_steps-0", "negative-lr"],
+)
+def test_bad_values_are_one_line_errors(testbed, tmp_path, extra, message):
+    with pytest.raises(SystemExit, match=message) as err:
+        main([*_fit_argv(testbed, tmp_path), *extra])
+    assert "\n" not in str(err.value)
+    assert not any(tmp_path.iterdir())  # no config.yaml, no log directory, no lock left
+
+
+def test_validate_with_the_validation_loop_off_still_evaluates(testbed, full_ft_checkpoint, tmp_path):
+    # The SmolLM2 trajectory config turns the loop off during fit (limit_val_batches: 0); validate must still run
+    # the evaluation callbacks on the checkpoint instead of exiting 0 with no row.
+    import json
+
+    from lightning_unlearn.callbacks.checkpoint_metrics_file import read_rows
+
+    memorization = json.dumps([{"class_path": "lightning_unlearn.callbacks.MemorizationEvaluation",
+                                "init_args": {"splits": {"forget": testbed.forget}, "max_new_tokens": 4}}])  # fmt: skip
+    argv = _argv("validate", testbed, full_ft_checkpoint, tmp_path, "--model.init_args.adapter.kind=full",
+                 "--trainer.limit_val_batches=0", f"--trainer.callbacks={memorization}")  # fmt: skip
+    main(argv)
+    rows = read_rows(next(tmp_path.rglob("checkpoint_metrics.jsonl")))
+    assert [(r["step"], r["family"], r["fn"]) for r in rows] == [(1, "memorization", "validate")]
+
+
+def test_group_ids_outside_the_packing_or_the_forget_groups_are_refused(testbed, tmp_path):
+    import json
+
+    from conftest import FORGET
+
+    from lightning_unlearn.data.unlearning import ForgetRetainDataModule
+    from lightning_unlearn.objectives import OracleGrad
+
+    def forget_with(group):
+        path = tmp_path / f"forget_{group}.jsonl"
+        rows = [{**r, "group_id": 0} for r in FORGET]
+        rows[2]["group_id"] = group
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return str(path)
+
+    dm = ForgetRetainDataModule(testbed.model_dir, forget_with(40), testbed.retain)
+    with pytest.raises(ValueError, match=r"row 2 .* has group_id 40; group ids are -1 \(neutral\) to 31"):
+        dm.setup("fit")
+    module = OracleGrad(testbed.model_dir, testbed.masks, AdapterConfig(kind="lora", dropout=0.0))
+    trainer = Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, default_root_dir=str(tmp_path))  # fmt: skip
+    with pytest.raises(ValueError, match=r"forget row 2 has group_id 4, outside forget_groups \[0, 1, 2\]"):
+        trainer.fit(module, ForgetRetainDataModule(testbed.model_dir, forget_with(4), testbed.retain))
+    with pytest.raises(ValueError, match=r"forget_groups \[7\] have no element in the masks"):
+        OracleGrad(testbed.model_dir, testbed.masks, forget_groups=[0, 7])

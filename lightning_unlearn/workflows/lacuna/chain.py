@@ -229,12 +229,14 @@ def locality_report(export_dir: str, groups: Sequence[int]) -> dict:
     """Count elements that changed between ``pre`` and ``inj`` inside and outside the union of ``groups``."""
     from safetensors.torch import load_file
 
-    from lightning_unlearn.masks import canonical_name, group_mask, load_masks
+    from lightning_unlearn.masks import canonical_name, check_masks_for_weights, group_mask, load_masks
 
     export = Path(export_dir)
     pre = load_file(str(export / "pre" / "model.safetensors"))
     inj = load_file(str(export / "inj" / "model.safetensors"))
-    packed, _ = load_masks(export / "masks.safetensors")
+    packed, meta = load_masks(export / "masks.safetensors")
+    check_masks_for_weights(packed, meta, {canonical_name(k): v for k, v in pre.items()}, export / "pre",
+                            export / "masks.safetensors")  # fmt: skip
     inside = outside = 0
     offenders: dict[str, int] = {}
     for name, before in pre.items():
