@@ -197,6 +197,39 @@ class UnlearnCLI(LightningCLI):
             )
         for line in changed:
             logging.getLogger("lightning_unlearn").warning("resuming %s with a changed value: %s", ckpt_path, line)
+        if subcommand == "fit":
+            _continue_in_the_checkpoints_version(config, Path(str(ckpt_path)))
+
+
+_VERSIONED_LOGGERS = ("lightning.pytorch.loggers.TensorBoardLogger", "lightning.pytorch.loggers.CSVLogger")
+
+
+def _continue_in_the_checkpoints_version(config, ckpt: Path) -> None:
+    """A resumed fit writes on in the logger version directory its checkpoint lives in (``<save_dir>/<name>/
+    <version>/checkpoints/…``), not in a new ``version_N+1``: checkpoints, metric rows and TensorBoard events of one
+    run stay in one place. Applies to the default logger and to a TensorBoard/CSV logger without a fixed version."""
+    from jsonargparse import Namespace
+
+    if ckpt.parent.name != "checkpoints":
+        return
+    log_dir = ckpt.parent.parent
+    trainer = config.get("trainer")
+    logger = trainer.get("logger") if trainer is not None else None
+    root = Path(str(trainer.get("default_root_dir") or ".")).resolve()
+    if logger in (None, True) and log_dir.parent.parent.resolve() == root:
+        trainer["logger"] = Namespace(
+            class_path=_VERSIONED_LOGGERS[0],
+            init_args=Namespace(save_dir=str(log_dir.parent.parent), name=log_dir.parent.name, version=log_dir.name),
+        )
+    elif isinstance(logger, Namespace) and logger.get("class_path") in _VERSIONED_LOGGERS:
+        args = logger.get("init_args") or Namespace()
+        same_place = Path(str(args.get("save_dir", "."))).resolve() == log_dir.parent.parent.resolve()
+        if args.get("version") is None and same_place and args.get("name", "lightning_logs") == log_dir.parent.name:
+            args["version"] = log_dir.name
+            logger["init_args"] = args
+    else:
+        return
+    logging.getLogger("lightning_unlearn").info("the resumed run continues in %s", log_dir)
 
 
 def _user_error(err: BaseException) -> str | None:

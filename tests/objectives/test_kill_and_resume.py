@@ -112,6 +112,8 @@ def _kill_and_resume(tmp: Path, testbed, moment: str, step: int, ddp: bool = Fal
     config.write_text(config.read_text().replace(f"step: {step}", "step: 10000"))
     resumed = _fit(config, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # the same run: it went on writing in its own version directory, not in a new one
+    assert [p.name for p in (tmp / "run" / "lightning_logs").iterdir()] == ["version_0"]
     return resumed
 
 

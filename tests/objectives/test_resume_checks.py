@@ -185,3 +185,15 @@ def test_group_ids_outside_the_packing_or_the_forget_groups_are_refused(testbed,
         trainer.fit(module, ForgetRetainDataModule(testbed.model_dir, forget_with(4), testbed.retain))
     with pytest.raises(ValueError, match=r"forget_groups \[7\] have no element in the masks"):
         OracleGrad(testbed.model_dir, testbed.masks, forget_groups=[0, 7])
+
+
+def test_a_fit_removes_the_temporaries_an_interrupted_write_left(testbed, tmp_path):
+    stale_dir = tmp_path / "checkpoints" / ".adapter-step=4.k2j3.tmp"
+    stale_dir.mkdir(parents=True)
+    (stale_dir / "adapter_model.safetensors").write_bytes(b"half")
+    stale_file = tmp_path / ".checkpoint_metrics.jsonl.x81.tmp"
+    stale_file.write_text("{")
+    kept = tmp_path / "notes.tmp"  # not an atomic writer's temporary (no leading dot): left alone
+    kept.write_text("mine")
+    main(_fit_argv(testbed, tmp_path, "--trainer.max_steps=1"))
+    assert not stale_dir.exists() and not stale_file.exists() and kept.exists()
