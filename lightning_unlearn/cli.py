@@ -105,7 +105,7 @@ class UnlearnCLI(LightningCLI):
         # it is released however the run ends.
         launcher = all(os.environ.get(k, "0") == "0" for k in ("LOCAL_RANK", "RANK", "NODE_RANK"))
         if subcommand != "fit" or not launcher:
-            super()._run_subcommand(subcommand)
+            self._run_reporting_user_errors(subcommand)
             return
         from lightning_unlearn.checkpoints import RunDirectoryBusy, acquire_run_lock, release_run_lock
 
@@ -118,9 +118,20 @@ class UnlearnCLI(LightningCLI):
         for tmp in remove_stale_temporaries(self.trainer.default_root_dir):  # this run holds the directory now
             logging.getLogger("lightning_unlearn").info("removed %s, left by an interrupted write", tmp)
         try:
-            super()._run_subcommand(subcommand)
+            self._run_reporting_user_errors(subcommand)
         finally:
             release_run_lock(lock)
+
+    def _run_reporting_user_errors(self, subcommand: str) -> None:
+        # A check of this package that fires once the data and model meet (a group id outside the masks, a forget
+        # set without rows) is a bad input too: one line, not Lightning's traceback. Anything else propagates.
+        try:
+            super()._run_subcommand(subcommand)
+        except Exception as err:
+            cause = _user_error(err)
+            if cause is None:
+                raise
+            raise SystemExit(f"lightning-unlearn {subcommand}: error: {cause}") from None
 
     @override
     def before_instantiate_classes(self) -> None:

@@ -80,6 +80,16 @@ def test_locality_only_group_bits_change(tiny_dir, tmp_path, precision):
     lacuna_main(["locality", "--export", str(export), "--group", "[2]"])  # the command-line check passes
     with pytest.raises(SystemExit, match="changed outside groups"):
         lacuna_main(["locality", "--export", str(export), "--group", "[3]"])
+    if precision == "32-true":
+        # the export's masks record their θ_pre: the same shapes with other weights are another model's
+        from lightning_unlearn.cli import main as cli_main
+        from lightning_unlearn.models import load_causal_lm
+
+        other = load_causal_lm(str(export / "inj"))
+        other.save_pretrained(export / "pre")
+        with pytest.raises(SystemExit, match=r"lacuna locality: error: masks .* were sampled on another θ_pre") as err:
+            cli_main(["lacuna", "locality", "--export", str(export), "--group", "[2]"])
+        assert "\n" not in str(err.value)
 
 
 def test_unmasked_control_updates_outside_the_masks(tiny_dir, tmp_path):

@@ -178,6 +178,14 @@ def test_group_ids_outside_the_packing_or_the_forget_groups_are_refused(testbed,
     dm = ForgetRetainDataModule(testbed.model_dir, forget_with(40), testbed.retain)
     with pytest.raises(ValueError, match=r"row 2 .* has group_id 40; group ids are -1 \(neutral\) to 31"):
         dm.setup("fit")
+    run = tmp_path / "run"
+    argv = _fit_argv(testbed, run)
+    argv[argv.index(f"--data.init_args.forget_path={testbed.forget}")] = (
+        f"--data.init_args.forget_path={forget_with(40)}"
+    )
+    with pytest.raises(SystemExit, match=r"^lightning-unlearn fit: error: row 2 .* has group_id 40") as err:
+        main(argv)  # through the command line: one line, and no checkpoint
+    assert "\n" not in str(err.value) and not list(run.rglob("*.ckpt"))
     module = OracleGrad(testbed.model_dir, testbed.masks, AdapterConfig(kind="lora", dropout=0.0))
     trainer = Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, default_root_dir=str(tmp_path))  # fmt: skip
