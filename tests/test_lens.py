@@ -9,7 +9,7 @@ import torch
 from lightning_unlearn.cli import main as cli_main
 from lightning_unlearn.data.collate import encode_prompt_answer
 from lightning_unlearn.data.narratives import load_suite
-from lightning_unlearn.data.unlearning import load_pairs
+from lightning_unlearn.data.records import read_records
 from lightning_unlearn.workflows.lens import main as lens_main
 from lightning_unlearn.workflows.lens import prepare as lens
 
@@ -152,7 +152,7 @@ def test_export_import_builds_the_strict_forget_set(tmp_path, tiny_tokenizer):
     _annotate(ann, ["Target-Dominant", "Target-Rejected", "Target-Included"])
     out = tmp_path / "forget" / "forget.jsonl"
     lens_main(["import", "--baseline", str(base), "--labels", str(ann), "--out", str(out)])
-    forget = load_pairs(out)
+    forget = read_records(out)
     assert [f["answer"] for f in forget] == [rows[0]["answer"]]
     assert forget[0]["prompt"] == rows[0]["prompt"]
     encoded = encode_prompt_answer(tiny_tokenizer, forget[0]["prompt"], forget[0]["answer"], 256)
@@ -197,7 +197,7 @@ def test_weak_label_forget_set_is_marked(tmp_path):
     base, rows = _fake_baseline(tmp_path)
     out = tmp_path / "weak.jsonl"
     lens_main(["import", "--baseline", str(base), "--labeler", "signature", "--out", str(out)])
-    forget = load_pairs(out)
+    forget = read_records(out)
     assert [f["answer"] for f in forget] == [rows[0]["answer"]]
     meta = json.loads((tmp_path / "weak.meta.json").read_text(encoding="utf-8"))
     assert meta["weak_labels"] is True and meta["labels"] == "signature"

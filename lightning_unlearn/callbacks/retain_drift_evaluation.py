@@ -9,8 +9,9 @@ from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
 from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
-from lightning_unlearn.callbacks.qa_records import encode_batch, forward_logits, load_qa_records
+from lightning_unlearn.callbacks.qa_records import encode_batch, forward_logits
 from lightning_unlearn.callbacks.rank_split import map_batches
+from lightning_unlearn.data.records import read_records
 from lightning_unlearn.metrics.retain_drift import finalize_retain_drift, retain_drift_sums
 
 
@@ -32,11 +33,15 @@ class RetainDriftEvaluation(CheckpointEvaluator):
     (disabled for the base pass) or a ``reference_model`` on the module.
 
     Args:
-        records: retain ``{prompt, answer}`` records or a JSONL file of them.
+        records: retain ``{prompt, answer}`` records or a file / datasets folder of them
+            (:func:`~lightning_unlearn.data.records.read_records`).
         max_length: tokens per sequence.
         name: see :class:`CheckpointEvaluator`.
         output_dir: see :class:`CheckpointEvaluator`.
         batch_size: sequences per forward on each rank.
+        prompt_key: column of the prompt (default ``prompt``; ``question`` is read when it is absent).
+        answer_key: column of the answer.
+        chat_template: render prompts with the tokenizer's chat template, as ``ForgetRetainDataModule`` does.
     """
 
     family = "retain_drift"
@@ -48,14 +53,18 @@ class RetainDriftEvaluation(CheckpointEvaluator):
         name: str | None = None,
         output_dir: str | None = None,
         batch_size: int = 8,
+        prompt_key: str = "prompt",
+        answer_key: str = "answer",
+        chat_template: bool = False,
     ) -> None:
         super().__init__(name=name, output_dir=output_dir, batch_size=batch_size)
-        self.records = load_qa_records(records, "retain")
+        self.records = read_records(records, what="retain records", prompt_key=prompt_key, answer_key=answer_key)
+        self.chat_template = chat_template
         self.max_length = max_length
 
     def _sums(self, pl_module: LightningModule, with_reference: bool) -> dict[str, float]:
         def run(batch_records: list[dict]) -> list[dict]:
-            batch = encode_batch(pl_module.tokenizer, batch_records, self.max_length)
+            batch = encode_batch(pl_module.tokenizer, batch_records, self.max_length, self.chat_template)
             logits = forward_logits(pl_module.model, batch)
             base = reference_logits(pl_module, batch) if with_reference else None
             return [retain_drift_sums(logits, batch["labels"], base)]

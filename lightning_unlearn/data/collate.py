@@ -14,8 +14,19 @@ import torch
 from lightning_unlearn.losses import IGNORE_INDEX
 
 
-def encode_prompt_answer(tokenizer, prompt: str, answer: str, max_length: int) -> dict[str, list[int]]:
-    """Token ids and labels for one pair; the prompt is truncated from the left if the pair is too long."""
+def encode_prompt_answer(
+    tokenizer, prompt: str, answer: str, max_length: int, chat_template: bool = False
+) -> dict[str, list[int]]:
+    """Token ids and labels for one pair; the prompt is truncated from the left if the pair is too long.
+
+    ``chat_template`` renders the prompt as a user turn of the tokenizer's chat template
+    (:func:`lightning_unlearn.generation.model_prompt`, the rendering generation uses), so the answer is the
+    assistant's reply.
+    """
+    if chat_template:
+        from lightning_unlearn.generation import model_prompt
+
+        prompt = model_prompt(tokenizer, prompt, chat_template=True)
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]

@@ -1,12 +1,11 @@
 """Paired forget/retain batches for unlearning objectives.
 
-Sources (``forget_path`` / ``retain_path``), each one of:
-
-- a JSONL file of ``{"prompt": ..., "answer": ...}`` objects (the LENS forget set of Target-Dominant answers);
-- a ``datasets`` directory written by ``save_to_disk`` with columns ``prompt`` and ``answer``;
-- a Lacuna testbed splits directory: a ``DatasetDict`` or a folder of ``save_to_disk`` splits, from which
-  ``forget_split`` / ``retain_split`` are taken (columns ``prompt``, ``answer`` plus ``field``, ``profile_id``,
-  ``group_id``; ``group_id`` becomes the batch's ``group_ids``).
+Sources (``forget_path`` / ``retain_path``) are read by :func:`lightning_unlearn.data.records.read_records`: JSONL,
+JSON, CSV or Parquet files, ``datasets`` folders, or a Lacuna testbed splits directory (a ``DatasetDict`` or a folder
+of ``save_to_disk`` splits, from which ``forget_split`` / ``retain_split`` are taken; its ``group_id`` column becomes
+the batch's ``group_ids``). ``prompt_key`` / ``answer_key`` name the columns (a TOFU ``question`` column is read as
+the prompt), and ``chat_template`` renders each prompt as a user turn of the tokenizer's chat template, exactly as
+the evaluation callbacks and LENS generation render it.
 
 Training batches are ``{"forget": LM batch, "retain": LM batch}`` (plus ``"mismatch"``: forget prompts with random
 retain answers, for GA-Retain). Forget and retain come from separate dataloaders combined by Lightning, so under
@@ -16,10 +15,8 @@ implementations that draw the same retain items on every rank). An epoch is one 
 
 from __future__ import annotations
 
-import json
 import random
 from functools import partial
-from pathlib import Path
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -28,76 +25,20 @@ from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
 from lightning_unlearn.data.collate import encode_prompt_answer, pad_batch
+from lightning_unlearn.data.records import read_records
 from lightning_unlearn.data.sampling import EpochSeededSampler, ResumableLoader, trainer_position
 from lightning_unlearn.masks import MAX_GROUPS, NEUTRAL_GROUP
 from lightning_unlearn.models import load_tokenizer
-
-REQUIRED_COLUMNS = ("prompt", "answer")
-
-
-def load_pairs(path: str | Path, split: str | None = None) -> list[dict]:
-    """Read prompt/answer records from a JSONL file, a ``save_to_disk`` dataset, or a splits directory.
-
-    Args:
-        path: JSONL file or ``datasets`` directory.
-        split: split name used when ``path`` holds several splits (a ``DatasetDict`` or a folder of datasets).
-
-    Returns:
-        One dict per record with at least ``prompt`` and ``answer`` (strings).
-    """
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise FileNotFoundError(f"unlearning data path {str(p)!r} does not exist; give a JSONL file or a datasets dir.")
-    if p.is_file():
-        records = []
-        with p.open(encoding="utf-8") as fh:
-            for line_no, line in enumerate(fh, 1):
-                if line.strip():
-                    try:
-                        records.append(json.loads(line))
-                    except json.JSONDecodeError as err:
-                        msg = f"{p}:{line_no} is not valid JSON ({err.msg}); expected one object a line."
-                        raise ValueError(msg) from None
-    else:
-        records = _load_dataset_dir(p, split)
-    for i, rec in enumerate(records):
-        missing = [c for c in REQUIRED_COLUMNS if c not in rec]
-        if missing:
-            raise ValueError(
-                f"record {i} of {str(p)!r} lacks column(s) {missing}; every record needs 'prompt' and 'answer'."
-            )
-    return records
-
-
-def _load_dataset_dir(p: Path, split: str | None) -> list[dict]:
-    from datasets import DatasetDict, load_from_disk
-
-    if split is not None and (p / split).is_dir() and not (p / "dataset_dict.json").exists():
-        p = p / split
-    try:
-        ds = load_from_disk(str(p))
-    except FileNotFoundError as err:
-        raise ValueError(
-            f"{str(p)!r} is neither a JSONL file nor a directory written by datasets' save_to_disk ({err})."
-        ) from None
-    if isinstance(ds, DatasetDict):
-        if split is None or split not in ds:
-            raise ValueError(f"{str(p)!r} holds splits {sorted(ds)}; set the split name (got {split!r}).")
-        ds = ds[split]
-    missing = [c for c in REQUIRED_COLUMNS if c not in ds.column_names]
-    if missing:
-        raise ValueError(f"dataset {str(p)!r} lacks column(s) {missing}; it has {ds.column_names}.")
-    return ds.to_list()
 
 
 class EncodedPairs(Dataset):
     """Tokenised prompt/answer pairs. ``index`` is the row's position in its set (batches carry it, e.g. to look up
     precomputed reference log-probs); ``group_id`` (if present) is kept as ``group_ids`` for masked strategies."""
 
-    def __init__(self, records: list[dict], tokenizer, max_length: int) -> None:
+    def __init__(self, records: list[dict], tokenizer, max_length: int, chat_template: bool = False) -> None:
         self.rows = []
         for i, rec in enumerate(records):
-            row = encode_prompt_answer(tokenizer, str(rec["prompt"]), str(rec["answer"]), max_length)
+            row = encode_prompt_answer(tokenizer, str(rec["prompt"]), str(rec["answer"]), max_length, chat_template)
             row["index"] = i
             if "group_id" in rec and rec["group_id"] is not None:
                 group = int(rec["group_id"])
@@ -132,6 +73,9 @@ class ForgetRetainDataModule(LightningDataModule):
             (GA-Retain's random-answer term).
         seed: seed of the random answer pairing and of the batch order (a function of seed and epoch, on every rank).
         num_workers: dataloader workers.
+        prompt_key: column of the prompt in both sets (default ``prompt``; ``question`` is read when it is absent).
+        answer_key: column of the answer in both sets.
+        chat_template: render prompts with the tokenizer's chat template (a single user turn).
     """
 
     def __init__(
@@ -147,6 +91,9 @@ class ForgetRetainDataModule(LightningDataModule):
         random_answers: bool = False,
         seed: int = 0,
         num_workers: int = 0,
+        prompt_key: str = "prompt",
+        answer_key: str = "answer",
+        chat_template: bool = False,
     ) -> None:
         super().__init__()
         if batch_size <= 0:
@@ -163,18 +110,15 @@ class ForgetRetainDataModule(LightningDataModule):
             return
         hp = self.hparams
         self.tokenizer = load_tokenizer(hp.tokenizer_path)
-        forget = load_pairs(hp.forget_path, hp.forget_split)
-        retain = load_pairs(hp.retain_path or hp.forget_path, hp.retain_split)
-        if not forget:
-            raise ValueError(f"the forget set {hp.forget_path!r} is empty; unlearning needs at least one pair.")
-        if not retain:
-            raise ValueError(f"the retain set {hp.retain_path or hp.forget_path!r} is empty; give retain pairs.")
-        self.forget = EncodedPairs(forget, self.tokenizer, hp.max_length)
-        self.retain = EncodedPairs(retain, self.tokenizer, hp.max_length)
+        keys = {"prompt_key": hp.prompt_key, "answer_key": hp.answer_key}
+        forget = read_records(hp.forget_path, hp.forget_split, what="forget set", **keys)
+        retain = read_records(hp.retain_path or hp.forget_path, hp.retain_split, what="retain set", **keys)
+        self.forget = EncodedPairs(forget, self.tokenizer, hp.max_length, hp.chat_template)
+        self.retain = EncodedPairs(retain, self.tokenizer, hp.max_length, hp.chat_template)
         if hp.random_answers:
             rng = random.Random(hp.seed)
             mismatched = [{"prompt": f["prompt"], "answer": rng.choice(retain)["answer"]} for f in forget]
-            self.mismatch = EncodedPairs(mismatched, self.tokenizer, hp.max_length)
+            self.mismatch = EncodedPairs(mismatched, self.tokenizer, hp.max_length, hp.chat_template)
 
     def _collate(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         return pad_batch(rows, self.tokenizer.pad_token_id)

@@ -5,7 +5,8 @@ import json
 import pytest
 from datasets import Dataset, DatasetDict
 
-from lightning_unlearn.data.unlearning import ForgetRetainDataModule, load_pairs
+from lightning_unlearn.data.records import read_records
+from lightning_unlearn.data.unlearning import ForgetRetainDataModule
 from lightning_unlearn.losses import IGNORE_INDEX
 
 FORGET = [{"prompt": f"Q{i}: email of person {i}? ", "answer": f"p{i}@mail.org"} for i in range(5)]
@@ -59,7 +60,7 @@ def test_random_answers_pair_forget_prompts_with_retain_answers(tiny_dir, tmp_pa
 def test_datasets_directory_and_testbed_splits(tiny_dir, tmp_path):
     rows = [dict(r, field="email", profile_id=i, group_id=i % 3) for i, r in enumerate(FORGET)]
     Dataset.from_list(rows).save_to_disk(str(tmp_path / "plain"))
-    assert load_pairs(tmp_path / "plain")[0]["group_id"] == 0
+    assert read_records(tmp_path / "plain")[0]["group_id"] == 0
     # Testbed layout: <splits>/<field>/<split>/ datasets directories.
     Dataset.from_list(rows).save_to_disk(str(tmp_path / "splits" / "email" / "forget"))
     retain_rows = [dict(r, field="phone", profile_id=100 + i, group_id=3 + i % 3) for i, r in enumerate(RETAIN)]
@@ -73,7 +74,7 @@ def test_datasets_directory_and_testbed_splits(tiny_dir, tmp_path):
     DatasetDict({"forget": Dataset.from_list(FORGET), "retain": Dataset.from_list(RETAIN)}).save_to_disk(
         str(tmp_path / "dict")
     )
-    assert len(load_pairs(tmp_path / "dict", "retain")) == 9
+    assert len(read_records(tmp_path / "dict", "retain")) == 9
 
 
 @pytest.mark.parametrize(
@@ -81,13 +82,13 @@ def test_datasets_directory_and_testbed_splits(tiny_dir, tmp_path):
     [
         ("missing.jsonl", "r.jsonl", "does not exist"),
         ("nocol.jsonl", "r.jsonl", "lacks column"),
-        ("empty.jsonl", "r.jsonl", "forget set .* is empty"),
+        ("empty.jsonl", "r.jsonl", "forget set .* holds no record"),
         ("bad.jsonl", "r.jsonl", "not valid JSON"),
     ],
 )
 def test_clear_errors(tiny_dir, tmp_path, forget, retain, match):
     _jsonl(tmp_path / "r.jsonl", RETAIN)
-    _jsonl(tmp_path / "nocol.jsonl", [{"question": "q", "answer": "a"}])
+    _jsonl(tmp_path / "nocol.jsonl", [{"text": "q", "answer": "a"}])
     (tmp_path / "empty.jsonl").write_text("\n")
     (tmp_path / "bad.jsonl").write_text("{not json}\n")
     dm = ForgetRetainDataModule(str(tiny_dir), str(tmp_path / forget), str(tmp_path / retain))
@@ -98,7 +99,7 @@ def test_clear_errors(tiny_dir, tmp_path, forget, retain, match):
 def test_datasets_directory_without_columns_names_them(tmp_path):
     Dataset.from_list([{"text": "x"}]).save_to_disk(str(tmp_path / "ds"))
     with pytest.raises(ValueError, match=r"lacks column\(s\) \['prompt', 'answer'\]"):
-        load_pairs(tmp_path / "ds")
+        read_records(tmp_path / "ds")
 
 
 def test_reads_the_testbed_generator_output(tiny_dir, tmp_path):

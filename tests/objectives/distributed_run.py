@@ -29,7 +29,8 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy  # noqa: E402
 
 from lightning_unlearn.data.collate import encode_prompt_answer, pad_batch  # noqa: E402
-from lightning_unlearn.data.unlearning import ForgetRetainDataModule, load_pairs  # noqa: E402
+from lightning_unlearn.data.records import read_records  # noqa: E402
+from lightning_unlearn.data.unlearning import ForgetRetainDataModule  # noqa: E402
 from lightning_unlearn.losses import nll_loss, sequence_logprobs  # noqa: E402
 from lightning_unlearn.masks import load_masks, union_mask  # noqa: E402
 from lightning_unlearn.models import AdapterConfig, load_causal_lm  # noqa: E402
@@ -131,7 +132,7 @@ def run_case(spec: dict, case: dict) -> dict:
         if trainer.global_rank == 0:
             trainable = {n for n, p in module.model.named_parameters() if p.requires_grad}
             torch.save({k: v for k, v in state.items() if k in trainable}, os.path.join(ckpt_dir, "trainable.pt"))
-    forget, retain = load_pairs(spec["forget"]), load_pairs(spec["retain"])
+    forget, retain = read_records(spec["forget"]), read_records(spec["retain"])
     result = {
         "global_step": trainer.global_step,
         "stop_reason": module.stop_reason,
@@ -147,7 +148,7 @@ def run_case(spec: dict, case: dict) -> dict:
     }
     if module.reference_model is not None:
         # Every rank runs the (sharded) reference forward; rank 0 compares it with the start model from disk.
-        forget_rows = load_pairs(spec["forget"])
+        forget_rows = read_records(spec["forget"])
         batch = pad_batch(
             [encode_prompt_answer(module.tokenizer, r["prompt"], r["answer"], 64) for r in forget_rows],
             module.tokenizer.pad_token_id,

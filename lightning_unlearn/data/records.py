@@ -1,0 +1,133 @@
+"""The one reader of prompt/answer records: forget and retain sets, and every evaluation callback's records.
+
+A source is a list of dicts, or a path to:
+
+- a JSONL file (one object a line) or a JSON file (an array of objects, or ``{"data": [...]}``);
+- a CSV or Parquet file (read through ``datasets.load_dataset``);
+- a ``datasets`` directory written by ``save_to_disk`` (a ``Dataset``, a ``DatasetDict`` or a folder of saved
+  splits; ``split`` picks one), or any other local directory ``datasets.load_dataset`` reads (data files, a
+  dataset script).
+
+Columns are mapped to ``prompt`` and ``answer`` with ``prompt_key`` / ``answer_key``; the other columns are kept (a
+TOFU set's ``paraphrased_answer``, a testbed split's ``group_id``). A source without a ``prompt`` column but with
+``question`` (TOFU, OpenUnlearning) reads ``question`` as the prompt. Errors name the file, the line or row, and the
+columns there are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+PROMPT_ALIASES = ("question",)  # read as the prompt when prompt_key is the default and the source lacks "prompt"
+_LOADERS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
+
+
+def read_records(
+    source: Sequence[dict] | str | os.PathLike,
+    split: str | None = None,
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    what: str = "records",
+) -> list[dict]:
+    """``[{"prompt", "answer", …other columns}]`` from ``source`` (see the module docstring).
+
+    Args:
+        source: records, or a path to them.
+        split: split of a ``DatasetDict`` or a folder of saved splits (ignored for a single dataset or file).
+        prompt_key: column holding the prompt.
+        answer_key: column holding the answer.
+        what: names the set in error messages (``forget set``, ``retain records``).
+
+    Raises:
+        FileNotFoundError: the path does not exist.
+        ValueError: a file does not parse, the set is empty, or a record lacks a mapped column.
+    """
+    if isinstance(source, str | os.PathLike):
+        path = Path(source).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{what} {str(path)!r} does not exist; give a JSONL, JSON, CSV or Parquet file or a datasets folder."
+            )
+        rows, where = _read_path(path, split), repr(str(path))
+    else:
+        rows, where = [dict(r) for r in source], "(given as a list)"
+    if not rows:
+        raise ValueError(f"the {what} {where} holds no record; give at least one.")
+    return [_mapped(row, i, prompt_key, answer_key, what, where) for i, row in enumerate(rows)]
+
+
+def _mapped(row: dict, i: int, prompt_key: str, answer_key: str, what: str, where: str) -> dict:
+    if not isinstance(row, dict):
+        raise ValueError(f"{what} record {i} of {where} is a {type(row).__name__}, not an object with columns.")
+    key = prompt_key
+    if key not in row and key == "prompt":
+        key = next((alias for alias in PROMPT_ALIASES if alias in row), key)
+    missing = [k for k in (key, answer_key) if k not in row]
+    if missing:
+        raise ValueError(
+            f"{what} record {i} of {where} lacks column(s) {missing}; it has {sorted(row)}. Name the columns with "
+            "prompt_key / answer_key."
+        )
+    out = dict(row)
+    out["prompt"], out["answer"] = str(row[key]), str(row[answer_key])
+    return out
+
+
+def _read_path(path: Path, split: str | None) -> list[dict]:
+    if path.is_dir():
+        return _read_directory(path, split)
+    suffix = path.suffix.lower()
+    if suffix in _LOADERS:
+        from datasets import load_dataset
+
+        try:
+            return load_dataset(_LOADERS[suffix], data_files=str(path), split="train").to_list()
+        except Exception as err:  # noqa: BLE001 - pyarrow/pandas raise many kinds for a file that does not parse
+            kind = _LOADERS[suffix]
+            raise ValueError(f"{str(path)!r} does not read as {kind} ({type(err).__name__}: {err}).") from None
+    text = path.read_text(encoding="utf-8")
+    if suffix == ".json" or text.lstrip().startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{err.lineno} is not valid JSON ({err.msg}).") from None
+        if isinstance(data, dict) and isinstance(data.get("data"), list):
+            data = data["data"]
+        if not isinstance(data, list):
+            raise ValueError(f"{str(path)!r} holds a JSON {type(data).__name__}; expected an array of records.")
+        return data
+    rows = []
+    for line_no, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                msg = f"{path}:{line_no} is not valid JSON ({err.msg}); expected one object a line."
+                raise ValueError(msg) from None
+    return rows
+
+
+def _read_directory(path: Path, split: str | None) -> list[dict]:
+    from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+
+    if split is not None and (path / split).is_dir() and not (path / "dataset_dict.json").exists():
+        path = path / split  # a folder of separately saved splits
+    saved = (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
+    try:
+        ds = load_from_disk(str(path)) if saved else load_dataset(str(path))
+    except Exception as err:  # noqa: BLE001 - datasets raises many kinds for a folder it cannot read
+        raise ValueError(
+            f"{str(path)!r} is neither a datasets folder (save_to_disk) nor a directory datasets.load_dataset reads "
+            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})."
+        ) from None
+    if isinstance(ds, DatasetDict):
+        if split is None or split not in ds:
+            if len(ds) == 1 and split is None:
+                return next(iter(ds.values())).to_list()
+            raise ValueError(f"{str(path)!r} holds splits {sorted(ds)}; set the split name (got {split!r}).")
+        ds = ds[split]
+    assert isinstance(ds, Dataset)
+    return ds.to_list()
