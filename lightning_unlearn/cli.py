@@ -93,9 +93,22 @@ class UnlearnCLI(LightningCLI):
     """
 
     def __init__(self, *args, **kwargs) -> None:
+        # Imported so jsonargparse knows them as subclasses: `--model NPO`, `--data ForgetRetainDataModule`,
+        # `--trainer.callbacks+=SCEEvaluation` and `--trainer.strategy MaskedDDPStrategy` by short name, and
+        # listed by `--model.help`.
+        import lightning_unlearn.callbacks
+        import lightning_unlearn.data.instruction_datamodule
+        import lightning_unlearn.data.lacuna_datamodule
+        import lightning_unlearn.data.unlearning
+        import lightning_unlearn.objectives
+        import lightning_unlearn.strategies  # noqa: F401
+
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        # Every module configures its own AdamW and schedule from `model.init_args.optim`; LightningCLI's
+        # --optimizer / --lr_scheduler would be ignored or crash on the empty parameter list, so they are not offered.
+        kwargs.setdefault("auto_configure_optimizers", False)
         super().__init__(LightningModule, LightningDataModule, *args, **kwargs)
 
     @override

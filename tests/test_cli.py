@@ -203,3 +203,23 @@ def test_every_extra_command_resolves_to_a_callable():
     for name, (target, _) in EXTRA_COMMANDS.items():
         module, func = target.split(":")
         assert callable(getattr(importlib.import_module(module), func)), name
+
+
+def test_classes_by_short_name_and_no_ignored_optimizer_flags(capsys):
+    # `--model NPO` resolves to lightning_unlearn.objectives.NPO; its help lists its own arguments.
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--model", "NPO", "--model.help", "NPO"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "lightning_unlearn.objectives.NPO" in out and "--model.beta" in out and "--model.collapse_fraction" in out
+    for flag, name in (("--trainer.callbacks.help", "SCEEvaluation"), ("--data.help", "ForgetRetainDataModule")):
+        with pytest.raises(SystemExit):
+            main(["fit", flag, name])
+        assert name in capsys.readouterr().out
+    # The modules configure AdamW from model.init_args.optim: LightningCLI's --optimizer is not offered at all.
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--help"])
+    assert "--optimizer" not in capsys.readouterr().out and done.value.code == 0
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--optimizer", "SGD"])
+    assert done.value.code != 0 and "unrecognized arguments: --optimizer SGD" in capsys.readouterr().err
