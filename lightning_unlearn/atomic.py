@@ -60,8 +60,10 @@ def write_file_atomically(target: str | os.PathLike, write: Callable[[Path], Non
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=suffix)
     os.close(fd)
     try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 → the mode a plain open() would give
         write(Path(tmp))
+        # mkstemp's 0600 → the mode a plain open() would give; after the write, since some writers (safetensors)
+        # replace the file rather than write into it
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -341,7 +341,6 @@ def run_extra_command(argv: list[str]) -> None:
     if args and args[0] in SUBCOMMANDS.get(name, {}):
         shown = f"{name} {args[0]}"
     module, func = EXTRA_COMMANDS[name][0].split(":")
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         getattr(importlib.import_module(module), func)(args)
     except USER_ERRORS as err:
@@ -354,6 +353,8 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    # The package logs progress and decisions under the `lightning_unlearn` logger; the commands show INFO.
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     if argv and (argv[0] in EXTRA_COMMANDS or argv[0] in ALIASES):
         run_extra_command(argv)
         return

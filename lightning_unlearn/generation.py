@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from tqdm.auto import tqdm
 
 
 @dataclass
@@ -154,10 +155,17 @@ def model_prompt(tokenizer, question: str, chat_template: bool | None = None) ->
 
 @torch.no_grad()
 def generate_sorted(
-    model, tokenizer, texts: Sequence[str], max_new_tokens: int, batch_size: int, synced_gpus: bool = False
+    model,
+    tokenizer,
+    texts: Sequence[str],
+    max_new_tokens: int,
+    batch_size: int,
+    synced_gpus: bool = False,
+    progress: str | None = None,
 ) -> list[dict]:
     """Greedy answers to ``texts`` (model prompts) in batches of similar length, back in the caller's order:
-    ``{answer, n_new_tokens, hit_token_cap}`` each (the model's train/eval mode is restored)."""
+    ``{answer, n_new_tokens, hit_token_cap}`` each (the model's train/eval mode is restored). ``progress``: the
+    label of a progress bar (stderr), ``None`` for none."""
     if max_new_tokens < 1 or batch_size < 1:
         raise ValueError(f"max_new_tokens and batch_size must be positive, got {max_new_tokens}, {batch_size}.")
     # Similar lengths in a batch waste less left padding; results go back in the caller's order.
@@ -166,8 +174,9 @@ def generate_sorted(
     was_training = model.training
     model.eval()
     results: list[dict | None] = [None] * len(texts)
+    starts = range(0, len(order), batch_size)
     try:
-        for start in range(0, len(order), batch_size):
+        for start in starts if progress is None else tqdm(starts, desc=progress, unit="batch", leave=False):
             idx = order[start : start + batch_size]
             batch = [texts[i] for i in idx]
             gens = generate_greedy(model, tokenizer, batch, max_new_tokens=max_new_tokens, synced_gpus=synced_gpus)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,10 @@ def test_locality_only_group_bits_change(tiny_dir, tmp_path, precision):
     assert type(module.packed_masks) is dict
     export = tmp_path / "run" / "export"
     assert {p.name for p in export.iterdir()} >= {"pre", "inj", "masks.safetensors"}
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (export / "masks.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0600
+    assert export.stat().st_mode & 0o777 == 0o777 & ~umask  # not mkdtemp's 0700
     report = locality_report(str(export), [2])
     assert report["changed_outside"] == 0, report["offenders"]
     assert report["changed_inside"] > 100

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 
 import pytest
 import torch
@@ -74,8 +75,14 @@ def test_baseline_writes_jsonl_and_metadata(tmp_path, tiny_dir, capsys):
     meta = json.loads((tmp_path / "base.meta.json").read_text(encoding="utf-8"))
     assert meta["levels"] == ["L0", "L3"] and meta["n"] == 6 and meta["decoding"] == "greedy"
     assert set(meta["summary"]) == {"L0", "L3"} and meta["summary"]["L0"]["n"] == 3
-    assert "Reproduced" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "Reproduced" in captured.out
+    assert "lens baseline" in captured.err  # the generation progress bar
     assert not list(tmp_path.glob(".*"))  # no temporary files left behind
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in (out, tmp_path / "base.meta.json"):  # the mode a plain open() gives, not mkstemp's 0600
+        assert path.stat().st_mode & 0o777 == 0o666 & ~umask, path
 
 
 @pytest.mark.parametrize(

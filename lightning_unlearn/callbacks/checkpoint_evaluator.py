@@ -53,6 +53,7 @@ class CheckpointEvaluator(Callback):
         self.base: dict = {}  # base-model quantities computed once (B, base CE, ...)
         self._metrics_path: str | None = None
         self._loaded_step: int | None = None
+        self.progress: str | None = None  # while computing: the label of the rank-0 progress bars, None for none
 
     # -- identity and state -------------------------------------------------------------------------------
     @property
@@ -152,8 +153,11 @@ class CheckpointEvaluator(Callback):
 
     def _evaluate(self, trainer: Trainer, pl_module: LightningModule, step: int) -> None:
         start = time.perf_counter()
+        # The trainer's progress bar setting decides (enable_progress_bar: false turns these off too).
+        self.progress = f"{self.family_name} @ step {step}" if trainer.progress_bar_callback is not None else None
         with preserved_rng(), _eval_mode(pl_module.model):
             metrics = self.compute(trainer, pl_module, step)
+        self.progress = None
         row = {
             "step": step,
             "family": self.family_name,

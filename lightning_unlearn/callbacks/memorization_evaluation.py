@@ -72,7 +72,7 @@ class MemorizationEvaluation(CheckpointEvaluator):
                 m = memorization_scores(forward_logits(pl_module.model, batch), batch["labels"], self.include_eos)
                 return list(zip(m["prob"].tolist(), m["em"].tolist(), m["es"].tolist()))
 
-            scores = map_batches(records, self.batch_size, run, pl_module.model)
+            scores = map_batches(records, self.batch_size, run, pl_module.model, self.progress)
             n = len(scores)
             out[split] = {
                 "prob": sum(s[0] for s in scores) / n,
@@ -87,6 +87,7 @@ class MemorizationEvaluation(CheckpointEvaluator):
                     [model_prompt(pl_module.tokenizer, r["prompt"], self.chat_template) for r in records],
                     self.batch_size,
                     self.max_new_tokens,
+                    self.progress,
                 )
                 hits = extracted([g.text for g in gens], [str(r.get("target", r["answer"])) for r in records])
                 out[split]["extraction_rate"] = sum(hits) / n

@@ -69,7 +69,7 @@ class RetainDriftEvaluation(CheckpointEvaluator):
             base = reference_logits(pl_module, batch) if with_reference else None
             return [retain_drift_sums(logits, batch["labels"], base)]
 
-        parts = map_batches(self.records, self.batch_size, run, pl_module.model)
+        parts = map_batches(self.records, self.batch_size, run, pl_module.model, self.progress)
         return {k: sum(p[k] for p in parts) for k in parts[0]}
 
     @override

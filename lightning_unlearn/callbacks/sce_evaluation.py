@@ -218,7 +218,7 @@ class SCEEvaluation(CheckpointEvaluator):
             )
             return list(zip(gens, self._label(batch, [g.text for g in gens])))
 
-        return map_batches(self.records, self.batch_size, run, model)
+        return map_batches(self.records, self.batch_size, run, model, self.progress)
 
     @override
     def compute_base(self, trainer: Trainer, pl_module: LightningModule) -> dict:

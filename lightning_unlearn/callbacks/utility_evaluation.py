@@ -61,7 +61,7 @@ class UtilityEvaluation(CheckpointEvaluator):
                 length_normalize=self.length_normalize,
             )
 
-        scores = map_batches(self.items, self.batch_size, run, pl_module.model)
+        scores = map_batches(self.items, self.batch_size, run, pl_module.model, self.progress)
         return multiple_choice_accuracy(scores, [it["answer"] for it in self.items])
 
     @override

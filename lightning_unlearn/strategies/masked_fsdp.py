@@ -15,6 +15,7 @@ after sharding. Masks given as :class:`lightning_unlearn.masks.LazyMasks` are ma
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -213,5 +214,7 @@ def load_model_for_rank(path: str, trainer: pl.Trainer | None) -> torch.nn.Modul
     if trainer is None or not isinstance(trainer.strategy, MaskedFSDPStrategy) or trainer.global_rank == 0:
         return load_causal_lm(path)
     rank = trainer.global_rank
-    print(f"rank {rank}: model built on the meta device; its shards are broadcast from rank 0", flush=True)
+    logging.getLogger("lightning_unlearn").info(
+        "rank %d: model built on the meta device; its shards are broadcast from rank 0", rank
+    )
     return load_causal_lm(path, weights=False)

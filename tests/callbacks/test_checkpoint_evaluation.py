@@ -158,3 +158,17 @@ def test_validate_evaluates_a_saved_checkpoint(resumed_run, tiny_dir, tmp_path):
     val_sce = next(r for r in rows if r["family"] == "sce")
     assert val_sce["pooled"] == fit_sce["pooled"]
     assert json.loads((out / "selection.json").read_text())["suppression_tradeoff"]["step"] == 8
+
+
+@pytest.mark.parametrize("bar", [True, False], ids=["progress-bar", "no-progress-bar"])
+def test_a_checkpoint_evaluation_shows_a_progress_bar(resumed_run, tiny_dir, tmp_path, capsys, bar):
+    root, _, _ = resumed_run
+    module = TinyCausalLM(str(tiny_dir), lora=True)
+    cbs = [SCEEvaluation(PROMPTS, StubLabeler(), max_new_tokens=6, batch_size=2, output_dir=str(tmp_path)),
+           RetainDriftEvaluation(qa_records(), batch_size=2, output_dir=str(tmp_path))]  # fmt: skip
+    trainer = Trainer(accelerator="cpu", devices=1, logger=False, callbacks=cbs, enable_progress_bar=bar,
+                      enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
+    trainer.validate(module, qa_loader(module.tokenizer), ckpt_path=str(root / "ckpt" / "step=8.ckpt"))
+    err = capsys.readouterr().err
+    for label in ("sce @ step 8", "retain_drift @ step 8"):
+        assert (label in err) == bar  # enable_progress_bar: false turns them off with Lightning's own

@@ -14,6 +14,7 @@ tensors to ``out/<name>/trainable.pt``)}]}``. Rank 0 writes ``out/results.json``
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -179,6 +180,7 @@ def run_case(spec: dict, case: dict) -> dict:
 
 
 def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     spec = json.load(open(sys.argv[1]))
     results = {}
     for case in spec["cases"]:

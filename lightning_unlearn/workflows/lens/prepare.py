@@ -96,6 +96,7 @@ def generate_for_records(
     batch_size: int = 8,
     chat_template: bool | None = None,
     synced_gpus: bool = False,
+    progress: str | None = None,
 ) -> list[dict]:
     """One row per suite record: the record's fields plus ``question`` (suite prompt), ``prompt`` (model prompt),
     ``answer``, ``n_new_tokens`` and ``hit_token_cap`` (no EOS before the cap; a degeneration flag).
@@ -104,7 +105,7 @@ def generate_for_records(
     batches. Rows feed :func:`label_rows` directly.
     """
     texts = [model_prompt(tokenizer, r.prompt, chat_template) for r in records]
-    gens = generate_sorted(model, tokenizer, texts, max_new_tokens, batch_size, synced_gpus)
+    gens = generate_sorted(model, tokenizer, texts, max_new_tokens, batch_size, synced_gpus, progress)
     rows = []
     for rec, text, gen in zip(records, texts, gens):
         row = rec.to_dict()
@@ -288,7 +289,7 @@ def baseline_command(
     lm = load_causal_lm(model_dir).to(device)
     chat = {"auto": None, "on": True, "off": False}[chat_template]
     start = time.perf_counter()
-    rows = generate_for_records(lm, tokenizer, records, max_new_tokens, batch_size, chat)
+    rows = generate_for_records(lm, tokenizer, records, max_new_tokens, batch_size, chat, progress="lens baseline")
     seconds = time.perf_counter() - start
     meta = {
         "kind": "lens-baseline",
