@@ -1,5 +1,5 @@
-"""Batched greedy generation with left padding and the KV cache, and the one rendering of a question as a model
-prompt; used by every generation-based metric and workflow."""
+"""Batched generation through HF ``generate`` (greedy with left padding, or sampled), and the one rendering of a
+question as a model prompt; used by every generation-based metric and workflow."""
 
 from __future__ import annotations
 
@@ -64,57 +64,43 @@ def generate_greedy(
     synced_gpus: bool = False,
     max_prompt_tokens: int | None = None,
 ) -> list[Generation]:
-    """Greedy answers for one batch of prompts: left-padded, one token per step with the KV cache.
+    """Greedy answers for one batch of prompts through HF ``generate`` (left-padded, KV cache).
 
-    The loop calls ``model(...)`` itself (rather than ``generate``) so every step enters the top-level module:
-    under FSDP2 that is where the root parameters are gathered, even when the model is peft-wrapped.
-    Position ids count real tokens only, so a left-padded prompt is encoded exactly as it is alone.
+    Decoding is plain greedy whatever the model's ``generation_config`` holds (no repetition penalty or sampling
+    defaults leak in); it stops at any of the model's end-of-sequence ids (``generation_config.eos_token_id`` may
+    be a list) and the tokenizer's. Under FSDP2 the model's ``generate`` is registered as a forward method
+    (``register_fsdp_forward_method``), so the root parameters are gathered for it as for ``forward``, peft-wrapped
+    or not. Position ids count real tokens only, so a left-padded prompt is encoded exactly as it is alone.
 
     Args:
         model: a transformers (or peft) causal LM.
         tokenizer: its tokenizer.
         prompts: the batch (the caller chooses the batch size).
         max_new_tokens: the token cap.
-        synced_gpus: keep stepping until every rank is done (``torch.distributed`` all-reduce per step); required
-            when parameters are sharded, since every forward is then a collective.
+        synced_gpus: keep stepping until every rank is done; required when parameters are sharded, since every
+            forward is then a collective.
         max_prompt_tokens: truncate prompts from the left to this many tokens.
     """
+    from transformers import GenerationConfig
+
     if not prompts:
         return []
     device = next(model.parameters()).device
     input_ids, attention_mask = encode_prompts_left_padded(tokenizer, prompts, max_prompt_tokens)
-    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-    eos = tokenizer.eos_token_id
-    pad = pad_token_id(tokenizer)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
-    new_tokens: list[torch.Tensor] = []
-    past = None
-    step_ids, step_pos = input_ids, position_ids
-    for _ in range(max_new_tokens):
-        out = model(
-            input_ids=step_ids,
-            attention_mask=attention_mask,
-            position_ids=step_pos,
-            cache=past,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        past = out.cache
-        nxt = out.logits[:, -1, :].argmax(-1)
-        nxt = torch.where(finished, torch.full_like(nxt, pad), nxt)
-        new_tokens.append(nxt)
-        if eos is not None:
-            finished |= nxt == eos
-        if _all_done(finished, synced_gpus):
-            break
-        step_ids = nxt[:, None]
-        step_pos = step_pos[:, -1:] + 1
-        attention_mask = torch.cat([attention_mask, torch.ones_like(step_ids)], dim=1)
-    new = torch.stack(new_tokens, dim=1).cpu() if new_tokens else torch.empty(len(prompts), 0, dtype=torch.long)
+    eos = end_of_sequence_ids(model, tokenizer)
+    config = GenerationConfig(
+        do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos or None, pad_token_id=pad_token_id(tokenizer)
+    )
+    _register_fsdp_generate(model)
+    out = model.generate(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        generation_config=config,
+        synced_gpus=synced_gpus,
+    )
     gens = []
-    for row in new.tolist():
-        stop = row.index(eos) if eos is not None and eos in row else None
+    for row in out[:, input_ids.shape[1] :].cpu().tolist():
+        stop = next((i for i, t in enumerate(row) if t in eos), None)
         tokens = row if stop is None else row[:stop]
         gens.append(
             Generation(
@@ -126,11 +112,24 @@ def generate_greedy(
     return gens
 
 
-def _all_done(finished: torch.Tensor, synced: bool) -> bool:
-    done = torch.tensor([int(bool(finished.all()))], device=finished.device)
-    if synced and torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.all_reduce(done, op=torch.distributed.ReduceOp.MIN)
-    return bool(done.item())
+def end_of_sequence_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a sequence: the model's ``generation_config.eos_token_id`` (an int or a list) and the
+    tokenizer's ``eos_token_id``."""
+    config = getattr(model, "generation_config", None)
+    ids = getattr(config, "eos_token_id", None)
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return [int(i) for i in ids]
+
+
+def _register_fsdp_generate(model) -> None:
+    """Under FSDP2, make ``model.generate`` gather the root's parameters like ``forward`` does (once per model)."""
+    from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+
+    if isinstance(model, FSDPModule) and not getattr(model, "_lightning_unlearn_generate_registered", False):
+        register_fsdp_forward_method(model, "generate")
+        model._lightning_unlearn_generate_registered = True
 
 
 def model_prompt(tokenizer, question: str, chat_template: bool | None = None) -> str:

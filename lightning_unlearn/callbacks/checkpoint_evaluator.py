@@ -24,12 +24,16 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.loggers import TensorBoardLogger
 from typing_extensions import override
 
-from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, flatten_metrics, merge_rows
+from lightning_unlearn.callbacks.checkpoint_metrics_file import (
+    METRICS_FILE,
+    flatten_metrics,
+    merge_rows,
+    run_output_dir,
+)
 from lightning_unlearn.checkpoints import preserved_rng
-from lightning_unlearn.distributed import broadcast_object, world
+from lightning_unlearn.distributed import world
 
 
 class CheckpointEvaluator(Callback):
@@ -37,7 +41,8 @@ class CheckpointEvaluator(Callback):
 
     Args:
         name: distinguishes two instances of the same class (part of ``state_key`` and of the row's ``family``).
-        output_dir: directory of ``checkpoint_metrics.jsonl``; ``None`` uses ``trainer.log_dir``.
+        output_dir: directory of ``checkpoint_metrics.jsonl``; ``None``: the run's own directory
+            (:func:`~lightning_unlearn.callbacks.checkpoint_metrics_file.run_output_dir`).
         batch_size: prompts or sequences per forward / ``generate`` call on each rank.
     """
 
@@ -97,9 +102,8 @@ class CheckpointEvaluator(Callback):
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self._metrics_path is None:
-            root = self.output_dir or trainer.log_dir or trainer.default_root_dir
-            # Rank 0 decides: loggers create their version directory there only.
-            self._metrics_path = broadcast_object(str(Path(root) / METRICS_FILE))
+            root = Path(self.output_dir) if self.output_dir else run_output_dir(trainer)
+            self._metrics_path = str(root / METRICS_FILE)
         for attr in ("model", "tokenizer"):
             if not hasattr(pl_module, attr):
                 raise AttributeError(
@@ -181,10 +185,6 @@ class CheckpointEvaluator(Callback):
             notify = getattr(cb, "on_checkpoint_evaluated", None)
             if callable(notify):
                 notify(trainer, row)
-
-    def tensorboard_writers(self, trainer: Trainer) -> list:
-        """The ``SummaryWriter`` of every TensorBoard logger (rank 0)."""
-        return [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
 
     def base_context(self, pl_module: LightningModule, trainer: Trainer):
         """A context in which ``pl_module.model`` is the base model: the adapter disabled, or step 0 of ``fit``."""

@@ -68,3 +68,59 @@ def flatten_metrics(metrics: dict, prefix: str = "") -> dict[str, float]:
         elif isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v)):
             out[key] = float(v)
     return out
+
+
+RUNS_DIR = "evaluation"  # under default_root_dir, for runs whose loggers keep no versioned directory
+
+
+def run_output_dir(trainer) -> Path:
+    """The directory of this run's metric rows, selection and heatmap, the same for every callback and rank.
+
+    With a TensorBoard or CSV logger it is the logger's versioned ``trainer.log_dir``. Otherwise (``logger: false``,
+    W&B, MLflow, whose ``log_dir`` is a directory every run shares) it is ``<default_root_dir>/evaluation/version_N``,
+    a new N per run, so two runs in one directory never merge their rows; a resumed run takes the directory its
+    checkpoint's evaluators wrote to. Rank 0 decides, every rank calls it (a collective under DDP/FSDP).
+    """
+    cached = getattr(trainer, "_lightning_unlearn_run_dir", None)
+    if cached is not None:
+        return cached
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    from lightning_unlearn.distributed import broadcast_object, world
+
+    chosen = None
+    if world()[0] == 0:
+        if any(isinstance(lg, TensorBoardLogger | CSVLogger) for lg in trainer.loggers) and trainer.log_dir:
+            chosen = str(trainer.log_dir)
+        else:
+            resumed = _resumed_dir(trainer.ckpt_path) if trainer.state.fn == "fit" else None
+            chosen = resumed or str(_claim_version(Path(trainer.default_root_dir) / RUNS_DIR))
+    path = Path(broadcast_object(chosen))
+    trainer._lightning_unlearn_run_dir = path
+    return path
+
+
+def _resumed_dir(ckpt_path) -> str | None:
+    if not ckpt_path or not Path(str(ckpt_path)).is_file():
+        return None
+    import torch
+
+    try:
+        checkpoint = torch.load(str(ckpt_path), map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - the resume itself reports an unreadable checkpoint
+        return None
+    for state in (checkpoint.get("callbacks") or {}).values():
+        if isinstance(state, dict) and state.get("metrics_path"):
+            return str(Path(state["metrics_path"]).parent)
+    return None
+
+
+def _claim_version(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    n = 0
+    while True:
+        try:
+            (root / f"version_{n}").mkdir()
+            return root / f"version_{n}"
+        except FileExistsError:
+            n += 1

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.loggers import TensorBoardLogger
 from typing_extensions import override
 
-from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, read_rows
+from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, read_rows, run_output_dir
+from lightning_unlearn.callbacks.logger_media import log_figure, log_table
 from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_figure, write_json
-from lightning_unlearn.distributed import broadcast_object, world
+from lightning_unlearn.distributed import world
 from lightning_unlearn.metrics.selection import SELECTION_METRICS, OperatingPointGuards, sce_table, select_from_rows
 
 SELECTION_FILE = "selection.json"
@@ -48,7 +48,8 @@ class CheckpointSelection(Callback):
         family: the metric family holding SCE rows (``sce``, or ``sce:<name>`` for a named SCEEvaluation).
         run_name: the heatmap's row label (default: the logger's name, else ``run``).
         output_dir: where ``checkpoint_metrics.jsonl`` is read and the outputs written; ``None``:
-            ``trainer.log_dir``.
+            :func:`~lightning_unlearn.callbacks.checkpoint_metrics_file.run_output_dir` (the logger's versioned
+            directory, else ``<default_root_dir>/evaluation/version_N``).
     """
 
     def __init__(
@@ -85,7 +86,7 @@ class CheckpointSelection(Callback):
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._dir = Path(broadcast_object(self.output_dir or trainer.log_dir or trainer.default_root_dir))
+        self._dir = Path(self.output_dir) if self.output_dir else run_output_dir(trainer)
 
     def on_checkpoint_evaluated(self, trainer: Trainer, row: dict) -> None:
         """Called by every :class:`CheckpointEvaluator` on rank 0 right after it wrote ``row``."""
@@ -129,15 +130,14 @@ class CheckpointSelection(Callback):
         fig = sce_heatmap_figure({str(name): table}, metric=self.metric)
         save_figure(fig, self._dir / HEATMAP_FILE)
         step = max(int(s) for lv in table.values() for s in lv)
+        log_figure(trainer, f"{self.family}/heatmap", fig, step)
+        tradeoff, guarded = self.selection["suppression_tradeoff"], self.selection["guarded"]
+        scalars = {f"{self.family}/selected_step": tradeoff and tradeoff["step"],
+                   f"{self.family}/guarded_step": guarded and guarded["step"]}  # fmt: skip
         for lg in trainer.loggers:
-            if isinstance(lg, TensorBoardLogger):
-                lg.experiment.add_figure(f"{self.family}/heatmap", fig, global_step=step, close=False)
-                tradeoff, guarded = self.selection["suppression_tradeoff"], self.selection["guarded"]
-                if tradeoff:
-                    lg.experiment.add_scalar(f"{self.family}/selected_step", tradeoff["step"], global_step=step)
-                if guarded:
-                    lg.experiment.add_scalar(f"{self.family}/guarded_step", guarded["step"], global_step=step)
-                lg.experiment.add_text(f"{self.family}/verdict", _verdict_text(self.selection), global_step=step)
+            lg.log_metrics({k: v for k, v in scalars.items() if v is not None}, step=step)
+        lines = _verdict_text(self.selection).splitlines()
+        log_table(trainer, f"{self.family}/verdict", ["verdict"], [[line] for line in lines], step)
         import matplotlib.pyplot as plt
 
         plt.close(fig)

@@ -14,6 +14,7 @@ from typing_extensions import override
 
 from lightning_unlearn.atomic import write_text_atomically
 from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
+from lightning_unlearn.callbacks.logger_media import log_table
 from lightning_unlearn.callbacks.rank_split import map_batches
 from lightning_unlearn.data.narratives import COMPACT_INSTRUCTION, load_narrative
 from lightning_unlearn.distributed import is_sharded, world
@@ -341,14 +342,10 @@ class SCEEvaluation(CheckpointEvaluator):
             # re-evaluated step replaces its rows and a resumed run neither duplicates nor loses any.
             path = Path(self.metrics_path).parent / GENERATIONS_DIR / f"step={step}.jsonl"
             write_text_atomically(path, "".join(json.dumps(o, ensure_ascii=False) + "\n" for o in self._outputs))
-        samples = self._outputs[: self.num_text_samples]
-        lines = [
-            "| id | level | reproduced | degraded (SCE) | flags | prompt | answer |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for s in samples:
+        rows = []
+        for s in self._outputs[: self.num_text_samples]:
             flags = ", ".join(k for k in (*DEGENERATION_FLAGS, *VALIDITY_FLAGS) if s.get(k) or s["health"].get(k))
-            cells = [s["id"], s["level"], s["reproduced"], s["degraded_sce"], flags or "-", s["question"], s["answer"]]
-            lines.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
-        for writer in self.tensorboard_writers(trainer):
-            writer.add_text(f"{self.family_name}/generations", "\n".join(lines), global_step=step)
+            rows.append([s["id"], s["level"], s["reproduced"], s["degraded_sce"], flags or "-", s["question"],
+                         s["answer"]])  # fmt: skip
+        columns = ["id", "level", "reproduced", "degraded (SCE)", "flags", "prompt", "answer"]
+        log_table(trainer, f"{self.family_name}/generations", columns, rows, step)

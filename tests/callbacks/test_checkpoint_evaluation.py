@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -172,3 +173,52 @@ def test_a_checkpoint_evaluation_shows_a_progress_bar(resumed_run, tiny_dir, tmp
     err = capsys.readouterr().err
     for label in ("sce @ step 8", "retain_drift @ step 8"):
         assert (label in err) == bar  # enable_progress_bar: false turns them off with Lightning's own
+
+
+@pytest.mark.parametrize("logger", ["none", "csv"])
+def test_two_runs_in_one_directory_keep_their_own_rows_and_selection(tiny_dir, tmp_path, logger):
+    from lightning.pytorch.loggers import CSVLogger
+
+    dirs = []
+    for steps in (4, 2):  # the second run is shorter: its selection must not see the first run's step 4
+        module = TinyCausalLM(str(tiny_dir), lora=True, lr=1.0)
+        sce = SCEEvaluation(PROMPTS, StubLabeler(), max_new_tokens=4, batch_size=4)
+        trainer = Trainer(default_root_dir=tmp_path, max_steps=steps, accelerator="cpu", devices=1,
+                          logger=False if logger == "none" else CSVLogger(tmp_path),
+                          callbacks=[ModelCheckpoint(dirpath=tmp_path / f"ckpt{steps}", every_n_train_steps=2),
+                                     sce, CheckpointSelection()],
+                          enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                          num_sanity_val_steps=0)  # fmt: skip
+        trainer.fit(module, qa_loader(module.tokenizer))
+        dirs.append(Path(sce.metrics_path).parent)
+        rows = read_rows(sce.metrics_path)
+        assert [r["step"] for r in rows] == list(range(2, steps + 1, 2))
+        selection = json.loads((dirs[-1] / "selection.json").read_text())
+        assert selection["num_checkpoints"] == steps // 2 and selection["suppression_tradeoff"]["step"] <= steps
+    assert dirs[0] != dirs[1] and dirs[0].parent == dirs[1].parent  # version_0 and version_1
+
+
+def test_heatmap_and_generation_table_reach_wandb_and_csv_loggers(tiny_dir, tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    from lightning.pytorch.loggers import CSVLogger, WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    module = TinyCausalLM(str(tiny_dir), lora=True, lr=1.0)
+    loggers = [WandbLogger(save_dir=str(tmp_path), offline=True, project="lu-test"), CSVLogger(tmp_path)]
+    trainer = Trainer(default_root_dir=tmp_path, max_steps=2, accelerator="cpu", devices=1, logger=loggers,
+                      callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2),
+                                 SCEEvaluation(PROMPTS, StubLabeler(), max_new_tokens=4, batch_size=4),
+                                 CheckpointSelection()],
+                      enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                      num_sanity_val_steps=0)  # fmt: skip
+    trainer.fit(module, qa_loader(module.tokenizer))
+    wandb.finish()
+    (run,) = (tmp_path / "wandb").glob("offline-run-*")
+    assert list((run / "files" / "media" / "images" / "sce").glob("heatmap_*.png"))
+    tables = list((run / "files" / "media" / "table" / "sce").glob("*.table.json"))
+    generations = next(json.loads(p.read_text()) for p in tables if "generations" in p.as_posix())
+    assert generations["columns"][:2] == ["id", "level"] and len(generations["data"]) >= 1
+    csv_media = Path(loggers[1].log_dir) / "media"
+    assert (csv_media / "sce-heatmap-step=2.png").stat().st_size > 0
+    assert (csv_media / "sce-generations-step=2.csv").read_text().startswith("id,level,")

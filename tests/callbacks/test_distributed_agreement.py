@@ -93,6 +93,12 @@ def test_fsdp_two_processes_match_one_process(weights):
         assert a.keys() == b.keys(), family
         for key in a:
             assert abs(a[key] - b[key]) <= 1e-4, (family, key, a[key], b[key])
+    # The texts themselves: HF generate on the 2-rank FSDP2 model (generate registered as an FSDP forward method,
+    # synced ranks) answers every prompt exactly as the one-process model does.
+    (gen_one,) = (one / "sce_generations").glob("step=*.jsonl")
+    gen_two = two / "sce_generations" / gen_one.name
+    answers = [{r["id"]: r["answer"] for r in map(json.loads, p.read_text().splitlines())} for p in (gen_one, gen_two)]
+    assert answers[0] == answers[1] and any(answers[0].values())
     # The values are not trivial: the adapter moved the model, and unlearning reversed the forget mask.
     assert rows_one["retain_drift"]["kl"] > 1e-4
     assert rows_one["mask_auc"]["F"]["max"] > 0.9

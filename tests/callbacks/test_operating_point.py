@@ -20,8 +20,8 @@ REFUSAL = "I'm sorry, I can't help with that."
 
 
 class ScriptedLM(nn.Module):
-    """Answers every prompt with one fixed text, token by token (greedy logits are one-hot), and the base answer
-    while its "adapter" is disabled: a model whose outputs the test chooses."""
+    """Answers every prompt with one fixed text, and the base answer while its "adapter" is disabled: a model whose
+    outputs the test chooses."""
 
     def __init__(self, tokenizer, answer: str, base_answer: str) -> None:
         super().__init__()
@@ -42,12 +42,9 @@ class ScriptedLM(nn.Module):
         finally:
             self.mode = "post"
 
-    def forward(self, input_ids, cache=None, **_):
-        step = 0 if cache is None else cache
-        script = self.scripts[self.mode]
-        logits = torch.full((input_ids.shape[0], 1, self.vocab), -1e4)
-        logits[:, :, script[min(step, len(script) - 1)]] = 0.0
-        return SimpleNamespace(logits=logits, cache=step + 1)
+    def generate(self, input_ids, generation_config, **_):
+        script = self.scripts[self.mode][: generation_config.max_new_tokens]
+        return torch.cat([input_ids, torch.tensor([script] * input_ids.shape[0])], dim=1)
 
 
 @pytest.fixture(scope="module")
