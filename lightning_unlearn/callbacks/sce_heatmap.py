@@ -32,13 +32,16 @@ def sce_heatmap_figure(
     levels = [lv for lv in levels if any(lv in t for t in tables.values())] or ["pooled"]
     runs = list(tables)
     steps = sorted({s for t in tables.values() for lv in levels for s in t.get(lv, {})})
+    width = max(3.0, 0.42 * max(len(steps), 1) + 0.6)
+    label_width = 0.09 * max((len(r) for r in runs), default=4) + 0.4
     fig, axes = plt.subplots(
         1,
         len(levels),
-        figsize=(max(4.0, 0.45 * len(steps) + 2) * len(levels) / 1.5, 1.2 + 0.45 * len(runs)),
+        figsize=(width * len(levels) + label_width + 1.2, 1.0 + 0.42 * len(runs)),
         squeeze=False,
+        sharey=True,  # the run labels once, on the left, as in LENS Fig. 3
     )
-    for ax, level in zip(axes[0], levels):
+    for k, (ax, level) in enumerate(zip(axes[0], levels)):
         grid = np.full((len(runs), max(len(steps), 1)), np.nan)
         for i, run in enumerate(runs):
             for j, step in enumerate(steps):
@@ -46,10 +49,17 @@ def sce_heatmap_figure(
                 if cell is not None and cell.get(metric) is not None:
                     grid[i, j] = cell[metric]
         im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+        for (i, j), value in np.ndenumerate(grid):
+            if not np.isnan(value):  # the value in each cell; dark text on the bright end of viridis
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6,
+                        color="black" if value > 0.6 else "white")  # fmt: skip
         ax.set_title(level)
         ax.set_xticks(range(len(steps)), [str(s) for s in steps], rotation=90, fontsize=7)
-        ax.set_yticks(range(len(runs)), runs, fontsize=7)
         ax.set_xlabel("step")
+        if k == 0:
+            ax.set_yticks(range(len(runs)), runs, fontsize=7)
+        else:
+            ax.tick_params(axis="y", left=False, labelleft=False)
     fig.colorbar(im, ax=axes[0].tolist(), label=metric.upper().replace("_", " "), shrink=0.8)
     return fig
 
