@@ -217,7 +217,8 @@ def generate(
                 torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
                 kwargs = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
             ids = model.generate(
-                **enc,
+                input_ids=enc["input_ids"],  # not token_type_ids, which some tokenizers add and causal LMs refuse
+                attention_mask=enc["attention_mask"],
                 max_new_tokens=max_new_tokens,
                 num_return_sequences=num_samples,
                 pad_token_id=tokenizer.pad_token_id,
