@@ -8,6 +8,7 @@ with LightningCLI's underscore flags. This module only names them: it imports no
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import logging
@@ -138,13 +139,8 @@ class UnlearnCLI(LightningCLI):
     def _run_reporting_user_errors(self, subcommand: str) -> None:
         # A check of this package that fires once the data and model meet (a group id outside the masks, a forget
         # set without rows) is a bad input too: one line, not Lightning's traceback. Anything else propagates.
-        try:
+        with _user_errors_in_one_line(subcommand):
             super()._run_subcommand(subcommand)
-        except Exception as err:
-            cause = _user_error(err)
-            if cause is None:
-                raise
-            raise SystemExit(f"lightning-unlearn {subcommand}: error: {cause}") from None
 
     @override
     def before_instantiate_classes(self) -> None:
@@ -168,13 +164,8 @@ class UnlearnCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         # A bad value in the config (a negative learning rate, a missing path) raises inside jsonargparse's
         # instantiation and would surface as 70-110 lines of chained tracebacks: print the one line that says it.
-        try:
+        with _user_errors_in_one_line(self.config.get("subcommand")):
             super().instantiate_classes()
-        except Exception as err:
-            cause = _user_error(err)
-            if cause is None:
-                raise
-            raise SystemExit(f"lightning-unlearn {self.config.get('subcommand')}: error: {cause}") from None
 
     @override
     def _parse_ckpt_path(self) -> None:
@@ -254,6 +245,18 @@ def _continue_in_the_checkpoints_version(config, ckpt: Path) -> None:
     else:
         return
     logging.getLogger("lightning_unlearn").info("the resumed run continues in %s", log_dir)
+
+
+@contextlib.contextmanager
+def _user_errors_in_one_line(subcommand: str | None):
+    """A :func:`_user_error` raised inside ends the command with its one line; anything else propagates."""
+    try:
+        yield
+    except Exception as err:
+        cause = _user_error(err)
+        if cause is None:
+            raise
+        raise SystemExit(f"lightning-unlearn {subcommand}: error: {cause}") from None
 
 
 def _user_error(err: BaseException) -> str | None:

@@ -95,12 +95,15 @@ def _assert_same(resumed, reference) -> None:
                 assert got[name] == value, (key, name)
 
 
-@pytest.fixture(scope="module")
-def reference(testbed, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("uninterrupted")
-    done = _fit(_config(tmp, testbed, None, ddp=False))
+def _uninterrupted(tmp: Path, testbed, ddp: bool):
+    done = _fit(_config(tmp, testbed, None, ddp=ddp))
     assert done.returncode == 0, done.stderr[-3000:]
     return _outcome(tmp / "run")
+
+
+@pytest.fixture(scope="module")
+def reference(testbed, tmp_path_factory):
+    return _uninterrupted(tmp_path_factory.mktemp("uninterrupted"), testbed, ddp=False)
 
 
 def _kill_and_resume(tmp: Path, testbed, moment: str, step: int, ddp: bool = False):
@@ -133,10 +136,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(testbed, tmp_path, refer
 
 @pytest.fixture(scope="module")
 def ddp_reference(testbed, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("uninterrupted_ddp")
-    done = _fit(_config(tmp, testbed, None, ddp=True))
-    assert done.returncode == 0, done.stderr[-3000:]
-    return _outcome(tmp / "run")
+    return _uninterrupted(tmp_path_factory.mktemp("uninterrupted_ddp"), testbed, ddp=True)
 
 
 @pytest.mark.slow
