@@ -471,31 +471,21 @@ def run_chain(
         cmd = _fit_cmd(pretrain_config, w / "pretrain", overrides)
         if not done(pre_model, "pretrain", cmd):
             run([("pretrain", cmd, w / "pretrain")])
-
-    # Two branches, masked and UnMask control: injection, then instruction tuning. On ≥ 2 cores they run side by
-    # side, one core each, and each branch starts its instruction tuning as soon as its own injection is done (the
-    # control's injection is the faster one: its instruction tuning overlaps the masked injection's last minutes).
-    # Each stage has the thread count it had when both waves ran side by side, so the numbers do not change.
-    def branch(inject: str, config: str, instruct: str) -> list[tuple]:
-        inj_cmd = _fit_cmd(config, w / inject, [*data_args, "--model.model_path", str(pre_model), *preset["inject"]],
-                           overlays)  # fmt: skip
-        source = w / inject / "export" / "inj"
-        ins_cmd = _fit_cmd("instruct.yaml", w / instruct, [*data_dir, "--model.model_path", str(source),
-                           *preset["instruct"]], instruct_overlays)  # fmt: skip
-        return [(inject, inj_cmd, w / inject, source, [pre_model]),
-                (instruct, ins_cmd, w / instruct, w / instruct / "export" / "model", [source])]  # fmt: skip
-
-    branches = [branch("inject", "inject.yaml", "instruct"),
-                branch("inject_unmasked", "inject_unmasked.yaml", "instruct_unmasked")]  # fmt: skip
-    if parallel:
-        pending = [b for b in branches if not all(done(out, name, cmd, ins) for name, cmd, _, out, ins in b)]
-        if pending:
-            run_branches(pending, cores, log, done)
-    else:
-        for b in branches:
-            for name, cmd, root, out, ins in b:
-                if not done(out, name, cmd, ins):
-                    run([(name, cmd, root)])
+    todo = []
+    for name, config in (("inject", "inject.yaml"), ("inject_unmasked", "inject_unmasked.yaml")):
+        overrides = [*data_args, "--model.model_path", str(pre_model), *preset["inject"]]
+        cmd = _fit_cmd(config, w / name, overrides, overlays)
+        if not done(w / name / "export" / "inj", name, cmd, [pre_model]):
+            todo.append((name, cmd, w / name))
+    run(todo)
+    todo = []
+    for name, source in (("instruct", "inject"), ("instruct_unmasked", "inject_unmasked")):
+        source_model = w / source / "export" / "inj"
+        overrides = [*data_dir, "--model.model_path", str(source_model), *preset["instruct"]]
+        cmd = _fit_cmd("instruct.yaml", w / name, overrides, instruct_overlays)
+        if not done(w / name / "export" / "model", name, cmd, [source_model]):
+            todo.append((name, cmd, w / name))
+    run(todo)
     reports = {}
     for name, model, out, write in (
         ("masked", w / "instruct" / "export" / "model", w / "splits", True),
@@ -514,52 +504,6 @@ def run_chain(
     log(target_verdict(reports["masked"]))
     log(f"[lacuna] done in {time.time() - started:.0f} s; splits in {w / 'splits'}")
     return reports
-
-
-def run_branches(branches: Sequence[Sequence[tuple]], cores: int, log, done) -> None:
-    """Run each branch's stages in order, the branches side by side with ``cores // len(branches)`` threads each.
-
-    A stage is ``(name, cmd, root, output, inputs)``; one that ``done(output, name, cmd, inputs)`` says is finished
-    is reused. The first branch shows its progress bar here, the others write theirs to ``<root>/stage.log``. When
-    a stage fails, the stages running beside it are stopped and the failure is raised.
-    """
-    import threading
-
-    threads = max(1, cores // len(branches))
-    failures: list[BaseException] = []
-    running: dict[int, object] = {}
-
-    def work(i: int, stages: Sequence[tuple]) -> None:
-        try:
-            for name, cmd, root, output, inputs in stages:
-                if failures or done(output, name, cmd, inputs):
-                    continue
-                root.mkdir(parents=True, exist_ok=True)
-                log(f"[lacuna] {name}: {' '.join(cmd[2:])}")
-                begun = time.time()
-                out = None
-                if i > 0:
-                    log(f"[lacuna] {name}: running alongside; progress in {root / 'stage.log'}")
-                    out = open(root / "stage.log", "w")  # noqa: SIM115
-                running[i] = proc = processes.spawn(cmd, env=_stage_env(threads), stdout=out, stderr=out)
-                code = proc.wait()
-                if code != 0:
-                    hint = f" (see {root / 'stage.log'})" if out is not None else ""
-                    raise RuntimeError(f"stage {name} failed with exit code {code}{hint}.")
-                log(f"[lacuna] {name}: finished in {time.time() - begun:.0f} s ({threads} thread(s), side by side)")
-        except BaseException as err:  # noqa: BLE001 - handed to the main thread, which raises it
-            failures.append(err)
-            for j, proc in running.items():
-                if j != i and proc.poll() is None:
-                    proc.terminate()
-
-    workers = [threading.Thread(target=work, args=(i, b)) for i, b in enumerate(branches)]
-    for t in workers:
-        t.start()
-    for t in workers:
-        t.join()
-    if failures:
-        raise failures[0]
 
 
 def target_verdict(masked: dict, rate: float = 0.5, fields: int = 2) -> str:
