@@ -89,9 +89,10 @@ def run_output_dir(trainer) -> Path:
     from lightning_unlearn.distributed import broadcast_object, world
 
     chosen = None
+    log_dir = trainer.log_dir  # a collective itself (Lightning broadcasts it): every rank asks
     if world()[0] == 0:
-        if any(isinstance(lg, TensorBoardLogger | CSVLogger) for lg in trainer.loggers) and trainer.log_dir:
-            chosen = str(trainer.log_dir)
+        if any(isinstance(lg, TensorBoardLogger | CSVLogger) for lg in trainer.loggers) and log_dir:
+            chosen = str(log_dir)
         else:
             resumed = _resumed_dir(trainer.ckpt_path) if trainer.state.fn == "fit" else None
             chosen = resumed or str(_claim_version(Path(trainer.default_root_dir) / RUNS_DIR))

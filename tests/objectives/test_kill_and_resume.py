@@ -9,6 +9,7 @@ evaluation families at every checkpoint.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -56,11 +57,20 @@ def _config(tmp: Path, testbed, kill: tuple[str, int] | None, ddp: bool) -> Path
     return path
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _fit(config: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-           "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}  # fmt: skip
+    # A fresh rendezvous port each run, and no rank variables from this process's environment.
+    leftovers = ("LOCAL_RANK", "RANK", "NODE_RANK", "WORLD_SIZE")
+    env = {k: v for k, v in os.environ.items() if k not in leftovers}
+    env.update(PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]), HF_HUB_OFFLINE="1",
+               OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))  # fmt: skip
     cmd = [sys.executable, "-m", "lightning_unlearn.cli", "fit", "-c", "lens/npo.yaml", "-c", str(config), *extra]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
 def _outcome(root: Path) -> tuple[dict[str, torch.Tensor], dict[tuple[int, str], dict]]:
