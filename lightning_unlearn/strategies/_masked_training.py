@@ -90,7 +90,7 @@ class MaskedTraining:
         if self._engine_checked:
             return self._engine
         self._engine_checked = True
-        if self.masking == "lockstep" or self._shard is not None:
+        if self.masking == "lockstep":
             return None
         engine = MaskedGradients(module, self._source)
         if engine.one_pass:

@@ -1,11 +1,17 @@
 """FSDP2 strategy (``fully_shard`` on Lightning's ``ModelParallelStrategy``) with per-sample masked gradients.
 
-Each rank holds only its dim-0 shard of the packed masks (``torch.chunk``, like FSDP2's ``Shard(0)``), so masks
-can only be applied to reduce-scattered gradient shards. That is exact only in lockstep: every rank runs one
-forward+backward per group present on any rank (see :func:`lightning_unlearn.strategies.lockstep_masked_backward`).
-Runs on CPU with gloo (Lightning's ``strategy="fsdp"`` refuses CPU). When the LightningModule's
-``configure_model`` did not shard anything, every transformer block and then each top-level child module is
-``fully_shard``-ed over the data-parallel mesh.
+Each rank holds only its dim-0 shard of the packed masks (``torch.chunk``, like FSDP2's ``Shard(0)``). By default
+(``masking="auto"``) a step is one forward+backward: the one-pass rules of
+:class:`~lightning_unlearn.strategies.MaskedGradients` mask each rank's gradient of the unsharded weight inside the
+backward, with the parameter's full mask all-gathered just for that backward, before FSDP's reduce-scatter sums
+the ranks' masked gradients. Models with trainable modules that have no one-pass rule (and ``masking="lockstep"``)
+run in lockstep instead: every rank runs one forward+backward per group present on any rank and masks its
+reduce-scattered gradient shard with its mask shard (see
+:func:`lightning_unlearn.strategies.lockstep_masked_backward`).
+
+Runs on CPU with gloo (Lightning's ``strategy="fsdp"`` refuses CPU). When the LightningModule's ``configure_model``
+did not shard anything, every transformer block and then each top-level child module is ``fully_shard``-ed over
+the data-parallel mesh.
 
 Only rank 0 needs to read the weights: a module that builds its model with :func:`load_model_for_rank` gets a
 meta-device skeleton on the other ranks, and setup broadcasts rank 0's state (and buffers) into every rank's shards
@@ -33,7 +39,7 @@ from typing_extensions import override
 from lightning_unlearn.distributed import local_view
 from lightning_unlearn.masks import shard_masks
 from lightning_unlearn.models import load_causal_lm
-from lightning_unlearn.strategies._masked_training import MaskedStrategyHooks, MaskedTraining
+from lightning_unlearn.strategies._masked_training import MaskedStrategyHooks, MaskedTraining, Masking
 
 _BLOCK = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.\d+$")
 
@@ -49,6 +55,10 @@ class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
         data_parallel_size: ranks that shard the model; ``"auto"`` means all of them (no tensor parallelism).
         save_distributed_checkpoint: each rank saves its own shard (``True``) or rank 0 saves full weights.
         process_group_backend: ``"gloo"`` for CPU, ``"nccl"`` for GPUs; ``None`` picks by accelerator.
+        masking: ``"auto"`` (one pass when every trainable module has a rule, else lockstep), ``"one_pass"``
+            or ``"lockstep"``.
+        reshard_after_forward: passed to ``fully_shard`` when this strategy shards the module (free each block's
+            unsharded weights after its forward and all-gather them again for the backward, or keep them).
         timeout: collective timeout.
     """
 
@@ -57,6 +67,8 @@ class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
         data_parallel_size: Literal["auto"] | int = "auto",
         save_distributed_checkpoint: bool = True,
         process_group_backend: str | None = None,
+        masking: Masking = "auto",
+        reshard_after_forward: bool = True,
         timeout: timedelta | None = default_pg_timeout,
     ) -> None:
         super().__init__(
@@ -66,7 +78,8 @@ class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
-        self.masked = MaskedTraining("lockstep", shard=self._shard_masks, local_shape=_local_shape)
+        self.masked = MaskedTraining(masking, shard=self._shard_masks, local_shape=_local_shape)
+        self.reshard_after_forward = reshard_after_forward
 
     #: :meth:`load_checkpoint` accepts sharded checkpoints that lack some model keys.
     loads_partial_sharded_checkpoints = True
@@ -158,7 +171,7 @@ class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
         mesh = self.device_mesh["data_parallel"]
         for name, sub in module.named_modules():
             if _BLOCK.search(name) and any(True for _ in sub.parameters()):
-                fully_shard(sub, mesh=mesh)
+                fully_shard(sub, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
         if any(True for _ in module.parameters(recurse=False)):
             raise ValueError(
                 f"{type(module).__name__} has parameters of its own; MaskedFSDPStrategy shards child modules only. "
@@ -166,7 +179,7 @@ class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
             )
         for child in module.children():
             if any(True for _ in child.parameters()):
-                fully_shard(child, mesh=mesh)
+                fully_shard(child, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
 
 
 def _load_sharded_checkpoint(

@@ -18,6 +18,14 @@ view). A group with no element in a parameter costs nothing there, so parameters
 neutral rows' gradient — cheaper than the unmasked step. Measured on a CPU (``benchmarks/masked_step.py``):
 the masked step costs about the same as the unmasked one.
 
+Under FSDP2 the same rules run on the *unsharded* weights that exist during each block's forward and backward:
+the gradient a rank computes is the masked sum over its own samples for the whole weight, and FSDP's
+reduce-scatter then sums the ranks' already-masked gradients — exact because masking is linear. Each rank keeps
+only its dim-0 shard of the packed masks (:class:`ShardedParamMask`, 4 bytes per local element); the full mask
+of one parameter is all-gathered inside that parameter's backward and freed after it, so the transient peak is
+the largest single parameter's mask. Whether a parameter needs its mask this step is decided from the groups
+present on *any* rank (one small all-reduce per step), so every rank issues the same gathers in the same order.
+
 This module imports torch only.
 """
 
@@ -156,9 +164,9 @@ class ParamMask:
 
     __slots__ = ("packed", "present", "indices")
 
-    def __init__(self, packed: torch.Tensor, index_cache: bool = True) -> None:
+    def __init__(self, packed: torch.Tensor, index_cache: bool = True, present: frozenset[int] | None = None) -> None:
         self.packed = packed
-        self.present = groups_in_mask(packed)
+        self.present = groups_in_mask(packed) if present is None else present
         self.indices: dict[int, torch.Tensor] | None = None
         if index_cache:
             self.indices = {
@@ -169,6 +177,14 @@ class ParamMask:
     def cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.indices or {}).values())
 
+    @property
+    def shape(self) -> torch.Size:
+        return self.packed.shape
+
+    def full(self) -> ParamMask:
+        """The mask of the whole parameter: this one (see :meth:`ShardedParamMask.full`)."""
+        return self
+
     def add_masked(self, grad: torch.Tensor, contribution: torch.Tensor, group: int) -> None:
         """``grad += m^group ⊙ contribution`` in place (``grad`` contiguous)."""
         if self.indices is not None:
@@ -178,25 +194,72 @@ class ParamMask:
             grad.add_(torch.where(decode(self.packed, group), contribution, 0))
 
 
+class ShardedParamMask:
+    """One FSDP2 parameter's packed mask, held as this rank's dim-0 shard (``torch.chunk``, FSDP2's ``Shard(0)``).
+
+    :meth:`full` all-gathers the whole packed mask over ``group`` — a collective every rank of the group must call
+    for the same parameter in the same order — and returns it as a :class:`ParamMask` without an index cache, so
+    nothing beyond the shard outlives the backward that used it.
+
+    Args:
+        shard: this rank's uint32 shard (rows ``[r·c, (r+1)·c)`` of the full tensor, ``c = ceil(dim0 / world)``;
+            trailing ranks may hold none).
+        shape: the full parameter's shape.
+        present: the group ids with an element anywhere in the full mask (all ranks agree on it).
+        group: the data-parallel process group the parameter is sharded over.
+    """
+
+    __slots__ = ("packed", "shape", "present", "group", "peak")
+
+    def __init__(self, shard: torch.Tensor, shape: torch.Size, present: frozenset[int], group) -> None:
+        self.packed = shard
+        self.shape = torch.Size(shape)
+        self.present = present
+        self.group = group
+        self.peak = 0  # bytes of the largest full mask this rank gathered
+
+    def full(self) -> ParamMask:
+        import torch.distributed as dist
+
+        world = dist.get_world_size(self.group)
+        rows = -(-self.shape[0] // world) if len(self.shape) else 1
+        local = self.packed.view(torch.int32)  # gloo and NCCL have no uint32 collectives
+        if local.shape[0] < rows:
+            local = torch.cat([local, local.new_zeros((rows - local.shape[0], *self.shape[1:]))])
+        out = local.new_empty((world * rows, *self.shape[1:]))
+        dist.all_gather_into_tensor(out, local.contiguous(), group=self.group)
+        packed = out[: self.shape[0]].view(torch.uint32)
+        self.peak = max(self.peak, out.numel() * out.element_size())
+        return ParamMask(packed, index_cache=False, present=self.present)
+
+
 class _Route:
-    """What a patched module's backward needs: the batch's sample groups and one parameter's mask."""
+    """What a patched module's backward needs: the batch's sample groups and one parameter's mask.
 
-    __slots__ = ("groups", "mask")
+    ``active``: some group present in this step's batch on some rank has elements in the mask, so the backward
+    needs the mask (under FSDP2 it gathers it then, on every rank alike).
+    """
 
-    def __init__(self, groups: SampleGroups, mask: ParamMask) -> None:
+    __slots__ = ("groups", "mask", "active")
+
+    def __init__(self, groups: SampleGroups, mask: ParamMask | ShardedParamMask, active: bool = True) -> None:
         self.groups = groups
         self.mask = mask
+        self.active = active
 
     def combine(self, part) -> torch.Tensor | None:
         """``part(samples)`` -> gradient summed over ``samples``; returns G_neutral + Σ_g m^g ⊙ G_g."""
         grad = part(self.groups.neutral) if self.groups.neutral is not None else None
+        if not self.active:
+            return grad
+        mask = self.mask.full()
         for g, samples in self.groups.groups:
-            if g not in self.mask.present:
+            if g not in mask.present:
                 continue  # m^g is zero on this parameter: group g contributes nothing
             contribution = part(samples)
             if grad is None:
                 grad = torch.zeros_like(contribution)
-            self.mask.add_masked(grad, contribution, g)
+            mask.add_masked(grad, contribution, g)
         return grad
 
 
@@ -286,7 +349,7 @@ class _PerSampleScale(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         route = ctx.route
-        shape = route.mask.packed.shape
+        shape = route.mask.shape
         per_sample = grad.reshape(route.groups.batch_size, *shape)
         out = route.combine(lambda samples: per_sample.index_select(0, samples.idx).sum(0))
         return (grad.new_zeros(shape) if out is None else out), None, None
@@ -302,37 +365,55 @@ class MaskedGradients:
     """Exact per-sample masked gradients in one forward+backward for a model's trainable parameters.
 
     Build once per (model, masks); use :meth:`batch` around each step's forward (backward may run after it).
+    Under FSDP2 (the trainable parameters are DTensors) build it on every rank at the same point, with this rank's
+    mask shards; construction and :meth:`batch` are then collectives.
 
     Args:
         model: the module whose trainable parameters get masked gradients (e.g. the LightningModule).
-        packed_masks: ``{canonical name: uint32 tensor of the parameter's shape}``.
+        packed_masks: ``{canonical name: uint32 tensor of the parameter's shape}``; under FSDP2 each value is this
+            rank's dim-0 shard (:func:`lightning_unlearn.masks.shard_masks`), of the local shard's shape.
         index_cache: keep each group's masked element indices (int32; see :class:`ParamMask` for the memory
             cost, :attr:`cache_bytes` for the total). Without it masks are decoded on every backward, which on the
-            CPU costs a few full-size elementwise passes per parameter and group.
+            CPU costs a few full-size elementwise passes per parameter and group. Never used under FSDP2, where
+            a rank keeps its mask shard only.
 
     Attributes:
         unsupported: names of trainable parameters owned by modules this engine cannot split per sample (all of
             them under activation checkpointing, whose recomputed forwards run outside :meth:`batch`); when
             non-empty, :attr:`one_pass` is False and callers use :func:`lockstep_masked_backward` instead.
+        sharded: the parameters are FSDP2 DTensors and the masks this rank's shards.
     """
 
     def __init__(self, model: nn.Module, packed_masks: Mapping[str, torch.Tensor], index_cache: bool = True) -> None:
         self.model = model
         self.packed_masks = packed_masks
         keys = resolve_param_masks(model, packed_masks)
-        self._mask: dict[nn.Parameter, ParamMask] = {}
+        self.sharded = any(_is_dtensor(p) for p in keys)
+        self._group = _shard_group(keys) if self.sharded else None
+        self._mask: dict[nn.Parameter, ParamMask | ShardedParamMask] = {}
+        shards = {}
         for p, k in keys.items():
-            mask = packed_masks[k].to(p.device)
-            if tuple(mask.shape) != tuple(p.shape):
+            local = p.to_local() if _is_dtensor(p) else p
+            mask = packed_masks[k].to(local.device)
+            if tuple(mask.shape) != tuple(local.shape):
+                where = "this rank's shard of the parameter" if self.sharded else "the parameter"
                 raise ValueError(
-                    f"mask {k!r} has shape {tuple(mask.shape)} but the parameter has {tuple(p.shape)}; "
+                    f"mask {k!r} has shape {tuple(mask.shape)} but {where} has {tuple(local.shape)}; "
                     "the masks were made for another model."
                 )
-            self._mask[p] = ParamMask(mask, index_cache)
+            if self.sharded:
+                shards[p] = mask
+            else:
+                self._mask[p] = ParamMask(mask, index_cache)
+        if self.sharded:
+            for p, present in zip(shards, _groups_on_any_rank(list(shards.values()), self._group)):
+                self._mask[p] = ShardedParamMask(shards[p], p.shape, present, self._group)
         handled: set[nn.Parameter] = set()
-        self._modules: list[tuple[str, nn.Module]] = []
+        # (kind, module, names of its trainable parameters): the parameter objects are looked up at forward time,
+        # because FSDP2 swaps a module's registered parameters between the sharded and the unsharded ones.
+        self._modules: list[tuple[str, nn.Module, dict[str, ParamMask | ShardedParamMask]]] = []
         for mod in model.modules():
-            own = [p for p in mod.parameters(recurse=False) if p.requires_grad]
+            own = {n: p for n, p in mod.named_parameters(recurse=False) if p.requires_grad}
             if not own:
                 continue
             kind = None
@@ -349,8 +430,8 @@ class MaskedGradients:
             elif _is_scale_norm(mod):
                 kind = "scale"
             if kind is not None:
-                self._modules.append((kind, mod))
-                handled.update(own)
+                self._modules.append((kind, mod, {n: self._mask[p] for n, p in own.items()}))
+                handled.update(own.values())
         self.unsupported = sorted(
             canonical_name(n) for n, p in model.named_parameters() if p in keys and p not in handled
         )
@@ -365,28 +446,39 @@ class MaskedGradients:
     @property
     def cache_bytes(self) -> int:
         """Bytes of the index cache (0 without it); the packed masks themselves are 4 bytes per element."""
-        return sum(m.cache_bytes for m in self._mask.values())
+        return sum(getattr(m, "cache_bytes", 0) for m in self._mask.values())
+
+    @property
+    def mask_bytes(self) -> int:
+        """Bytes of the packed masks this rank holds (under FSDP2: its shards, 4 bytes per local element)."""
+        return sum(m.packed.numel() * m.packed.element_size() for m in self._mask.values())
+
+    @property
+    def peak_gathered_bytes(self) -> int:
+        """Under FSDP2, the largest full mask this rank all-gathered in a backward so far (0 otherwise)."""
+        return max((getattr(m, "peak", 0) for m in self._mask.values()), default=0)
 
     def param_masks(self) -> dict[nn.Parameter, torch.Tensor]:
-        """``{parameter: its packed uint32 mask}`` for every trainable parameter."""
+        """``{parameter: its packed uint32 mask}`` (under FSDP2: the local shard) for every trainable parameter."""
         return {p: m.packed for p, m in self._mask.items()}
-
-    def _route(self, p: nn.Parameter | None, groups: SampleGroups) -> _Route | None:
-        if p is None or not p.requires_grad:
-            return None
-        return _Route(groups, self._mask[p])
 
     @contextlib.contextmanager
     def batch(self, group_ids: torch.Tensor | None) -> Iterator[None]:
         """Inside this context, forwards of the model record per-sample masked backward rules for ``group_ids``.
 
-        A ``None`` or all-neutral ``group_ids`` is a no-op (plain autograd).
+        A ``None`` or all-neutral ``group_ids`` is a no-op (plain autograd); under FSDP2, all-neutral on every rank.
         """
         if group_ids is None:
             yield
             return
         groups = SampleGroups.from_group_ids(group_ids)
-        if groups.all_neutral:
+        if self.sharded:
+            from lightning_unlearn.strategies.lockstep import groups_present
+
+            present = frozenset(groups_present(group_ids, self._group)) - {NEUTRAL_GROUP}
+        else:
+            present = frozenset(g for g, _ in groups.groups)
+        if not present:
             yield
             return
         if not self.one_pass:
@@ -396,18 +488,19 @@ class MaskedGradients:
             )
         patched = []
         try:
-            for kind, mod in self._modules:
-                mod.forward = self._patched_forward(kind, mod, groups)
+            for kind, mod, masks in self._modules:
+                routes = {n: _Route(groups, m, active=bool(m.present & present)) for n, m in masks.items()}
+                mod.forward = self._patched_forward(kind, mod, groups, routes)
                 patched.append(mod)
             yield
         finally:
             for mod in patched:
                 del mod.forward
 
-    def _patched_forward(self, kind: str, mod: nn.Module, groups: SampleGroups):
+    def _patched_forward(self, kind: str, mod: nn.Module, groups: SampleGroups, routes: dict[str, _Route]):
         if kind == "linear":
-            w_route = self._route(mod.weight, groups)
-            b_route = self._route(mod.bias, groups)
+            w_route = routes.get("weight")
+            b_route = routes.get("bias")
 
             def linear(x):
                 if w_route is None and b_route is None:
@@ -417,14 +510,14 @@ class MaskedGradients:
 
             return linear
         if kind == "embedding":
-            route = self._route(mod.weight, groups)
+            route = routes["weight"]
 
             def embedding(ids):
                 _check_sample_major(ids, groups, mod)
                 return _MaskedEmbedding.apply(ids, mod.weight, mod.padding_idx, route)
 
             return embedding
-        route = self._route(mod.weight, groups)
+        route = routes["weight"]
         original = type(mod).forward
 
         def scale(x, *args, **kwargs):
@@ -439,6 +532,42 @@ class MaskedGradients:
                 mod._parameters["weight"] = weight
 
         return scale
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return type(t).__name__ == "DTensor"
+
+
+def _shard_group(params: Iterable[nn.Parameter]):
+    """The process group the FSDP2 parameters are sharded over (one 1-D mesh, ``Shard(0)``), else ``ValueError``."""
+    from torch.distributed.tensor import Shard
+
+    meshes = set()
+    for p in params:
+        if not _is_dtensor(p):
+            raise ValueError("some trainable parameters are FSDP2-sharded and some are not; shard all of them.")
+        if p.device_mesh.ndim != 1 or tuple(p.placements) != (Shard(0),):
+            raise ValueError(
+                f"one-pass masking under FSDP2 needs parameters sharded on dim 0 over a 1-D mesh, got "
+                f"{p.placements} on a {p.device_mesh.ndim}-D mesh; use masking='lockstep'."
+            )
+        meshes.add(p.device_mesh)
+    if len(meshes) != 1:
+        raise ValueError("the trainable parameters are sharded over different meshes; use masking='lockstep'.")
+    return meshes.pop().get_group(0)
+
+
+def _groups_on_any_rank(shards: list[torch.Tensor], group) -> list[frozenset[int]]:
+    """For each parameter, the groups with an element in any rank's shard of its mask (one all-reduce)."""
+    import torch.distributed as dist
+
+    device = shards[0].device if shards else torch.device("cpu")
+    flags = torch.zeros((len(shards), MAX_GROUPS), dtype=torch.int32, device=device)
+    for i, shard in enumerate(shards):
+        if shard.numel():
+            flags[i, sorted(groups_in_mask(shard))] = 1
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+    return [frozenset(torch.nonzero(row).reshape(-1).tolist()) for row in flags.cpu()]
 
 
 def _check_sample_major(x: torch.Tensor, groups: SampleGroups, mod: nn.Module) -> None:

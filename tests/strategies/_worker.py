@@ -1,8 +1,10 @@
 """Run a masked training with a real Lightning Trainer; launched by the multi-process tests as a script.
 
 Usage: python _worker.py STRATEGY MODEL_DIR DATA_FILE OUT_DIR [--devices N] [--num-nodes N] [--restrict]
+    [--masking auto|one_pass|lockstep] [--precision 32-true|bf16-mixed] [--keep-unsharded] [--no-masks]
 Rank 0 writes ``OUT_DIR/params.pt`` (full parameters after training); every rank writes ``OUT_DIR/rank{r}.json``
-(packed-mask bytes it holds and its local parameter elements).
+(packed-mask bytes it holds, its local parameter elements, whether the step ran in one pass, and the largest full
+mask it gathered).
 """
 
 from __future__ import annotations
@@ -35,7 +37,13 @@ class _Dump(Callback):
             full[name] = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
         masks = pl_module.packed_masks or {}
         local = sum((p._local_tensor if hasattr(p, "_local_tensor") else p).numel() for p in pl_module.parameters())
-        info = {"mask_bytes": sum(t.numel() * t.element_size() for t in masks.values()), "local_elements": local}
+        engine = trainer.strategy.masked._engine
+        info = {
+            "mask_bytes": sum(t.numel() * t.element_size() for t in masks.values()),
+            "local_elements": local,
+            "one_pass": engine is not None,
+            "peak_gathered_bytes": engine.peak_gathered_bytes if engine is not None else 0,
+        }
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(info))
         if trainer.global_rank == 0:
             torch.save(full, self.out / "params.pt")
@@ -50,6 +58,10 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=2)
     ap.add_argument("--num-nodes", type=int, default=1)
     ap.add_argument("--restrict", action="store_true")
+    ap.add_argument("--masking", default="auto")
+    ap.add_argument("--precision", default="32-true")
+    ap.add_argument("--keep-unsharded", action="store_true", help="FSDP: reshard_after_forward=False")
+    ap.add_argument("--no-masks", action="store_true", help="plain training (masks off)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     data = torch.load(args.data_file)
@@ -57,21 +69,26 @@ def main() -> None:
     module = MaskedLM(
         args.model_dir,
         data["batches"],
-        data.pop("masks"),  # the strategy replaces them with this rank's shard; keep no other reference
+        None
+        if args.no_masks
+        else data.pop("masks"),  # the strategy replaces them with this rank's shard; keep no other reference
         optimizer="adamw" if args.restrict else "sgd",
         lr=0.01 if args.restrict else 0.5,
         restrict_update_groups=[0, 1, 2] if args.restrict else None,
     )
     if args.strategy == "ddp":
-        strategy = MaskedDDPStrategy(process_group_backend="gloo")
+        strategy = MaskedDDPStrategy(process_group_backend="gloo", masking=args.masking)
     else:
-        strategy = MaskedFSDPStrategy(process_group_backend="gloo")
+        strategy = MaskedFSDPStrategy(
+            process_group_backend="gloo", masking=args.masking, reshard_after_forward=not args.keep_unsharded
+        )
     trainer = Trainer(
         accelerator="cpu",
         devices=args.devices,
         num_nodes=args.num_nodes,
         strategy=strategy,
         max_steps=len(data["batches"]),
+        precision=args.precision,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,

@@ -99,15 +99,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(tmp_path, tiny_dir, problem, strategy, *, nodes: int = 1, restrict: bool = False) -> Path:
-    data = tmp_path / "data.pt"
+def _launch(
+    tmp_path,
+    tiny_dir,
+    problem,
+    strategy,
+    *,
+    nodes: int = 1,
+    restrict: bool = False,
+    extra: tuple[str, ...] = (),
+    batches: list[dict] | None = None,
+) -> Path:
+    data = tmp_path / ("data.pt" if batches is None else "data-custom.pt")
     if not data.exists():
-        torch.save({"masks": problem["masks"], "batches": problem["batches"]}, data)
-    out = tmp_path / f"{strategy}-{nodes}-{restrict}"
+        torch.save({"masks": problem["masks"], "batches": problem["batches"] if batches is None else batches}, data)
+    out = tmp_path / "-".join([strategy, str(nodes), str(restrict), *extra, data.stem])
     out.mkdir()
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
     env.pop("LOCAL_RANK", None)
-    cmd = [sys.executable, str(WORKER), strategy, str(tiny_dir), str(data), str(out)]
+    cmd = [sys.executable, str(WORKER), strategy, str(tiny_dir), str(data), str(out), *extra]
     if restrict:
         cmd.append("--restrict")
     if nodes == 1:
@@ -125,26 +135,68 @@ def _launch(tmp_path, tiny_dir, problem, strategy, *, nodes: int = 1, restrict: 
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize(("strategy", "nodes"), [("ddp", 1), ("fsdp", 1), ("ddp", 2)], ids=["ddp", "fsdp", "2nodes"])
-def test_distributed_matches_reference(tmp_path, tiny_dir, problem, strategy, nodes):
-    out = _launch(tmp_path, tiny_dir, problem, strategy, nodes=nodes)
+@pytest.mark.parametrize(
+    ("strategy", "nodes", "extra"),
+    [
+        ("ddp", 1, ()),
+        ("fsdp", 1, ()),
+        ("fsdp", 1, ("--masking", "lockstep")),
+        ("fsdp", 2, ("--keep-unsharded",)),
+        ("ddp", 2, ()),
+    ],
+    ids=["ddp", "fsdp-one-pass", "fsdp-lockstep", "fsdp-2nodes-unsharded-after-forward", "ddp-2nodes"],
+)
+def test_distributed_matches_reference(tmp_path, tiny_dir, problem, strategy, nodes, extra):
+    out = _launch(tmp_path, tiny_dir, problem, strategy, nodes=nodes, extra=extra)
     got = torch.load(out / "params.pt")
     gap = relative_gap(got, problem["reference"])
     assert gap <= 1e-6
     assert problem["plain_gap"] > 1000 * max(gap, 1e-9)
+    infos = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(info["one_pass"] is ("lockstep" not in extra) for info in infos)
     if strategy == "fsdp":
-        # each rank holds only its mask shard: 4 bytes (one uint32) per local parameter element
-        for r in range(2):
-            info = json.loads((out / f"rank{r}.json").read_text())
-            full_elements = sum(t.numel() for t in problem["reference"].values())
+        full_elements = sum(t.numel() for t in problem["reference"].values())
+        largest = max(t.numel() for t in problem["reference"].values())
+        for info in infos:
+            # each rank persistently holds only its mask shard: 4 bytes (one uint32) per local parameter element
             assert info["mask_bytes"] == 4 * info["local_elements"]
             assert info["local_elements"] < 0.6 * full_elements
+            if info["one_pass"]:
+                # transiently, one parameter's full mask at a time (int32 rows padded to a multiple of 2 ranks)
+                assert 0 < info["peak_gathered_bytes"] <= 4 * (largest + largest // 2)
+
+
+@pytest.mark.multiprocess
+def test_fsdp_one_pass_under_bf16_matches_lockstep_and_is_zero_outside_the_masks(tmp_path, tiny_dir, problem):
+    """bf16-mixed: one pass agrees with lockstep FSDP to bf16 tolerance; with no neutral sample in the batches, no
+    weight outside the union of the present groups' masks moves at all (SGD, no weight decay)."""
+    batches = [dict(b, group_ids=torch.tensor([0, 1, 2, 3, 4, 5, 0, 1])) for b in problem["batches"]]
+    runs = {
+        name: torch.load(_launch(tmp_path, tiny_dir, problem, "fsdp", extra=flags, batches=batches) / "params.pt")
+        for name, flags in {
+            "one_pass": ("--precision", "bf16-mixed"),
+            "lockstep": ("--precision", "bf16-mixed", "--masking", "lockstep"),
+            "plain": ("--precision", "bf16-mixed", "--no-masks"),
+        }.items()
+    }
+    before = {k: v for k, v in load_causal_lm(tiny_dir).state_dict().items() if k in runs["one_pass"]}
+    gap = relative_gap(runs["one_pass"], runs["lockstep"])
+    assert gap <= 2e-2
+    assert relative_gap(runs["plain"], runs["lockstep"]) > 10 * max(gap, 1e-3)
+    moved_inside = 0
+    for name, old in before.items():
+        inside = group_mask(problem["masks"][name], range(6))
+        new = runs["one_pass"][name]
+        assert torch.equal(new[~inside], old[~inside]), f"{name} moved outside the masks"
+        moved_inside += int((new[inside] != old[inside]).sum())
+    assert moved_inside > 0
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_distributed_restricted_update(tmp_path, tiny_dir, problem, strategy):
     out = _launch(tmp_path, tiny_dir, problem, strategy, restrict=True)
+    assert all(json.loads((out / f"rank{r}.json").read_text())["one_pass"] for r in range(2))
     got = torch.load(out / "params.pt")
     before = {k: v for k, v in load_causal_lm(tiny_dir).state_dict().items() if k in got}
     _check_restricted(before, got, problem["masks"])
