@@ -36,9 +36,13 @@ Strategies (select in YAML: ``trainer.strategy.class_path``; shipped configs ``t
   autograd functions (:class:`MaskedGradients`). Models with other trainable modules fall back to lockstep.
   DDP all-reduces the already-masked local gradients; exact because masking is linear.
 - :class:`MaskedFSDPStrategy` (FSDP2 ``fully_shard`` on Lightning's ``ModelParallelStrategy``; runs on CPU with
-  gloo): lockstep — every rank runs one forward+backward per group present on ANY rank (neutral first), masks its
-  reduce-scattered gradient shard with its mask shard and accumulates; a rank without samples of a group runs a
-  zero-weight pass so the collectives line up. Shards blocks and the root itself when ``configure_model`` did not.
+  gloo): the same one-pass rules on the unsharded weights that exist during each block's backward; each rank keeps
+  its dim-0 mask shard and all-gathers one parameter's full mask inside that parameter's backward, so FSDP
+  reduce-scatters gradients that are already masked. Models with other trainable modules (and
+  ``masking="lockstep"``) run in lockstep: every rank runs one forward+backward per group present on ANY rank
+  (neutral first), masks its reduce-scattered gradient shard with its mask shard and accumulates; a rank without
+  samples of a group runs a zero-weight pass so the collectives line up. Shards blocks and the root itself when
+  ``configure_model`` did not.
 
 Torch-only building blocks (no Lightning import): :class:`MaskedGradients` (one-pass engine),
 :func:`lockstep_masked_backward` (multi-pass, any module, any parallelism), :class:`RestrictedUpdate`,
