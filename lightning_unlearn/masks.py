@@ -75,7 +75,7 @@ class LazyMasks(Mapping):
 
     Args:
         shapes: ``{canonical name: shape}``, in the masks' order.
-        make: returns the uint32 mask of a name.
+        make: returns the mask of a name: uint32 packed groups, or bool for ``union_mask(..., lazy=True)``.
     """
 
     def __init__(self, shapes: Mapping[str, tuple[int, ...]], make: Callable[[str], torch.Tensor]) -> None:
@@ -95,8 +95,10 @@ class LazyMasks(Mapping):
 
 
 def mask_shape(packed: Mapping[str, torch.Tensor], name: str) -> tuple[int, ...]:
-    """The shape of ``packed[name]``, without materialising it when ``packed`` is a :class:`LazyMasks`."""
-    return packed.shapes[name] if isinstance(packed, LazyMasks) else tuple(packed[name].shape)
+    """The shape of ``packed[name]``, without materialising it when ``packed`` is a :class:`LazyMasks` (or any
+    mapping that knows its ``shapes``, as ``models.LazyWeights`` does)."""
+    shapes = getattr(packed, "shapes", None)
+    return tuple(shapes[name]) if isinstance(shapes, Mapping) else tuple(packed[name].shape)
 
 
 def default_exclusions(model: nn.Module) -> list[str]:
@@ -224,8 +226,18 @@ def coverage_by_group(packed: Mapping[str, torch.Tensor], num_groups: int, names
     return [c / max(total, 1) for c in counts]
 
 
-def union_mask(packed: Mapping[str, torch.Tensor], groups: int | Iterable[int]) -> dict[str, torch.Tensor]:
-    """``{name: bool tensor}`` of the union of ``groups`` (e.g. m^F for forget groups 0-2)."""
+def union_mask(
+    packed: Mapping[str, torch.Tensor], groups: int | Iterable[int], lazy: bool = False
+) -> dict[str, torch.Tensor] | LazyMasks:
+    """``{name: bool tensor}`` of the union of ``groups`` (e.g. m^F for forget groups 0-2).
+
+    ``lazy`` returns a :class:`LazyMasks` that decodes each tensor from ``packed`` when it is read (with lazy
+    ``packed``, one mask tensor is then in memory at a time).
+    """
+    if lazy:
+        ids = [groups] if isinstance(groups, int) else list(groups)
+        group_bits(ids)  # validate the ids now, not at the first read
+        return LazyMasks({n: mask_shape(packed, n) for n in packed}, lambda n: group_mask(packed[n], ids))
     return {n: group_mask(t, groups) for n, t in packed.items()}
 
 
@@ -273,13 +285,13 @@ def check_masks_for_weights(
     """Raise ``ValueError`` (one line) when the masks do not belong to these weights: a mask names no tensor of
     ``weights`` or has another shape, or (masks written by an injection export, which records its θ_pre) the
     model at ``pre_path`` is not the θ_pre the masks were sampled on, even with the same shapes."""
-    for name, mask in packed.items():
+    for name in packed:  # shapes only: lazy masks and weights (models.LazyWeights) are not read
         if name not in weights:
             raise ValueError(f"masks {str(masks_path)!r} do not match the model: mask {name!r} names no tensor of it.")
-        if tuple(mask.shape) != tuple(weights[name].shape):
+        if mask_shape(packed, name) != mask_shape(weights, name):
             raise ValueError(
-                f"masks {str(masks_path)!r} do not match the model: {name!r} has shape {tuple(weights[name].shape)} "
-                f"but its mask has shape {tuple(mask.shape)}."
+                f"masks {str(masks_path)!r} do not match the model: {name!r} has shape {mask_shape(weights, name)} "
+                f"but its mask has shape {mask_shape(packed, name)}."
             )
     recorded = meta.get("pre_fingerprint")
     if pre_path is not None and recorded is not None:

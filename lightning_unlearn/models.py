@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -281,10 +281,56 @@ def _weight_files(path: Path) -> list[Path]:
     return files
 
 
-def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """``{canonical name: tensor}`` from a ``.safetensors`` file or a ``save_pretrained`` directory."""
+class LazyWeights(Mapping):
+    """``{canonical name: tensor}`` of safetensors weights, each tensor read from its file on access, never cached.
+
+    Every access opens the tensor's file, takes the tensor and closes the file, so a consumer that drops each tensor
+    after use holds one tensor, not the model: a file kept open keeps every page read through it mapped, and
+    counted in the process's RSS, until it is closed. The header is read once, so ``shapes`` costs no tensor data.
+
+    Args:
+        path: a ``.safetensors`` file or a ``save_pretrained`` directory (``model.safetensors``, or the shards
+            ``model-0000i-of-0000n.safetensors``; every ``*.safetensors`` file in it, as :func:`load_weights`).
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        from safetensors import safe_open
+
+        self.path = Path(path)
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self._where: dict[str, tuple[Path, str]] = {}  # canonical name -> (file, key in that file)
+        for f in _weight_files(self.path):
+            with safe_open(str(f), framework="pt") as fh:
+                for key in fh.keys():
+                    name = canonical_name(key)
+                    self.shapes[name] = tuple(fh.get_slice(key).get_shape())
+                    self._where[name] = (f, key)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        if name not in self._where:
+            raise KeyError(name)
+        f, key = self._where[name]
+        with safe_open(str(f), framework="pt") as fh:
+            return fh.get_tensor(key)
+
+    def __iter__(self):
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+def load_weights(path: str | os.PathLike, lazy: bool = False) -> dict[str, torch.Tensor] | LazyWeights:
+    """``{canonical name: tensor}`` from a ``.safetensors`` file or a ``save_pretrained`` directory.
+
+    ``lazy`` returns a :class:`LazyWeights` that reads each tensor when it is accessed (only the headers now).
+    """
     from safetensors.torch import load_file
 
+    if lazy:
+        return LazyWeights(path)
     out: dict[str, torch.Tensor] = {}
     for f in _weight_files(Path(path)):
         out.update({canonical_name(k): v for k, v in load_file(str(f)).items()})

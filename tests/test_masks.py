@@ -11,6 +11,7 @@ from lightning_unlearn.masks import (
     sample_masks,
     save_masks,
     shard_masks,
+    union_mask,
 )
 from lightning_unlearn.models import TinyLlamaConfig, build_tiny_llama
 
@@ -135,3 +136,16 @@ def test_lazy_masks_make_the_same_tensors_one_at_a_time(tiny_model, tiny_tokeniz
         load_masks(path, model=other, lazy=True)
     with pytest.raises(KeyError):
         lazy["no.such.weight"]
+
+
+def test_lazy_union_mask_decodes_each_tensor_when_read(tiny_model, tmp_path):
+    eager = sample_masks(tiny_model, 6, 0.05, seed=4)
+    save_masks(tmp_path / "masks.safetensors", eager)
+    packed, _ = load_masks(tmp_path / "masks.safetensors", lazy=True)
+    forget = union_mask(packed, [0, 2], lazy=True)
+    expected = union_mask(eager, [0, 2])
+    assert isinstance(forget, LazyMasks) and forget.shapes == {n: tuple(t.shape) for n, t in eager.items()}
+    assert all(torch.equal(forget[n], expected[n]) and forget[n].dtype == torch.bool for n in eager)
+    assert sum(int(forget[n].sum()) for n in forget) > 0
+    with pytest.raises(ValueError, match="group id 40 is out of range"):
+        union_mask(packed, [0, 40], lazy=True)  # refused at once, not at the first read
