@@ -114,6 +114,7 @@ class MaskAUCEvaluation(CheckpointEvaluator):
                 names=names,
                 max_samples=self.max_samples,
                 composite=self.composite,
+                progress=self.progress,
             )
             result["num_positive"] = {k.replace("|", "_or_"): v for k, v in result["num_positive"].items()}
             result = {k.replace("|", "_or_"): v for k, v in result.items()}

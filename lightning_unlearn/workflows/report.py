@@ -139,9 +139,11 @@ def mask_auc_command(
     """Localization AUC of one unlearned model against the forget mask, as JSON.
 
     Every family, the composite and the max; the result scores θ_unl − θ_inj against m^F and against m^F ∨ m^R.
+    The models and masks are read from their files one tensor at a time, so no model is ever whole in memory
+    (peak: the scores of every evaluated weight once, 4 bytes a weight).
 
     Args:
-        pre: θ_pre: a save_pretrained directory or a .safetensors file.
+        pre: θ_pre: a save_pretrained directory (one file or shards) or a .safetensors file.
         inj: θ_inj, the injected model unlearning started from.
         unl: θ_unl, the unlearned model.
         masks: packed group masks (``masks.save_masks``).
@@ -161,34 +163,31 @@ def mask_auc_command(
         union_mask,
     )
     from lightning_unlearn.metrics.mask_auc import mask_auc
-    from lightning_unlearn.models import load_weights
+    from lightning_unlearn.models import load_causal_lm, load_weights
 
     if (control_inj is None) != (control_unl is None):
         raise ValueError("pass both --control_inj and --control_unl (the UnMask control), or neither.")
-    packed, meta = load_masks(masks)
-    pre_weights = load_weights(pre)
+    packed, meta = load_masks(masks, lazy=True)
+    pre_weights = load_weights(pre, lazy=True)  # headers only; mask_auc reads each tensor when it scores it
     check_masks_for_weights(packed, meta, pre_weights, pre, masks)
-    unl_weights = load_weights(unl)
-    if Path(unl, "config.json").exists():
-        from lightning_unlearn.models import load_causal_lm
-
-        names = [n for n in masked_parameter_names(load_causal_lm(unl)) if n in packed]
+    if Path(unl, "config.json").exists():  # θ_mask from the architecture, built on the meta device (no weights)
+        names = [n for n in masked_parameter_names(load_causal_lm(unl, weights=False)) if n in packed]
     else:  # no model to read θ_mask from: parameters with any group element
-        names = [n for n, t in packed.items() if bool(group_mask(t, range(32)).any())]
+        names = [n for n in packed if bool(group_mask(packed[n], range(32)).any())]
     control = None
     if control_inj is not None:
-        c_inj, c_unl = load_weights(control_inj), load_weights(control_unl)
-        control = {n: c_unl[n] - c_inj[n] for n in names}
+        control = (load_weights(control_inj, lazy=True), load_weights(control_unl, lazy=True))
     result = mask_auc(
         pre_weights,
-        load_weights(inj),
-        unl_weights,
-        union_mask(packed, list(forget_groups)),
+        load_weights(inj, lazy=True),
+        load_weights(unl, lazy=True),
+        union_mask(packed, list(forget_groups), lazy=True),
         control=control,
-        unified_mask=union_mask(packed, [*forget_groups, *retain_groups]) if retain_groups else None,
+        unified_mask=union_mask(packed, [*forget_groups, *retain_groups], lazy=True) if retain_groups else None,
         names=names,
         max_samples=max_samples,
         seed=seed,
+        progress="mask AUC",
     )
     if out is not None:
         write_json(out, result)

@@ -7,8 +7,9 @@ import json
 from callback_fixtures import write_lacuna_weights
 
 from lightning_unlearn.cli import main
-from lightning_unlearn.masks import masked_parameter_names
-from lightning_unlearn.models import load_causal_lm
+from lightning_unlearn.masks import load_masks, masked_parameter_names, union_mask
+from lightning_unlearn.metrics.mask_auc import mask_auc
+from lightning_unlearn.models import load_causal_lm, load_weights
 
 
 def test_mask_auc_command(tiny_dir, tmp_path, capsys):
@@ -43,6 +44,12 @@ def test_mask_auc_command(tiny_dir, tmp_path, capsys):
     names = masked_parameter_names(model)
     assert not any("embed" in n or "norm" in n or ".layers.2." in n or ".layers.3." in n for n in names)
     assert result["num_weights"] == sum(params[n].numel() for n in names)
+    # The command reads the files tensor by tensor; the whole models in memory give the same numbers.
+    packed, _ = load_masks(w["masks"])
+    whole = [load_weights(w[k]) for k in ("pre_dir", "inj_dir", "unl_dir")]
+    in_memory = mask_auc(*whole, union_mask(packed, [0, 1, 2]), unified_mask=union_mask(packed, range(6)),
+                         names=names, max_samples=3000)  # fmt: skip
+    assert json.loads(json.dumps(in_memory)) == result
 
 
 def _mask_auc(w, masks, pre, out):

@@ -1,11 +1,14 @@
+import json
 import math
 import time
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import save_file
 from sklearn.metrics import roc_auc_score
 
+from lightning_unlearn.masks import load_masks, save_masks, union_mask
 from lightning_unlearn.metrics.mask_auc import exact_auc, mask_auc, quantile_rank, weight_features
 
 
@@ -18,6 +21,50 @@ def test_exact_auc_hand_computed_with_ties():
     y3 = torch.tensor([True, True, False, False, True])  # positives are the majority here
     assert exact_auc([(s3, y3)]) == pytest.approx(5.5 / 6)
     assert math.isnan(exact_auc([(s, torch.ones(4, dtype=torch.bool))]))
+
+
+def test_exact_auc_counts_ties_as_one_half_exactly():
+    # pos {1, 2, 3} vs neg {0, 1, 2, 2}: p=1 beats 0, ties 1; p=2 beats 0, 1, ties 2, 2; p=3 beats all four.
+    # 7 wins + 3 ties of 12 pairs: (7 + 1.5) / 12.
+    s = torch.tensor([1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 2.0])
+    y = torch.tensor([1, 1, 1, 0, 0, 0, 0])
+    assert exact_auc([(s, y)]) == 8.5 / 12
+    # The same pairs from the other side (positives now the majority): 2 wins + 3 ties of 12.
+    assert exact_auc([(s, 1 - y)]) == 3.5 / 12
+    # Split over chunks, numpy inputs, one query per search: the same counts.
+    parts = [(s[:2].numpy(), y[:2].numpy()), (s[2:5].numpy(), y[2:5].numpy()), (s[5:].numpy(), y[5:].numpy())]
+    assert exact_auc(parts, chunk_size=1) == 8.5 / 12
+    assert exact_auc([(torch.full((9,), 0.3), torch.arange(9) < 4)]) == 0.5  # every pair a tie
+    assert exact_auc([(torch.arange(6.0), torch.arange(6) >= 2)]) == 1.0
+    assert exact_auc([(-torch.arange(6.0), torch.arange(6) >= 2)], chunk_size=1) == 0.0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_exact_auc_matches_sklearn_on_integer_scores(seed):
+    # Few distinct values, so most pairs tie; the class sizes vary from 1 positive to nearly all.
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(2, 400, (1,), generator=g))
+    y = torch.rand(n, generator=g) < [0.01, 0.3, 0.5, 0.7, 0.95, 0.2][seed]
+    y[0], y[1] = True, False
+    s = torch.randint(0, 1 + seed, (n,), generator=g).to(torch.float64) + 0.25 * y
+    chunks = lambda: ((s[i : i + 37], y[i : i + 37]) for i in range(0, n, 37))  # noqa: E731
+    assert exact_auc(chunks, chunk_size=16) == pytest.approx(roc_auc_score(y.numpy(), s.numpy()), abs=1e-12)
+
+
+def test_exact_auc_refuses_nan_and_counts_that_do_not_match():
+    y = torch.tensor([True, False, False])
+    for at in range(3):  # a NaN in either class
+        s = torch.tensor([0.5, 0.2, 0.1])
+        s[at] = math.nan
+        with pytest.raises(ValueError, match="NaN"):
+            exact_auc([(s, y)])
+    s = torch.tensor([0.5, 0.2, 0.1])
+    with pytest.raises(ValueError, match="class_counts"):
+        exact_auc([(s, y)], class_counts=(2, 1))
+    with pytest.raises(ValueError, match="class_counts"):
+        exact_auc([(s, y)], class_counts=(1, 3))
+    with pytest.raises(ValueError, match="labels"):
+        exact_auc([(s, y[:2])])
 
 
 @pytest.mark.parametrize("positive_rate", [0.15, 0.8])
@@ -66,6 +113,17 @@ def test_weight_features_hand_computed():
     assert f["compnorm"] == pytest.approx(3.0)
     with pytest.raises(ValueError, match="control"):
         weight_features("contrast", pre, inj, unl)
+
+
+def test_weight_features_leave_their_inputs_untouched():
+    # The families compute in place on fresh tensors; float32 inputs are not copied by .float(), so check them.
+    g = torch.Generator().manual_seed(3)
+    inputs = [torch.randn(20, 5, generator=g) for _ in range(4)]
+    copies = [t.clone() for t in inputs]
+    for family in ("raw", "qtile", "layernorm", "signrev", "reversal", "dirreversal", "contrast", "contrastnorm",
+                   "compnorm"):  # fmt: skip
+        weight_features(family, *inputs, component_std=0.5)
+    assert all(torch.equal(a, b) for a, b in zip(inputs, copies))
 
 
 def _synthetic(n_tensors=3, shape=(60, 50), seed=0, localized=True):
@@ -160,3 +218,91 @@ def test_mask_auc_layernorm_uses_component_std():
     y = np.concatenate([forget[n].reshape(-1).numpy() for n in names])
     ln = np.concatenate([((unl[n] - inj[n]).abs() / (unl[n] - inj[n]).std()).reshape(-1).numpy() for n in names])
     assert r["F"]["layernorm"] == pytest.approx(roc_auc_score(y, ln), abs=1e-5)
+
+
+def _save_model(folder, tensors, shards=1):
+    """``tensors`` as a save_pretrained-style directory: ``model.safetensors``, or shards plus their index."""
+    folder.mkdir()
+    if shards == 1:
+        save_file({n: t.contiguous() for n, t in tensors.items()}, str(folder / "model.safetensors"))
+        return folder
+    names, weight_map = list(tensors), {}
+    for i in range(shards):
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = names[i::shards]
+        save_file({n: tensors[n].contiguous() for n in part}, str(folder / file))
+        weight_map |= dict.fromkeys(part, file)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return folder
+
+
+def _packed(forget, retain):
+    # m^F as group 0, m^R as group 3 (bit 3).
+    return {n: (forget[n].to(torch.int64) + 8 * retain[n].to(torch.int64)).to(torch.uint32) for n in forget}
+
+
+def test_mask_auc_from_sharded_directories_equals_in_memory(tmp_path):
+    pre, inj, unl, forget, retain, ctrl = _synthetic(n_tensors=5, shape=(40, 30))
+    bias = "model.layers.0.mlp.down_proj.bias"  # shares its component's std with the weight, from another shard
+    g = torch.Generator().manual_seed(5)
+    pre[bias] = torch.randn(40, generator=g)
+    inj[bias] = pre[bias] + torch.randn(40, generator=g) * 0.01
+    unl[bias] = inj[bias] + torch.randn(40, generator=g) * 0.01
+    forget[bias], retain[bias], ctrl[bias] = torch.arange(40) < 6, torch.arange(40) >= 34, torch.zeros(40)
+    c_inj = {n: t + 0.5 for n, t in inj.items()}
+    c_unl = {n: c_inj[n] + ctrl[n] for n in inj}
+    save_masks(tmp_path / "masks.safetensors", _packed(forget, retain))
+    dirs = {
+        what: _save_model(tmp_path / what, tensors, shards)
+        for what, tensors, shards in (("pre", pre, 3), ("inj", inj, 2), ("unl", unl, 1), ("c_inj", c_inj, 2),
+                                      ("c_unl", c_unl, 1))
+    }  # fmt: skip
+    names = list(pre)  # the composite's subsample follows the names' order; the files list them sorted
+    packed, _ = load_masks(tmp_path / "masks.safetensors", lazy=True)
+    on_disk = mask_auc(
+        dirs["pre"],
+        str(dirs["inj"]),
+        dirs["unl"],
+        union_mask(packed, [0, 1, 2], lazy=True),
+        control=(dirs["c_inj"], dirs["c_unl"]),
+        unified_mask=union_mask(packed, [0, 1, 2, 3], lazy=True),
+        names=names,
+        max_samples=4_000,
+    )
+    unified = {n: forget[n] | retain[n] for n in names}
+    delta = {n: c_unl[n] - c_inj[n] for n in names}  # the control's Δ as the callback passes it
+    in_memory = mask_auc(pre, inj, unl, forget, control=delta, unified_mask=unified, names=names, max_samples=4_000)
+    assert on_disk == in_memory
+    assert on_disk["F"]["contrast"] > 0.9 and on_disk["F"]["signrev"] > 0.95 and on_disk["num_subsampled"] == 4_000
+    assert on_disk["num_positive"]["F|R"] == sum(int(unified[n].sum()) for n in names)
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        mask_auc(tmp_path / "nowhere", inj, unl, forget)
+    small = _save_model(tmp_path / "small", {n: t[:, :3] if t.dim() == 2 else t for n, t in unl.items()})
+    with pytest.raises(ValueError, match=r"theta_pre\[.*\] has shape \(40, 30\), expected \(40, 3\)"):
+        mask_auc(pre, inj, small, forget)
+
+
+def test_on_disk_mask_auc_agrees_with_in_memory_exact_auc_on_1e7_weights(tmp_path):
+    g = torch.Generator().manual_seed(2)
+    shape, n_tensors = (2_500, 1_000), 4  # 1e7 weights
+    pre, inj, unl, forget, retain = {}, {}, {}, {}, {}
+    for i in range(n_tensors):
+        name = f"model.layers.{i}.self_attn.o_proj.weight"
+        u = torch.rand(shape, generator=g)
+        forget[name], retain[name] = u < 0.15, (u >= 0.15) & (u < 0.3)
+        pre[name] = torch.randn(shape, generator=g)
+        d_inj = torch.randn(shape, generator=g) * 0.01 * (1 + 2 * (u < 0.3))
+        inj[name] = pre[name] + d_inj
+        unl[name] = inj[name] + torch.randn(shape, generator=g) * 1e-3 - 0.5 * d_inj * forget[name]
+        del u, d_inj
+    save_masks(tmp_path / "masks.safetensors", _packed(forget, retain))
+    dirs = [_save_model(tmp_path / what, t, 2) for what, t in (("pre", pre), ("inj", inj), ("unl", unl))]
+    packed, _ = load_masks(tmp_path / "masks.safetensors", lazy=True)
+    on_disk = mask_auc(*dirs, union_mask(packed, [0], lazy=True), names=list(pre), composite=False)
+    assert on_disk["num_weights"] == 10_000_000
+    names = list(pre)
+    labels = torch.cat([forget[n].reshape(-1) for n in names])
+    for family in ("raw", "signrev", "qtile"):
+        scores = torch.cat([weight_features(family, pre[n], inj[n], unl[n]).reshape(-1) for n in names])
+        assert on_disk["F"][family] == exact_auc([(scores, labels)])
+    assert on_disk["F"]["signrev"] > 0.9 > 0.6 > abs(on_disk["F"]["raw"] - 0.5)
