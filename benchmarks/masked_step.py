@@ -1,8 +1,8 @@
 """Step time of exact per-sample masked gradients vs an unmasked step (forward + backward + SGD step).
 
-Prints one JSON object per (model size, method). Methods: ``one_pass`` (custom autograd rules, the default of the
-single-device and DDP strategies), ``lockstep`` (one forward+backward per group present, what FSDP runs) and
-``microbatch1`` (the paper's Algorithm 1 reference loop, the baseline). Models are randomly initialised Llamas
+Prints one JSON object per (model size, method). Methods: ``one_pass`` (custom autograd rules, the default of every
+masked strategy), ``lockstep`` (one forward+backward per group present, the fallback for modules without a one-pass
+rule) and ``microbatch1`` (the paper's Algorithm 1 reference loop, the baseline). Models are randomly initialised Llamas
 with a 2048-token vocabulary; the batch holds all 7 group ids (-1 and 0..5) and trains on every token.
 
     python benchmarks/masked_step.py                      # hidden 512 / 4 layers and hidden 128, batch 8x128
