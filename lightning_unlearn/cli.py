@@ -27,6 +27,10 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
         "lightning_unlearn.workflows.report:main",
         "Cross-run SCE heatmap and checkpoint-selection table of one or more run directories.",
     ),
+    "evaluate": (
+        "lightning_unlearn.workflows.evaluate:main",
+        "Evaluate every saved checkpoint of a run with its config's callbacks (or -c eval.yaml's); add missing rows.",
+    ),
     "mask-auc": (
         "lightning_unlearn.workflows.report:mask_auc_main",
         "Localization AUC of one unlearned model against the forget mask, as JSON.",

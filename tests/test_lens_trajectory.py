@@ -163,3 +163,72 @@ def test_report_and_summary(trajectory, capsys):
 def test_summary_rejects_unlabeled_baseline(trajectory):
     with pytest.raises(ValueError, match="not labeled"):
         trajectory_summary(trajectory / "npo", trajectory / "retain.jsonl")
+
+
+def _numbers(value, prefix: str = "") -> dict[str, float]:
+    """Numeric leaves of a row (bools and strings are compared as they are, elsewhere)."""
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            out.update(_numbers(v, f"{prefix}/{k}"))
+        return out
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return {prefix: float(value)}
+    return {}
+
+
+def test_evaluate_reproduces_the_training_rows_then_adds_a_family_without_duplicates(trajectory, tmp_path):
+    """`evaluate` on a copy of the finished LoRA run without its rows: the same rows and generated text as the
+    in-training callbacks (step 6 from its checkpoint file, steps 2 and 4 from their adapter directories); then a
+    new family from -c eval.yaml joins them, and a third run recomputes nothing."""
+    import shutil
+
+    from lightning_unlearn.workflows.evaluate import main as evaluate_main
+    from lightning_unlearn.workflows.evaluate import saved_checkpoints
+
+    run = trajectory / "npo" / "trajectory"
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    for name in ("checkpoint_metrics.jsonl", "selection.json", "sce_heatmap.png"):
+        (copy / name).unlink()
+    shutil.rmtree(copy / "sce_generations")
+    kinds = {c.step: c.kind for c in saved_checkpoints(copy)}
+    assert kinds == {2: "adapter", 4: "adapter", 6: "checkpoint"}
+
+    evaluate_main([str(copy)])
+    trained = {(r["step"], r["family"]): r for r in _rows(run / "checkpoint_metrics.jsonl")}
+    assert len({trained[(s, "retain_drift")]["kl"] for s in (2, 4, 6)}) == 3  # three different adapters
+    rows = _rows(copy / "checkpoint_metrics.jsonl")
+    assert sorted((r["step"], r["family"]) for r in rows) == sorted(trained)
+    for r in rows:
+        assert r["fn"] == "validate"
+        want = {k: v for k, v in _numbers(trained[(r["step"], r["family"])]).items() if k not in ("/seconds", "/epoch")}
+        got = {k: v for k, v in _numbers(r).items() if k not in ("/seconds", "/epoch")}
+        assert got.keys() == want.keys()
+        worst = max(abs(got[k] - want[k]) for k in want)
+        assert worst <= 1e-6, (r["step"], r["family"], worst)
+    for gen in sorted((run / "sce_generations").iterdir()):
+        assert (copy / "sce_generations" / gen.name).read_text() == gen.read_text(), gen.name
+    selection = json.loads((copy / "selection.json").read_text())
+    assert selection == json.loads((run / "selection.json").read_text())
+
+    # A family added after the fact: its rows join the existing ones, which stay as they were.
+    eval_yaml = tmp_path / "eval.yaml"
+    eval_yaml.write_text(
+        "trainer:\n  callbacks:\n"
+        "    - class_path: lightning_unlearn.callbacks.RetainDriftEvaluation\n"
+        f"      init_args: {{name: heldout, records: {trajectory / 'retain.jsonl'}, max_length: 64, batch_size: 8}}\n",
+        encoding="utf-8",
+    )
+    evaluate_main([str(copy), "-c", str(eval_yaml)])
+    after = _rows(copy / "checkpoint_metrics.jsonl")
+    keys = [(r["step"], r["family"]) for r in after]
+    assert len(keys) == len(set(keys))
+    assert sorted(keys) == sorted([*trained, *((s, "retain_drift:heldout") for s in (2, 4, 6))])
+    assert [r for r in after if r["family"] != "retain_drift:heldout"] == rows
+
+    from lightning_unlearn.workflows.evaluate import evaluate_command
+
+    again = evaluate_command(copy, eval_config=[eval_yaml])
+    assert again["evaluated"] == [] and [s["step"] for s in again["skipped"]] == [2, 4, 6]
+    assert _rows(copy / "checkpoint_metrics.jsonl") == after

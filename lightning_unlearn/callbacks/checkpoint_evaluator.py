@@ -59,6 +59,9 @@ class CheckpointEvaluator(Callback):
         self._metrics_path: str | None = None
         self._loaded_step: int | None = None
         self.progress: str | None = None  # while computing: the label of the rank-0 progress bars, None for none
+        # validate: key the row by this step rather than the loaded checkpoint's (set by the `evaluate` command for
+        # an adapter directory, which carries no step of its own)
+        self.step_override: int | None = None
 
     # -- identity and state -------------------------------------------------------------------------------
     @property
@@ -134,7 +137,9 @@ class CheckpointEvaluator(Callback):
         if trainer.sanity_checking or trainer.state.fn != "validate":
             return
         self._ensure_base(trainer, pl_module)
-        step = self._loaded_step if self._loaded_step is not None else int(trainer.global_step)
+        step = self.step_override
+        if step is None:
+            step = self._loaded_step if self._loaded_step is not None else int(trainer.global_step)
         self._evaluate(trainer, pl_module, step)
 
     def on_run_stopped(self, trainer: Trainer, bad_step: int, reason: str) -> None:

@@ -101,6 +101,12 @@ def run_output_dir(trainer) -> Path:
     return path
 
 
+def use_run_output_dir(trainer, path: str | os.PathLike) -> None:
+    """Make :func:`run_output_dir` return ``path`` for ``trainer`` (every rank must call it alike): the post-hoc
+    ``evaluate`` command writes a finished run's rows into that run's own directory."""
+    trainer._lightning_unlearn_run_dir = Path(path)
+
+
 def _resumed_dir(ckpt_path) -> str | None:
     if not ckpt_path or not Path(str(ckpt_path)).is_file():
         return None

@@ -1,0 +1,250 @@
+"""``lightning-unlearn evaluate RUN_DIR``: evaluate the saved checkpoints of a run after training.
+
+Training evaluates each checkpoint as it is saved; this command does the same later, so a run whose evaluation
+failed, or a metric added after the fact, needs no re-training. For every saved step of ``RUN_DIR`` — a Lightning
+checkpoint file (full weights, or an adapter run's trainable weights), else an ``adapter-step=N/`` peft directory —
+it runs one ``validate`` of the run's own ``config.yaml`` (LightningCLI saves it in the run directory), with the
+``-c`` files merged over it: an ``eval.yaml`` whose ``trainer.callbacks`` lists other evaluators replaces the
+run's. The evaluators write into the run's ``checkpoint_metrics.jsonl`` (and its TensorBoard directory) exactly the
+rows the in-training callbacks write, keyed by the checkpoint's step; a (step, family) row already in the file is
+not recomputed, and ``CheckpointSelection`` re-selects over all rows. Base-model quantities (SCE base labels,
+retain base CE) come from a checkpoint's callback state when one holds them, as in training, else they are computed
+once and reused for every step.
+
+Every ``validate`` is a ``LightningCLI`` run of the same config, so the strategies of the config apply: under
+``MaskedDDPStrategy`` / ``MaskedFSDPStrategy`` the evaluators run as collectives as they do during training.
+Steps saved only as ``merged-step=N/`` (OracleGrad) are listed as not evaluated: such a directory is a merged model,
+not a checkpoint of the run's module.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from lightning_unlearn.workflows.command import dispatch
+
+log = logging.getLogger("lightning_unlearn")
+
+_STEP = re.compile(r"(?:^|[-_])step=(\d+)")
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    """One saved step of a run: ``kind`` is ``checkpoint`` (a Lightning file or sharded directory), ``adapter``
+    (a peft ``adapter-step=N/`` directory) or ``merged`` (OracleGrad's ``merged-step=N/`` model)."""
+
+    step: int
+    path: Path
+    kind: str
+
+
+def saved_checkpoints(run_dir: str | Path) -> list[SavedCheckpoint]:
+    """Every saved step under ``run_dir``, one entry per step, ascending; a checkpoint file wins over a directory
+    of the same step, an adapter directory over a merged one. ``last.ckpt`` counts under its own step."""
+    run_dir = Path(run_dir)
+    rank = {"checkpoint": 0, "adapter": 1, "merged": 2}
+    found: dict[int, SavedCheckpoint] = {}
+
+    def offer(candidate: SavedCheckpoint) -> None:
+        held = found.get(candidate.step)
+        if held is None or (rank[candidate.kind], candidate.path.name.startswith("last")) < (
+            rank[held.kind],
+            held.path.name.startswith("last"),
+        ):
+            found[candidate.step] = candidate
+
+    for path in sorted(run_dir.rglob("*.ckpt")):
+        step = _checkpoint_step(path)
+        if step is not None:
+            offer(SavedCheckpoint(step, path, "checkpoint"))
+    for kind, prefix in (("adapter", "adapter-step="), ("merged", "merged-step=")):
+        for path in sorted(run_dir.rglob(f"{prefix}*")):
+            if path.is_dir() and path.name[len(prefix) :].isdigit():
+                offer(SavedCheckpoint(int(path.name[len(prefix) :]), path, kind))
+    return [found[s] for s in sorted(found)]
+
+
+def _checkpoint_step(path: Path) -> int | None:
+    """The ``global_step`` of a checkpoint: from a ``step=N`` file name, else from the file itself."""
+    match = _STEP.search(path.stem)
+    if match and not path.stem.startswith("last"):
+        return int(match.group(1))
+    if not path.is_file():
+        return None
+    import torch
+
+    try:
+        return int(torch.load(str(path), map_location="cpu", weights_only=True, mmap=True).get("global_step", 0))
+    except Exception:  # noqa: BLE001 - an unreadable file is not a saved step; the log says so
+        log.warning("evaluate: skipping %s, which is not a readable checkpoint", path)
+        return None
+
+
+def _saved_bases(checkpoints: list[SavedCheckpoint]) -> dict[str, dict]:
+    """``{callback state key: base}`` from the newest checkpoint file that carries evaluator states."""
+    import torch
+
+    for saved in reversed(checkpoints):
+        if saved.kind != "checkpoint" or not saved.path.is_file():
+            continue
+        state = torch.load(str(saved.path), map_location="cpu", weights_only=True, mmap=True).get("callbacks") or {}
+        bases = {k: v["base"] for k, v in state.items() if isinstance(v, dict) and v.get("base")}
+        if bases:
+            return bases
+    return {}
+
+
+def evaluate_command(
+    run_dir: Path,
+    *,
+    eval_config: list[Path] | None = None,
+    run_config: Path | None = None,
+    steps: list[int] | None = None,
+    overrides: list[str] | None = None,
+) -> dict:
+    """Evaluate every saved checkpoint of a run with its config's callbacks (or -c eval.yaml's); add missing rows.
+
+    Args:
+        run_dir: the run's directory: where its ``checkpoint_metrics.jsonl`` lives (its logger's version
+            directory, e.g. ``runs/lens/.../npo/trajectory``); saved checkpoints are found beneath it.
+        eval_config: YAML files merged over the run's config, in order (``-c eval.yaml``, repeatable); a
+            ``trainer.callbacks`` list in one replaces the run's evaluators.
+        run_config: the run's own config (default: ``RUN_DIR/config.yaml``, which LightningCLI saved).
+        steps: evaluate only these steps (default: every saved one).
+        overrides: further ``--key value`` words for every ``validate`` (e.g. ``[--trainer.devices, 2]``).
+
+    Returns:
+        ``{"run_dir", "evaluated": [{"step", "source", "families"}], "skipped": [{"step", "reason"}],
+        "metrics_file"}``.
+    """
+    from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, read_rows
+
+    run_dir = Path(run_dir).expanduser()
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"evaluate: run directory {run_dir} does not exist.")
+    run_config = Path(run_config).expanduser() if run_config is not None else run_dir / "config.yaml"
+    if not run_config.is_file():
+        raise FileNotFoundError(
+            f"evaluate: {run_config} not found; LightningCLI saves a run's config.yaml in its log directory. Pass "
+            "the run's version directory as RUN_DIR, or its config with --run_config."
+        )
+    extra = [Path(c).expanduser() for c in eval_config or []]
+    for c in extra:
+        if not c.is_file():
+            raise FileNotFoundError(f"evaluate: config {c} not found.")
+    checkpoints = saved_checkpoints(run_dir)
+    if steps is not None:
+        wanted = set(steps)
+        missing = sorted(wanted - {c.step for c in checkpoints})
+        if missing:
+            raise ValueError(f"evaluate: no saved checkpoint of step(s) {missing} under {run_dir}.")
+        checkpoints = [c for c in checkpoints if c.step in wanted]
+    if not checkpoints:
+        raise FileNotFoundError(
+            f"evaluate: no saved checkpoint under {run_dir} (no *.ckpt file, adapter-step=N/ or merged-step=N/)."
+        )
+    metrics_file = run_dir / METRICS_FILE
+    bases = _saved_bases(checkpoints)
+    result: dict = {"run_dir": str(run_dir), "evaluated": [], "skipped": [], "metrics_file": str(metrics_file)}
+    for saved in checkpoints:
+        if saved.kind == "merged":
+            reason = "a merged-step directory is a merged model, not a checkpoint of the run's module"
+            log.warning("evaluate: step %d not evaluated: %s (%s)", saved.step, reason, saved.path)
+            result["skipped"].append({"step": saved.step, "reason": reason})
+            continue
+        done = {r["family"] for r in read_rows(metrics_file) if int(r["step"]) == saved.step}
+        cli = _validate(run_dir, run_config, extra, saved, done, bases, overrides or [])
+        bases.update(cli.bases)
+        if cli.families:
+            result["evaluated"].append({"step": saved.step, "source": str(saved.path), "families": cli.families})
+        else:
+            result["skipped"].append({"step": saved.step, "reason": "every family already has its row"})
+    return result
+
+
+def _validate(
+    run_dir: Path,
+    run_config: Path,
+    extra: list[Path],
+    saved: SavedCheckpoint,
+    done: set[str],
+    bases: dict[str, dict],
+    overrides: list[str],
+):
+    """One ``validate`` of the run's config on one saved step; returns the finished CLI object."""
+    import json
+
+    from lightning_unlearn.cli import UnlearnCLI
+
+    class EvaluateCLI(UnlearnCLI):
+        """``validate`` into the run's own directory, evaluating only the families the step still lacks."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            self.families: list[str] = []
+            self.bases: dict[str, dict] = {}
+            super().__init__(*args, **kwargs)  # parses, instantiates and runs validate
+
+        def before_validate(self) -> None:
+            from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
+            from lightning_unlearn.callbacks.checkpoint_metrics_file import use_run_output_dir
+
+            trainer = self.trainer
+            use_run_output_dir(trainer, run_dir)
+            kept = []
+            for cb in trainer.callbacks:
+                if isinstance(cb, CheckpointEvaluator):
+                    if cb.family_name in done:
+                        continue  # this step's row of that family exists: not recomputed
+                    cb.base = dict(bases.get(cb.state_key, {}))
+                    if saved.kind != "checkpoint":
+                        cb.step_override = saved.step
+                    self.families.append(cb.family_name)
+                kept.append(cb)
+            trainer.callbacks = kept
+
+        def after_validate(self) -> None:
+            from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
+
+            self.bases = {cb.state_key: cb.base for cb in self.trainer.callbacks if isinstance(cb, CheckpointEvaluator)}
+
+    args = ["validate", "-c", str(run_config)]
+    for c in extra:
+        args += ["-c", str(c)]
+    # TensorBoard events of the evaluation go into the run's own directory, beside training's.
+    logger = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger"}
+    logger["init_args"] = {"save_dir": str(run_dir), "name": "", "version": ""}
+    args += ["--trainer.logger", json.dumps(logger)]
+    if saved.kind == "checkpoint":
+        args += ["--ckpt_path", str(saved.path)]
+    else:
+        args += ["--model.init_args.adapter.path", str(saved.path)]
+    args += overrides
+    log.info("evaluate: step %d from %s", saved.step, saved.path)
+    return EvaluateCLI(args=args, save_config_callback=None)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``lightning-unlearn evaluate RUN_DIR [-c eval.yaml]...``: see :func:`evaluate_command`.
+
+    ``-c FILE`` / ``--config FILE`` name configs merged over the run's (as with ``fit -c``), so they become
+    ``--eval_config`` here rather than a config of this command.
+    """
+    import sys
+
+    words = list(sys.argv[1:] if argv is None else argv)
+    rest: list[str] = []
+    i = 0
+    while i < len(words):
+        if words[i] in ("-c", "--config") and i + 1 < len(words):
+            rest.append(f"--eval_config+={words[i + 1]}")
+            i += 2
+            continue
+        if words[i].startswith("--config="):
+            rest.append(f"--eval_config+={words[i].split('=', 1)[1]}")
+        else:
+            rest.append(words[i])
+        i += 1
+    dispatch(evaluate_command, rest, "lightning-unlearn evaluate")
