@@ -27,6 +27,10 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
         "lightning_unlearn.workflows.report:main",
         "Cross-run SCE heatmap and checkpoint-selection table of one or more run directories.",
     ),
+    "sweep": (
+        "lightning_unlearn.workflows.sweep:main",
+        "Run every cell of a sweep file on its executor; finished cells are skipped, interrupted ones resumed.",
+    ),
     "evaluate": (
         "lightning_unlearn.workflows.evaluate:main",
         "Evaluate every saved checkpoint of a run with its config's callbacks (or -c eval.yaml's); add missing rows.",

@@ -15,6 +15,7 @@ ALIAS_COMMANDS = [(alias,) for alias in ALIASES]
 # The fewest arguments each runnable command needs to parse (the paths need not exist: --print_config does no work).
 MINIMAL = {
     ("report",): ["runs/a", "runs/b"],
+    ("sweep",): ["-c", "sweep.yaml"],
     ("evaluate",): ["runs/npo/trajectory", "-c", "eval.yaml"],
     ("mask-auc",): ["--pre", "pre", "--inj", "inj", "--unl", "unl", "--masks", "masks.safetensors"],
     ("smollm2",): [],
@@ -109,6 +110,8 @@ def test_print_config_with_the_minimal_arguments(words, capsys):
     assert isinstance(config, dict) and config, printed
     if words == ("report",):
         assert config["run_dirs"] == ["runs/a", "runs/b"]  # one positional word per run directory
+    if words == ("sweep",):
+        assert config["sweep_file"] == "sweep.yaml"  # -c names the sweep file
     if words == ("evaluate",):
         assert config["eval_config"] == ["eval.yaml"]  # -c names a config merged over the run's, not this command's
 

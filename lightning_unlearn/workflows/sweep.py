@@ -1,0 +1,400 @@
+"""``lightning-unlearn sweep -c sweep.yaml``: many trajectories, one LightningCLI ``fit`` per cell, on an executor.
+
+A sweep file names the base configs, the cells and an executor::
+
+    base: [lens/npo.yaml, my_run.yaml]        # -c files of every cell (shipped names allowed), in order
+    root: runs/sweeps/npo                      # one directory per cell under it
+    grid:                                      # every combination of these dotted overrides …
+      model.init_args.optim.lr: [1.0e-4, 2.0e-4]
+      seed_everything: [0, 1]
+    cells:                                     # … crossed with each of these (default: one empty cell)
+      - {model.class_path: NPO}
+      - {model.class_path: SimNPO, resources: {nodes: 2, tasks_per_node: 2}}
+    executor:
+      kind: local                              # local | submitit-local | slurm
+      parallel: 2                              # cells at a time (slurm: the array's parallelism)
+      threads: 1                               # torch threads per cell process (OMP_NUM_THREADS)
+      timeout_min: 60                          # submitit / slurm
+      slurm: {partition: gpu, account: lab}    # any further submitit slurm_* parameter, without the prefix
+
+A value may contain ``{cell_dir}`` (e.g. ``trainer.logger.init_args.save_dir: "{cell_dir}"``). Each cell runs
+``fit -c base… --key value… --trainer.default_root_dir <cell_dir>`` in ``<root>/<readable id>-<digest>``, where
+the digest is of its overrides and the id is made of their values. Its ``cell.json`` records the recipe (the base
+configs' text and the overrides); a directory built from another recipe is refused, as the Lacuna chain refuses a
+stage built from other configs. ``cell_done.json`` marks a finished cell, which a re-run skips; an interrupted cell
+resumes from its newest checkpoint (``--ckpt_path last``), so its evaluation rows appear once.
+
+Executors run cells through an existing engine: ``local`` is a pool of ``parallel`` subprocesses on this machine;
+``submitit-local`` and ``slurm`` go through submitit (``LocalExecutor``, ``SlurmExecutor``): an array job of the
+cells, each with its resources; a cell with ``nodes > 1`` is its own job whose tasks become Lightning's ranks
+(``SLURMEnvironment``), and a preempted or timed-out job is requeued and resumes from its last checkpoint
+(``submitit.helpers.Checkpointable``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import os
+import re
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightning_unlearn.atomic import write_text_atomically
+from lightning_unlearn.workflows.command import dispatch
+
+log = logging.getLogger("lightning_unlearn")
+
+CELL_FILE = "cell.json"
+DONE_FILE = "cell_done.json"
+EXECUTORS = ("local", "submitit-local", "slurm")
+_RESOURCE_KEYS = ("nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "mem_gb", "timeout_min")
+
+
+@dataclass
+class Cell:
+    """One trajectory of a sweep: its overrides, directory and resources."""
+
+    overrides: dict[str, Any]
+    directory: Path
+    resources: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.directory.name
+
+
+@dataclass
+class Sweep:
+    """A parsed sweep file."""
+
+    base: list[str]
+    root: Path
+    cells: list[Cell]
+    executor: dict[str, Any]
+    source: Path
+
+
+def _digest(overrides: dict[str, Any]) -> str:
+    return hashlib.blake2b(json.dumps(overrides, sort_keys=True).encode(), digest_size=4).hexdigest()
+
+
+def _readable(overrides: dict[str, Any]) -> str:
+    parts = []
+    for value in overrides.values():
+        text = str(value).rsplit(".", 1)[-1] if isinstance(value, str) and "." in str(value) else str(value)
+        parts.append(re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_"))
+    return "-".join(p for p in parts if p)[:48] or "cell"
+
+
+def load_sweep(path: str | os.PathLike) -> Sweep:
+    """Parse and check a sweep file; every problem is one ``ValueError`` naming the key and the fix."""
+    import yaml
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"sweep file {path} not found.")
+    spec = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    unknown = set(spec) - {"base", "root", "grid", "cells", "executor"}
+    if unknown:
+        raise ValueError(f"sweep file {path}: unknown keys {sorted(unknown)}; use base, root, grid, cells, executor.")
+    base = spec.get("base")
+    if isinstance(base, str):
+        base = [base]
+    if not base:
+        raise ValueError(f"sweep file {path}: `base` must name at least one config (-c file) of every cell.")
+    if "root" not in spec:
+        raise ValueError(f"sweep file {path}: `root` (the directory of the cells) is missing.")
+    root = Path(str(spec["root"])).expanduser()
+    grid = spec.get("grid") or {}
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"sweep file {path}: grid.{key} must be a non-empty list of values.")
+    listed = spec.get("cells") or [{}]
+    if not isinstance(listed, list) or not all(isinstance(c, dict) for c in listed):
+        raise ValueError(f"sweep file {path}: `cells` must be a list of mappings of dotted overrides.")
+    executor = {"kind": "local", "parallel": 1, "threads": None, "timeout_min": 60, "slurm": {}}
+    executor.update(spec.get("executor") or {})
+    if executor["kind"] not in EXECUTORS:
+        raise ValueError(f"sweep file {path}: executor.kind={executor['kind']!r} is not one of {EXECUTORS}.")
+    if int(executor["parallel"]) < 1:
+        raise ValueError(f"sweep file {path}: executor.parallel must be at least 1.")
+    cells, seen = [], {}
+    combos = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
+    for listed_cell, combo in itertools.product(listed, combos):
+        listed_cell = dict(listed_cell)
+        resources = dict(listed_cell.pop("resources", None) or {})
+        bad = set(resources) - set(_RESOURCE_KEYS)
+        if bad:
+            raise ValueError(f"sweep file {path}: unknown resources {sorted(bad)}; use {', '.join(_RESOURCE_KEYS)}.")
+        overrides = {**listed_cell, **combo}
+        name = f"{_readable(overrides)}-{_digest(overrides)}"
+        if name in seen:
+            raise ValueError(f"sweep file {path}: two cells have the same overrides {overrides}.")
+        seen[name] = True
+        cells.append(Cell(overrides, root / name, resources))
+    return Sweep([str(b) for b in base], root, cells, executor, path)
+
+
+def _resolve_base(sweep: Sweep) -> list[Path]:
+    """Each base config as a file: a local path (relative to the sweep file's folder or the working directory),
+    else a shipped config name."""
+    from lightning_unlearn.configs import shipped_config
+
+    out = []
+    for name in sweep.base:
+        candidates = [Path(name).expanduser(), sweep.source.parent / name]
+        local = next((c for c in candidates if c.is_file()), None)
+        out.append(local.resolve() if local is not None else shipped_config(name))
+    return out
+
+
+def _value(value: Any, cell: Cell) -> str:
+    if isinstance(value, str):
+        return value.replace("{cell_dir}", str(cell.directory))
+    return json.dumps(value)
+
+
+def cell_command(sweep: Sweep, cell: Cell, nodes: int = 1, devices: int | None = None) -> list[str]:
+    """The ``fit`` command of one cell (without ``--ckpt_path``)."""
+    cmd = [sys.executable, "-m", "lightning_unlearn.cli", "fit"]
+    for config in _resolve_base(sweep):
+        cmd += ["-c", str(config)]
+    for key, value in cell.overrides.items():
+        cmd += [f"--{key}", _value(value, cell)]
+    cmd += ["--trainer.default_root_dir", str(cell.directory)]
+    if nodes > 1:
+        cmd += ["--trainer.num_nodes", str(nodes)]
+    if devices is not None:
+        cmd += ["--trainer.devices", str(devices)]
+    return cmd
+
+
+def _recipe(sweep: Sweep, cell: Cell) -> dict:
+    return {
+        "configs": [p.read_text(encoding="utf-8") for p in _resolve_base(sweep)],
+        "overrides": {k: _value(v, cell) for k, v in cell.overrides.items()},
+    }
+
+
+def check_cell(sweep: Sweep, cell: Cell) -> str:
+    """``"done"``, ``"resume"`` or ``"new"``; records the recipe of a new cell. A directory built from another
+    recipe raises ``ValueError``."""
+    recipe = _recipe(sweep, cell)
+    path = cell.directory / CELL_FILE
+    if path.exists():
+        found = json.loads(path.read_text(encoding="utf-8"))
+        if found != recipe:
+            what = "config files" if found.get("configs") != recipe["configs"] else "overrides"
+            raise ValueError(
+                f"sweep cell {str(cell.directory)!r} was built with other {what} than this sweep's; reusing it would "
+                f"mix two recipes. Delete {str(cell.directory)!r} to rebuild it, or give the sweep another root."
+            )
+        return "done" if (cell.directory / DONE_FILE).exists() else "resume"
+    cell.directory.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(path, json.dumps(recipe, indent=1))
+    return "new"
+
+
+def _cell_env(threads: int | None) -> dict[str, str]:
+    leftovers = ("LOCAL_RANK", "RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in leftovers}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+def run_cell(sweep: Sweep, cell: Cell, threads: int | None = None, nodes: int = 1, devices: int | None = None) -> int:
+    """Run (or resume) one cell to the end in a subprocess; its output goes to ``<cell_dir>/fit.log``. Writes
+    ``cell_done.json`` (rank 0 of a multi-node job only) when ``fit`` succeeded. Returns the exit code."""
+    from lightning_unlearn.checkpoints import latest_checkpoint
+    from lightning_unlearn.workflows import processes
+
+    if (cell.directory / DONE_FILE).exists():
+        return 0
+    cmd = cell_command(sweep, cell, nodes, devices)
+    if latest_checkpoint(cell.directory) is not None:
+        cmd += ["--ckpt_path", "last"]
+    start = time.perf_counter()
+    with open(cell.directory / "fit.log", "a", encoding="utf-8") as out:
+        code = processes.run(cmd, env=_cell_env(threads), stdout=out, stderr=out)
+    if code == 0 and int(os.environ.get("SLURM_PROCID", "0")) == 0:
+        done = {"seconds": round(time.perf_counter() - start, 1), "command": cmd}
+        write_text_atomically(cell.directory / DONE_FILE, json.dumps(done, indent=1))
+    return code
+
+
+class CellJob:
+    """A submitit job running one cell; requeued on preemption or timeout, it resumes from the last checkpoint."""
+
+    def __init__(self, sweep: Sweep, cell: Cell, threads: int | None, nodes: int, devices: int | None) -> None:
+        self.sweep, self.cell, self.threads, self.nodes, self.devices = sweep, cell, threads, nodes, devices
+
+    def __call__(self) -> int:
+        code = run_cell(self.sweep, self.cell, self.threads, self.nodes, self.devices)
+        if code != 0:
+            raise RuntimeError(f"cell {self.cell.name} failed with exit code {code}; see {self.cell.directory}/fit.log")
+        return code
+
+    def checkpoint(self, *args, **kwargs):
+        """submitit calls this before requeueing: run the same cell again (it resumes from its last checkpoint)."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self)
+
+
+def submitit_parameters(executor: dict[str, Any], cell: Cell | None = None) -> dict[str, Any]:
+    """The ``update_parameters`` keywords of submitit's ``AutoExecutor`` for the sweep's executor and (optionally)
+    one cell's resources."""
+    resources = dict(cell.resources if cell is not None else {})
+    params: dict[str, Any] = {"timeout_min": int(resources.pop("timeout_min", executor.get("timeout_min", 60)))}
+    params["nodes"] = int(resources.pop("nodes", 1))
+    params["tasks_per_node"] = int(resources.pop("tasks_per_node", 1))
+    for key in ("gpus_per_node", "cpus_per_task", "mem_gb"):
+        if key in resources:
+            params[key] = resources.pop(key)
+    if executor["kind"] == "slurm":
+        params["slurm_array_parallelism"] = int(executor["parallel"])
+        params.update({f"slurm_{k}": v for k, v in (executor.get("slurm") or {}).items()})
+    return params
+
+
+def sbatch_script(folder: str | os.PathLike, params: dict[str, Any], array_size: int | None = None) -> str:
+    """The ``sbatch`` script submitit's ``SlurmExecutor`` submits for these ``AutoExecutor`` parameters
+    (``array_size``: an array job of that many), built without a cluster (for ``--dry_run`` and tests)."""
+    _submitit()
+    from submitit.slurm import slurm
+
+    equivalent = slurm.SlurmExecutor._equivalence_dict()
+    converted = {}
+    for key, value in params.items():
+        key = key.removeprefix("slurm_") if key.startswith("slurm_") else equivalent.get(key, key)
+        converted[key] = value
+    if "mem" in converted:
+        converted["mem"] = slurm._convert_mem(converted["mem"])
+    unknown = set(converted) - slurm.SlurmExecutor._valid_parameters()
+    if unknown:
+        raise ValueError(f"sweep: unknown slurm parameters {sorted(unknown)} in executor.slurm or a cell's resources.")
+    return slurm._make_sbatch_string(
+        command="python -m submitit.core._submit", folder=str(folder), map_count=array_size, **converted
+    )
+
+
+def _run_local(sweep: Sweep, cells: list[Cell]) -> dict[str, int]:
+    threads = sweep.executor.get("threads")
+    with ThreadPoolExecutor(max_workers=int(sweep.executor["parallel"])) as pool:
+        codes = dict(zip((c.name for c in cells), pool.map(lambda c: run_cell(sweep, c, threads), cells), strict=True))
+    return codes
+
+
+def _submitit():
+    try:
+        import submitit
+    except ImportError:
+        raise ValueError(
+            "sweep: executor.kind 'submitit-local' and 'slurm' run through submitit, which is not installed; "
+            "pip install 'lightning-unlearn[slurm]' (or use executor.kind: local)."
+        ) from None
+    return submitit
+
+
+def _run_submitit(sweep: Sweep, cells: list[Cell]) -> dict[str, int]:
+    submitit = _submitit()
+
+    kind = sweep.executor["kind"]
+    folder = sweep.root / "submitit"
+    threads = sweep.executor.get("threads")
+    jobs = []
+    single = [c for c in cells if int(c.resources.get("nodes", 1)) == 1 and not c.resources]
+    groups = [single] if single else []
+    groups += [[c] for c in cells if c not in single]  # a cell with its own resources is its own job
+    for group in groups:
+        executor = submitit.AutoExecutor(folder=str(folder), cluster="local" if kind == "submitit-local" else "slurm")
+        params = submitit_parameters(sweep.executor, group[0] if group[0].resources else None)
+        if kind == "submitit-local":
+            params = {k: v for k, v in params.items() if k in ("timeout_min", "nodes", "tasks_per_node")}
+            params["nodes"] = 1
+        executor.update_parameters(name=f"sweep-{sweep.root.name}", **params)
+        nodes = params.get("nodes", 1)
+        devices = params.get("tasks_per_node") if nodes > 1 else None
+        calls = [CellJob(sweep, c, threads, nodes, devices) for c in group]
+        if kind == "submitit-local":
+            # LocalExecutor runs every job of an array at once; keep `parallel` of them in flight.
+            for start in range(0, len(calls), int(sweep.executor["parallel"])):
+                batch = [executor.submit(call) for call in calls[start : start + int(sweep.executor["parallel"])]]
+                jobs += list(zip(group[start : start + len(batch)], batch, strict=True))
+                for job in batch:
+                    job.exception()  # wait
+        else:
+            with executor.batch():
+                submitted = [executor.submit(call) for call in calls]
+            jobs += list(zip(group, submitted, strict=True))
+    codes = {}
+    for cell, job in jobs:
+        error = job.exception()
+        codes[cell.name] = 0 if error is None else 1
+        if error is not None:
+            log.error("sweep: cell %s failed: %s", cell.name, error)
+    return codes
+
+
+def sweep_command(sweep_file: Path, *, dry_run: bool = False) -> dict:
+    """Run every cell of a sweep file on its executor; finished cells are skipped, interrupted ones resumed.
+
+    Args:
+        sweep_file: the sweep file (``base``, ``root``, ``grid``, ``cells``, ``executor``; see the module docstring).
+        dry_run: print the cells (directory, overrides, state, command) and run nothing.
+
+    Returns:
+        ``{"root", "cells": [{"name", "state", "overrides", "exit_code"}]}``.
+    """
+    sweep = load_sweep(sweep_file)
+    rows = []
+    todo = []
+    for cell in sweep.cells:
+        state = "done" if (cell.directory / DONE_FILE).exists() else None
+        if not dry_run:
+            state = check_cell(sweep, cell)
+        elif state is None:
+            state = "resume" if (cell.directory / CELL_FILE).exists() else "new"
+        rows.append({"name": cell.name, "state": state, "overrides": cell.overrides})
+        if dry_run:
+            rows[-1]["command"] = " ".join(cell_command(sweep, cell))
+        elif state != "done":
+            todo.append(cell)
+    if dry_run:
+        out = {"root": str(sweep.root), "executor": sweep.executor["kind"], "cells": rows}
+        if sweep.executor["kind"] == "slurm":
+            folder = sweep.root / "submitit"
+            plain = [c for c in sweep.cells if not c.resources]
+            out["sbatch"] = {c.name: sbatch_script(folder, submitit_parameters(sweep.executor, c)) for c in sweep.cells
+                             if c.resources}  # fmt: skip
+            if plain:
+                out["sbatch"]["array"] = sbatch_script(folder, submitit_parameters(sweep.executor), len(plain))
+        return out
+    log.info("sweep: %d cells, %d to run on %s", len(rows), len(todo), sweep.executor["kind"])
+    codes = _run_local(sweep, todo) if sweep.executor["kind"] == "local" else _run_submitit(sweep, todo)
+    for row in rows:
+        row["exit_code"] = codes.get(row["name"], 0)
+    failed = [r["name"] for r in rows if r["exit_code"]]
+    if failed:
+        raise RuntimeError(f"sweep: {len(failed)} cell(s) failed: {failed}; see each cell's fit.log")
+    return {"root": str(sweep.root), "cells": rows}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``lightning-unlearn sweep -c SWEEP.yaml [--dry_run true]``: see :func:`sweep_command`.
+
+    ``-c FILE`` names the sweep file (the same as giving it as the first word), not a config of this command.
+    """
+    words = list(sys.argv[1:] if argv is None else argv)
+    if len(words) >= 2 and words[0] in ("-c", "--config"):
+        words = [words[1], *words[2:]]
+    dispatch(sweep_command, words, "lightning-unlearn sweep")
