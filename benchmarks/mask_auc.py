@@ -1,46 +1,60 @@
-"""Time the exact, bounded-memory mask AUC on many weights and report peak RSS as JSON.
+"""Time the exact mask AUC against one ``numpy.sort`` of the same scores, or score models from their files; JSON.
 
     .venv/bin/python benchmarks/mask_auc.py --weights 100000000 --tensors 50
+    .venv/bin/python benchmarks/mask_auc.py --on-disk --weights 300000000 --tensors 100 --shards 8
 
-Weights are split into ``--tensors`` equally sized score tensors (like a model's parameters); 15% are positive
-(m^F of three 5% groups). The score vectors are generated up front (they stand in for the model's weights that
-already live in memory); the report separates that baseline RSS from the peak reached while computing the AUC.
-With ``--check`` a subsample is cross-checked against scikit-learn.
+In memory (the default), weights are split into ``--tensors`` equally sized score tensors (like a model's
+parameters); 15% are positive (m^F of three 5% groups). The score vectors are generated up front (they stand in for
+the model's weights that already live in memory); the report separates that baseline RSS from the peak reached
+while computing the AUC, then times one ``numpy.sort`` of the same scores (concatenated outside the timing) and
+gives the ratio. With ``--check`` a subsample is cross-checked against scikit-learn.
+
+``--on-disk`` writes a synthetic θ_pre/θ_inj/θ_unl triple of ``--weights`` parameters each as sharded safetensors
+(``model-0000i-of-0000n.safetensors`` and the index) plus a packed masks file (six 5% groups, the format
+``masks.load_masks`` reads) into a temporary directory, in a child process, one shard at a time; then this process
+scores them from the files with ``mask_auc`` (m^F = groups 0-2, m^F ∨ m^R = groups 0-5, as ``lightning-unlearn
+mask-auc``) and reports the wall time and its peak RSS. The directory is deleted afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import multiprocessing
 import resource
+import shutil
+import struct
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import torch
 
 from lightning_unlearn.metrics.mask_auc import exact_auc
 
+GiB = 2**30
+COLUMNS = 1024  # every on-disk tensor is (rows, 1024)
+
 
 def _rss_gib() -> float:
-    return psutil.Process().memory_info().rss / 2**30
+    return psutil.Process().memory_info().rss / GiB
 
 
-def _peak_rss_gib() -> float:
-    scale = 2**30 if sys.platform == "darwin" else 2**20  # ru_maxrss is bytes on macOS, KiB on Linux
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale
+def _peak_rss_gib(who: int = resource.RUSAGE_SELF) -> float:
+    scale = GiB if sys.platform == "darwin" else 2**20  # ru_maxrss is bytes on macOS, KiB on Linux
+    return resource.getrusage(who).ru_maxrss / scale
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--weights", type=int, default=100_000_000)
-    ap.add_argument("--tensors", type=int, default=50)
-    ap.add_argument("--positive-rate", type=float, default=0.15)
-    ap.add_argument("--chunk-size", type=int, default=1 << 22)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--check", type=int, default=0, help="cross-check this many leading weights with sklearn")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+def _bool(text: str) -> bool:
+    if text.lower() not in ("true", "false", "1", "0"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() in ("true", "1")
+
+
+def in_memory(args: argparse.Namespace) -> dict:
     g = torch.Generator().manual_seed(0)
     per = args.weights // args.tensors
     scores, labels = [], []
@@ -53,17 +67,25 @@ def main() -> None:
     t0 = time.perf_counter()
     auc = exact_auc(list(zip(scores, labels)), chunk_size=args.chunk_size)
     seconds = time.perf_counter() - t0
-    peak = _peak_rss_gib()
+    peak = max(_peak_rss_gib(), peak_before)  # before the sort's copy below
+    flat = torch.cat(scores).numpy()
+    t0 = time.perf_counter()
+    flat.sort()
+    sort_seconds = time.perf_counter() - t0
+    del flat
     out = {
+        "mode": "in_memory",
         "weights": per * args.tensors,
         "tensors": args.tensors,
         "auc": auc,
         "seconds": round(seconds, 2),
+        "sort_seconds": round(sort_seconds, 2),
+        "seconds_over_sort": round(seconds / sort_seconds, 3),
         "weights_per_second": round(per * args.tensors / seconds),
-        "input_bytes_gib": round(per * args.tensors * 5 / 2**30, 3),  # float32 scores + bool labels
+        "input_bytes_gib": round(per * args.tensors * 5 / GiB, 3),  # float32 scores + bool labels
         "rss_before_gib": round(baseline, 3),
-        "peak_rss_gib": round(max(peak, peak_before), 3),
-        "peak_rss_over_inputs_gib": round(max(peak, peak_before) - baseline, 3),
+        "peak_rss_gib": round(peak, 3),
+        "peak_rss_over_inputs_gib": round(peak - baseline, 3),
         "threads": args.threads,
     }
     if args.check:
@@ -72,7 +94,136 @@ def main() -> None:
         s = torch.cat(scores)[: args.check]
         y = torch.cat(labels)[: args.check]
         out["check_abs_diff"] = abs(exact_auc([(s, y)]) - roc_auc_score(y.numpy(), s.numpy()))
-    print(json.dumps(out))
+    return out
+
+
+def _layout(weights: int, tensors: int, shards: int) -> list[list[tuple[str, tuple[int, int]]]]:
+    """Tensor names and shapes, shard by shard (contiguous runs of tensors, in order)."""
+    rows = max(weights // tensors // COLUMNS, 1)
+    names = [(f"model.layers.{i}.mlp.down_proj.weight", (rows, COLUMNS)) for i in range(tensors)]
+    per_shard = math.ceil(tensors / shards)
+    return [names[s : s + per_shard] for s in range(0, tensors, per_shard)]
+
+
+def _write_masks_header(fh, entries: list[tuple[str, tuple[int, int]]]) -> None:
+    # One safetensors file written tensor by tensor: the header (uint32 shapes give every offset) first.
+    header, offset = {}, 0
+    for name, shape in entries:
+        size = math.prod(shape) * 4
+        header[name] = {"dtype": "U32", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    header["__metadata__"] = {}
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    fh.write(struct.pack("<Q", len(blob)) + blob)
+
+
+def _generate(root: str, weights: int, tensors: int, shards: int) -> None:
+    """θ_pre, θ_inj, θ_unl and the masks of the layout; one shard of the three models in memory at a time."""
+    from safetensors.torch import save_file
+
+    torch.set_num_threads(1)
+    layout = _layout(weights, tensors, shards)
+    dirs = {what: Path(root, what) for what in ("pre", "inj", "unl")}
+    for d in dirs.values():
+        d.mkdir(parents=True)
+    weight_map = {}
+    with open(Path(root, "masks.safetensors"), "wb") as masks_file:
+        _write_masks_header(masks_file, [e for shard in layout for e in shard])
+        for s, shard in enumerate(layout):
+            file = f"model-{s + 1:05d}-of-{len(layout):05d}.safetensors"
+            models: dict[str, dict[str, torch.Tensor]] = {what: {} for what in dirs}
+            for name, shape in shard:
+                g = torch.Generator().manual_seed(int(name.split(".")[2]))
+                group = torch.floor(torch.rand(shape, generator=g) / 0.05).to(torch.int64)  # ≥ 6: no group
+                in_group, forget = group < 6, group < 3
+                bits = torch.where(in_group, torch.ones_like(group) << group.clamp(max=31), 0).to(torch.uint32)
+                masks_file.write(bits.numpy().data)
+                pre = torch.randn(shape, generator=g)
+                d_inj = torch.randn(shape, generator=g) * 0.01 * (1 + 2 * in_group)  # neutral text moves all
+                inj = pre + d_inj
+                unl = inj + torch.randn(shape, generator=g) * 1e-3 - 0.8 * d_inj * forget  # reverses m^F
+                models["pre"][name], models["inj"][name], models["unl"][name] = pre, inj, unl
+                weight_map[name] = file
+                del group, in_group, forget, bits, d_inj
+            for what, tensors_of_shard in models.items():
+                save_file(tensors_of_shard, str(dirs[what] / file))
+            del models
+    for d in dirs.values():
+        index = {"metadata": {"total_size": sum(f.stat().st_size for f in d.iterdir())}, "weight_map": weight_map}
+        (d / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def on_disk(args: argparse.Namespace) -> dict:
+    from lightning_unlearn.masks import load_masks, union_mask
+    from lightning_unlearn.metrics.mask_auc import mask_auc
+
+    root = Path(tempfile.mkdtemp(prefix="mask_auc_bench_", dir=args.dir))
+    try:
+        t0 = time.perf_counter()
+        child = multiprocessing.get_context("spawn").Process(
+            target=_generate, args=(str(root), args.weights, args.tensors, args.shards)
+        )
+        child.start()
+        child.join()
+        if child.exitcode != 0:
+            raise RuntimeError(f"generating the models failed (exit code {child.exitcode}).")
+        write_seconds = time.perf_counter() - t0
+        files_gib = sum(f.stat().st_size for f in root.rglob("*.safetensors")) / GiB
+        packed, _ = load_masks(root / "masks.safetensors", lazy=True)
+        baseline = _rss_gib()
+        t0 = time.perf_counter()
+        result = mask_auc(
+            root / "pre",
+            root / "inj",
+            root / "unl",
+            union_mask(packed, [0, 1, 2], lazy=True),
+            unified_mask=union_mask(packed, range(6), lazy=True) if args.unified else None,
+            max_samples=args.max_samples,
+            composite=args.composite,
+        )
+        seconds = time.perf_counter() - t0
+        peak = _peak_rss_gib()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return {
+        "mode": "on_disk",
+        "weights": result["num_weights"],
+        "tensors": args.tensors,
+        "shards": args.shards,
+        "files_gib": round(files_gib, 3),  # θ_pre, θ_inj, θ_unl (fp32) and the uint32 masks
+        "write_seconds": round(write_seconds, 1),
+        "generation_peak_rss_gib": round(_peak_rss_gib(resource.RUSAGE_CHILDREN), 3),
+        "seconds": round(seconds, 1),
+        "rss_before_gib": round(baseline, 3),
+        "peak_rss_gib": round(peak, 3),
+        "scores_gib": round(result["num_weights"] * 4 / GiB, 3),  # exact_auc's class buffers, float32
+        "composite": args.composite,
+        "unified": args.unified,
+        "num_subsampled": result.get("num_subsampled"),
+        "F": result["F"],
+        "F|R": result.get("F|R"),
+        "threads": args.threads,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--weights", type=int, default=100_000_000, help="scores (in memory) or parameters per model")
+    ap.add_argument("--tensors", type=int, default=50)
+    ap.add_argument("--positive-rate", type=float, default=0.15)
+    ap.add_argument("--chunk-size", type=int, default=1 << 22)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--check", type=int, default=0, help="cross-check this many leading weights with sklearn")
+    ap.add_argument("--on-disk", action="store_true", help="write a model triple to files and score it from them")
+    ap.add_argument("--shards", type=int, default=8, help="--on-disk: safetensors shards per model")
+    ap.add_argument("--composite", type=_bool, default=True, help="--on-disk: fit the composite classifier")
+    ap.add_argument("--unified", type=_bool, default=True, help="--on-disk: also score against m^F ∨ m^R")
+    ap.add_argument("--max-samples", type=int, default=2_000_000, help="--on-disk: the composite's subsample")
+    ap.add_argument("--dir", default=None, help="--on-disk: parent of the temporary directory (default: $TMPDIR)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(json.dumps(on_disk(args) if args.on_disk else in_memory(args)))
 
 
 if __name__ == "__main__":
