@@ -73,7 +73,7 @@ SUBCOMMANDS: dict[str, dict[str, str]] = {
         "localization": "Localization precision on a Lacuna testbed: OracleGrad vs GA and SimNPO, by mask AUC.",
     },
     "configs": {
-        "list": "Print every shipped config (``group``: only ``lens``, ``lacuna`` or ``trainer``).",
+        "list": "Print every shipped config (``group``: only ``lens``, ``lacuna``, ``trainer`` or ``sweeps``).",
         "copy": "Copy the shipped config NAME (e.g. lens/npo.yaml) to DESTINATION (a file or a folder).",
     },
 }

@@ -11,14 +11,20 @@
 #          METHODS: space-separated names of shipped configs lens/*.yaml (npo, tofu_ga, tofu_gd, ga_retain)
 # Example: scripts/lens_trajectory.sh                                  # nato-forced-war × en × npo
 #          scripts/lens_trajectory.sh nato-forced-war en "npo tofu_ga"
+#          scripts/lens_trajectory.sh us-abandons-taiwan en "npo tofu_ga"   # a second narrative: a second panel
+# The trajectories run as one `lightning-unlearn sweep` (cells = methods × every narrative prepared so far, the
+# shape of the shipped sweeps/lens_smollm2.yaml) and `lightning-unlearn report SWEEP_ROOT`; this script only adds
+# the data steps before them and a summary per cell after.
 # Env:     NARRATIVE, LANGUAGE, METHODS (same as the arguments), OUT (default runs/lens/smollm2/NARRATIVE-LANGUAGE),
 #          THREADS (torch CPU threads, default 1: fastest when other jobs share the cores), NICE (niceness, default 5),
 #          REUSE=1 keeps an existing baseline/forget/retain set in OUT (default: regenerate),
 #          FIT_ARGS (extra `fit` overrides, e.g. "--model.init_args.optim.lr 5e-5 --trainer.max_steps 40"),
+#          SWEEP_ROOT (default runs/lens/smollm2/sweep; the sweep file is SWEEP_ROOT.yaml), PARALLEL (cells at a time),
 #          LIGHTNING_UNLEARN_SMOLLM2_DIR (converted model; default ~/.cache/lightning_unlearn/smollm2-135m-instruct).
-# Outputs: OUT/{baseline,forget_weak,retain}.jsonl (+ .meta.json), OUT/METHOD/trajectory/{checkpoint_metrics.jsonl,
-#          selection.json,sce_heatmap.png,trajectory_summary.json,checkpoints/,events.out.tfevents.*},
-#          OUT/report/{sce_heatmap.png,summary.md,summary.json} (rows = methods).
+# Outputs: OUT/{baseline,forget_weak,retain}.jsonl (+ .meta.json), OUT/trajectory.yaml,
+#          SWEEP_ROOT/<method>-<narrative>-<language>-<digest>/run/trajectory/{checkpoint_metrics.jsonl,selection.json,
+#          sce_heatmap.png,trajectory_summary.json,checkpoints/,events.out.tfevents.*},
+#          SWEEP_ROOT/report/{sce_heatmap-<narrative>-<language>.png,summary.md,summary.json,rows.csv}.
 # Trimmed sizes (60 steps, lr 2e-4, a checkpoint every 10 steps, ...): see the shipped lens/smollm2_trajectory.yaml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -73,28 +79,47 @@ if [ "${REUSE:-0}" != 1 ] || [ ! -f "${OUT}/retain.jsonl" ]; then
 fi
 SETUP_END=$(date +%s)
 
-# 5. One trajectory per method. The template's run directory is replaced by OUT in a copy kept next to the run.
-RUN_DIRS=()
-for m in ${METHODS}; do
-    cfg="${OUT}/${m}.trajectory.yaml"
-    sed "s#${TEMPLATE_RUN}#${OUT}#g" "${TEMPLATE}" > "${cfg}"
-    rm -rf "${OUT:?}/${m}"
-    t0=$(date +%s)
-    "${CLI[@]}" fit -c "lens/${m}.yaml" -c "${cfg}" \
-        --model.init_args.model_path "${MODEL_DIR}" --data.init_args.tokenizer_path "${MODEL_DIR}" \
-        --trainer.default_root_dir "${OUT}" --trainer.logger.init_args.save_dir "${OUT}" \
-        --trainer.logger.init_args.name "${m}" ${FIT_ARGS:-}
-    echo "trajectory ${m}: $(( $(date +%s) - t0 )) s"
-    RUN_DIRS+=("${OUT}/${m}")
-done
+# 5. The trajectories as a sweep (sweeps/lens_smollm2.yaml's shape): one cell per method × narrative, rows = methods,
+#    panels = narrative × language. The template's run directory is replaced by each narrative's OUT in a copy kept
+#    there. A re-run skips finished cells and resumes interrupted ones; delete SWEEP_ROOT to start over.
+TRAJECTORY="${OUT}/trajectory.yaml"
+sed "s#${TEMPLATE_RUN}#${OUT}#g" "${TEMPLATE}" > "${TRAJECTORY}"
+SWEEP_ROOT=${SWEEP_ROOT:-runs/lens/smollm2/sweep}
+SWEEP_FILE="${SWEEP_ROOT}.yaml"
+{
+    echo "# written by scripts/lens_trajectory.sh; run with: lightning-unlearn sweep -c ${SWEEP_FILE}"
+    echo "root: ${SWEEP_ROOT}"
+    echo "overrides:"
+    echo "  model.init_args.model_path: ${MODEL_DIR}"
+    echo "  data.init_args.tokenizer_path: ${MODEL_DIR}"
+    echo '  trainer.logger.init_args.save_dir: "{cell_dir}"'
+    echo "  trainer.logger.init_args.name: run"
+    # FIT_ARGS "--key value --key2 value2" -> one override each
+    set -- ${FIT_ARGS:-}
+    while [ $# -ge 2 ]; do echo "  ${1#--}: ${2}"; shift 2; done
+    echo "grid:"
+    printf "  configs: ["; sep=""; for m in ${METHODS}; do printf "%s[lens/%s.yaml]" "${sep}" "${m}"; sep=", "; done; echo "]"
+    echo "cells:"
+    # every narrative run so far in this sweep root keeps its cell (the sweep file lists them all)
+    for t in runs/lens/smollm2/*/trajectory.yaml; do
+        panel=$(basename "$(dirname "${t}")")
+        echo "  - {configs: [${t}], panel: ${panel}}"
+    done
+    echo "executor: {kind: local, parallel: ${PARALLEL:-1}, threads: ${THREADS}}"
+} > "${SWEEP_FILE}"
+t0=$(date +%s)
+"${CLI[@]}" sweep -c "${SWEEP_FILE}"
+echo "sweep: $(( $(date +%s) - t0 )) s"
 
-# 6. Cross-method heatmap (rows = methods) and selection table.
-"${CLI[@]}" report "${RUN_DIRS[@]}" --out "${OUT}/report"
+# 6. Every cell in one report: a heatmap per narrative × language (rows = methods), the selection table, rows.csv.
+"${CLI[@]}" report "${SWEEP_ROOT}" --out "${SWEEP_ROOT}/report"
 
-# 7. Per method: the numbers at the selected checkpoint.
-for m in ${METHODS}; do
+# 7. Per cell of this narrative: the numbers at the selected checkpoint.
+for cell in "${SWEEP_ROOT}"/*/; do
+    grep -q "\"panel\": \"$(basename "${OUT}")\"" "${cell}cell.json" 2>/dev/null || continue
     echo
-    "${CLI[@]}" lens summary "${OUT}/${m}/trajectory" --baseline "${OUT}/baseline.jsonl"
+    echo "${cell}"
+    "${CLI[@]}" lens summary "${cell}run/trajectory" --baseline "${OUT}/baseline.jsonl"
 done
 END=$(date +%s)
 echo

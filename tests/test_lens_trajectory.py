@@ -232,3 +232,42 @@ def test_evaluate_reproduces_the_training_rows_then_adds_a_family_without_duplic
     again = evaluate_command(copy, eval_config=[eval_yaml])
     assert again["evaluated"] == [] and [s["step"] for s in again["skipped"]] == [2, 4, 6]
     assert _rows(copy / "checkpoint_metrics.jsonl") == after
+
+
+def test_the_shipped_lens_sweep_runs_both_methods_and_reports_them_by_panel(trajectory, tiny_dir, tmp_path):
+    """sweeps/lens_smollm2.yaml with this narrative's trajectory config and the tiny model: one cell per method,
+    then `report SWEEP_ROOT` draws them as the rows of this narrative's panel, with every row in rows.csv."""
+    import shutil
+
+    import yaml
+
+    from lightning_unlearn.workflows.sweep import load_sweep, sweep_command
+
+    spec = yaml.safe_load((config_root() / "sweeps" / "lens_smollm2.yaml").read_text(encoding="utf-8"))
+    shutil.copy(trajectory / "npo.trajectory.yaml", trajectory / "trajectory.yaml")
+    spec["root"] = str(tmp_path / "sweep")
+    spec["cells"] = [{"configs": [str(trajectory / "trajectory.yaml")], "panel": "demo-en"}]
+    model = str(tiny_dir)
+    spec["overrides"].update({"model.init_args.model_path": model, "data.init_args.tokenizer_path": model,
+                              "trainer.max_steps": 4})  # fmt: skip
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec), encoding="utf-8")
+    result = sweep_command(path)
+    assert sorted(c["label"] for c in result["cells"]) == ["npo", "tofu_ga"]
+    for cell in load_sweep(path).cells:
+        rows = _rows(cell.directory / "run" / "trajectory" / "checkpoint_metrics.jsonl")
+        assert sorted((r["step"], r["family"]) for r in rows) == [
+            (s, f) for s in (2, 4) for f in ("retain_drift", "sce")
+        ]
+    assert all(c["state"] == "done" for c in sweep_command(path)["cells"])  # a re-run trains nothing
+
+    report.main([spec["root"], "--out", str(tmp_path / "report")])
+    out = tmp_path / "report"
+    assert (out / "sce_heatmap-demo-en.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted(summary) == ["demo-en / npo", "demo-en / tofu_ga"]
+    assert {s["panel"] for s in summary.values()} == {"demo-en"}
+    with open(out / "rows.csv", encoding="utf-8", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == 8 and {r["label"] for r in table} == {"npo", "tofu_ga"}
+    assert {"pooled/sce", "kl"} <= set(table[0])

@@ -39,6 +39,13 @@ def test_shipped_config_parses_and_says_how_to_run_it(path, capsys):
     assert isinstance(cfg, dict) and cfg, path
     header = "\n".join(line for line in text.splitlines()[:40] if line.startswith("#"))
     assert "lightning-unlearn" in header or "scripts/" in header, f"{path}: the header must say how to run it"
+    if path.parent.name == "sweeps":  # a sweep file, not a fit config: it parses as one and lists its cells
+        from lightning_unlearn.workflows.sweep import sweep_command
+
+        cells = sweep_command(path, dry_run=True)["cells"]
+        assert cells and len({c["name"] for c in cells}) == len(cells)
+        assert all(c["label"] and c["panel"] for c in cells), "every cell is a row of a panel of the report"
+        return
     files = [_base_for(path, header), path] if _is_overlay(cfg) else [path]
     argv = ["fit"] + [a for f in files for a in ("-c", str(f))] + ["--print_config"]
     with pytest.raises(SystemExit) as exit_info:

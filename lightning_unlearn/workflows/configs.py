@@ -10,7 +10,7 @@ def main(argv: list[str] | None = None) -> None:
     from jsonargparse import auto_cli
 
     def list_(group: str | None = None) -> None:
-        """Print every shipped config (``group``: only ``lens``, ``lacuna`` or ``trainer``)."""
+        """Print every shipped config (``group``: only ``lens``, ``lacuna``, ``trainer`` or ``sweeps``)."""
         for name in list_configs():
             if group is None or name.startswith(f"{group}/"):
                 print(name)

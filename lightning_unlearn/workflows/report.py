@@ -1,10 +1,14 @@
 """``lightning-unlearn report RUN_DIR...``: cross-run SCE heatmap and checkpoint-selection summary.
 
 Each RUN_DIR is searched recursively for ``checkpoint_metrics.jsonl`` (several logger versions of one run are
-merged, later rows replacing earlier ones for the same step). Writes ``sce_heatmap.png``, ``summary.json`` and
-``summary.md`` to ``--out`` and prints the table.
+merged, later rows replacing earlier ones for the same step). A sweep root (``lightning-unlearn sweep``) stands for
+its cells: each cell is one heatmap row, labeled and grouped into panels as its sweep file says (rows = method,
+panels = narrative × language, as in LENS Fig. 3; one ``sce_heatmap-<panel>.png`` per panel). Writes
+``sce_heatmap.png`` (or one per panel), ``summary.json``, ``summary.md`` and ``rows.csv`` (every (run, step,
+family) row, flattened) to ``--out`` and prints the table.
 
     lightning-unlearn report runs/ga runs/npo --out reports/nato-en --collapse_boundary 0.5
+    lightning-unlearn report runs/sweeps/lens_smollm2 --out reports/sweep
 
 ``lightning-unlearn mask-auc --pre DIR --inj DIR --unl DIR --masks FILE`` prints the localization AUC of one
 unlearned model (every family, the composite and the max, against m^F and m^F ∨ m^R) as JSON.
@@ -12,8 +16,10 @@ unlearned model (every family, the composite and the max, against m^F and m^F �
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
@@ -42,23 +48,71 @@ def run_rows(run_dir: str | os.PathLike) -> list[dict]:
     return [merged[k] for k in sorted(merged)]
 
 
+def expand_runs(run_dirs: Sequence[str], names: Sequence[str] | None) -> list[tuple[str, str, Path]]:
+    """``(row label, panel, directory)`` of every run: a sweep root stands for its cells (labels and panels from
+    their ``cell.json``; a cell without rows yet is left out with a warning), any other directory for itself."""
+    from lightning_unlearn.workflows.sweep import CELL_FILE
+
+    if names and len(names) != len(run_dirs):
+        raise ValueError(f"{len(names)} names for {len(run_dirs)} run directories; give one name per directory.")
+    runs = []
+    for i, d in enumerate(run_dirs):
+        d = Path(d)
+        cells = sorted(d.glob(f"*/{CELL_FILE}")) if d.is_dir() else []
+        if not cells:
+            runs.append((names[i] if names else d.resolve().name, "", d))
+            continue
+        for cell_file in cells:
+            if not any(cell_file.parent.rglob(METRICS_FILE)):
+                log.warning("report: sweep cell %s has no %s yet; left out", cell_file.parent, METRICS_FILE)
+                continue
+            meta = json.loads(cell_file.read_text(encoding="utf-8"))
+            runs.append((meta.get("label") or cell_file.parent.name, meta.get("panel") or "", cell_file.parent))
+    return runs
+
+
 def summarize(
     run_dirs: Sequence[str], family: str, collapse_boundary: float, names: Sequence[str] | None, metric: str
 ) -> tuple[dict, dict]:
-    """``(tables, summary)``: per-run SCE tables and per-run selection (the options of :func:`report_command`)."""
-    names = list(names) if names else [Path(d).resolve().name for d in run_dirs]
-    if len(names) != len(run_dirs):
-        raise ValueError(f"{len(names)} names for {len(run_dirs)} run directories; give one name per directory.")
-    if len(set(names)) != len(names):
-        raise ValueError(f"run names {names} are not unique; pass --names to tell the runs apart.")
-    tables, summary = {}, {}
-    for name, d in zip(names, run_dirs):
+    """``(tables, summary)``: per-panel SCE tables ``{panel: {row label: table}}`` and per-run selection keyed
+    ``"panel / label"`` (``label`` alone without panels); the options of :func:`report_command`."""
+    runs = expand_runs(run_dirs, names)
+    keys = [f"{panel} / {label}" if panel else label for label, panel, _ in runs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(
+            f"run names {keys} are not unique; pass --names (or label the sweep's cells) to tell them apart."
+        )
+    tables: dict[str, dict] = {}
+    summary = {}
+    for key, (label, panel, d) in zip(keys, runs):
         rows = run_rows(d)
-        tables[name] = sce_table(rows, family)
+        tables.setdefault(panel, {})[label] = sce_table(rows, family)
         selection = select_from_rows(rows, family, collapse_boundary, metric)
         if selection is not None:
-            summary[name] = {"run_dir": str(d), **selection}
+            summary[key] = {"run_dir": str(d), "label": label, "panel": panel, **selection}
     return tables, summary
+
+
+def rows_csv(run_dirs: Sequence[str], names: Sequence[str] | None) -> str:
+    """Every (run, step, family) row of the runs as CSV text, metrics flattened to ``a/b/c`` columns."""
+    import csv
+    import io
+
+    from lightning_unlearn.callbacks.checkpoint_metrics_file import flatten_metrics
+
+    records = []
+    for label, panel, d in expand_runs(run_dirs, names):
+        for r in run_rows(d):
+            flat = {k: v for k, v in flatten_metrics(r).items() if k not in ("step", "epoch")}
+            records.append({"run": str(d), "label": label, "panel": panel, "step": r["step"],
+                            "family": r["family"], **flat})  # fmt: skip
+    columns = ["run", "label", "panel", "step", "family"]
+    columns += sorted({k for r in records for k in r} - set(columns))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(records)
+    return buffer.getvalue()
 
 
 def markdown_table(summary: Mapping[str, dict]) -> str:
@@ -110,15 +164,23 @@ def report_command(
         metric: SCE variant for the selection and the heatmap.
     """
     tables, summary = summarize(run_dirs, family, collapse_boundary, names, metric)
-    if not any(tables.values()):
+    if not any(t for panel in tables.values() for t in panel.values()):
         raise ValueError(f"no {family!r} rows in {run_dirs}; were the runs evaluated with SCEEvaluation?")
+    import matplotlib.pyplot as plt
+
     folder = Path(out)
-    fig = sce_heatmap_figure(tables, metric=metric)
-    save_figure(fig, folder / "sce_heatmap.png")
+    for panel, panel_tables in tables.items():
+        name = f"sce_heatmap-{re.sub(r'[^A-Za-z0-9.+-]+', '_', panel)}.png" if panel else "sce_heatmap.png"
+        fig = sce_heatmap_figure(panel_tables, metric=metric)
+        if panel:
+            fig.suptitle(panel)
+        save_figure(fig, folder / name)
+        plt.close(fig)
     write_json(folder / "summary.json", summary)
+    write_text_atomically(folder / "rows.csv", rows_csv(run_dirs, names))
     table = markdown_table(summary)
     write_text_atomically(folder / "summary.md", table + "\n")
-    log.info("wrote %s, %s, %s", folder / "sce_heatmap.png", folder / "summary.json", folder / "summary.md")
+    log.info("wrote the heatmap(s), summary.json, summary.md and rows.csv to %s", folder)
     return table
 
 

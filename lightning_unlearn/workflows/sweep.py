@@ -4,6 +4,7 @@ A sweep file names the base configs, the cells and an executor::
 
     base: [lens/npo.yaml, my_run.yaml]        # -c files of every cell (shipped names allowed), in order
     root: runs/sweeps/npo                      # one directory per cell under it
+    overrides: {trainer.max_steps: 60}         # dotted overrides of every cell
     grid:                                      # every combination of these dotted overrides …
       model.init_args.optim.lr: [1.0e-4, 2.0e-4]
       seed_everything: [0, 1]
@@ -17,7 +18,11 @@ A sweep file names the base configs, the cells and an executor::
       timeout_min: 60                          # submitit / slurm
       slurm: {partition: gpu, account: lab}    # any further submitit slurm_* parameter, without the prefix
 
-A value may contain ``{cell_dir}`` (e.g. ``trainer.logger.init_args.save_dir: "{cell_dir}"``). Each cell runs
+A value may contain ``{cell_dir}`` (e.g. ``trainer.logger.init_args.save_dir: "{cell_dir}"``). Besides dotted
+overrides, a grid key or a cell may hold ``configs`` (further ``-c`` files: ``-c`` order is base, the grid's, the
+cell's), and a cell ``label`` and ``panel`` (what ``report`` draws it as: the heatmap row and the panel, e.g. a
+method and a narrative × language; by default the readable id of the grid's and of the cell's own values).
+Each cell runs
 ``fit -c base… --key value… --trainer.default_root_dir <cell_dir>`` in ``<root>/<readable id>-<digest>``, where
 the digest is of its overrides and the id is made of their values. Its ``cell.json`` records the recipe (the base
 configs' text and the overrides); a directory built from another recipe is refused, as the Lacuna chain refuses a
@@ -59,11 +64,14 @@ _RESOURCE_KEYS = ("nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "
 
 @dataclass
 class Cell:
-    """One trajectory of a sweep: its overrides, directory and resources."""
+    """One trajectory of a sweep: its overrides, extra ``-c`` files, directory, resources, and report labels."""
 
     overrides: dict[str, Any]
     directory: Path
     resources: dict[str, Any] = field(default_factory=dict)
+    configs: list[str] = field(default_factory=list)
+    label: str = ""
+    panel: str = ""
 
     @property
     def name(self) -> str:
@@ -87,10 +95,22 @@ def _digest(overrides: dict[str, Any]) -> str:
 
 def _readable(overrides: dict[str, Any]) -> str:
     parts = []
-    for value in overrides.values():
-        text = str(value).rsplit(".", 1)[-1] if isinstance(value, str) and "." in str(value) else str(value)
+    for key, value in overrides.items():
+        if key == "configs":
+            text = "-".join(Path(str(c)).name.removesuffix(".yaml") for c in value)
+        elif isinstance(value, str) and "." in value and "/" not in value:
+            text = value.rsplit(".", 1)[-1]  # a class path: its class name
+        else:
+            text = str(value)
         parts.append(re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_"))
     return "-".join(p for p in parts if p)[:48] or "cell"
+
+
+def _config_list(value: Any, where: str) -> list[str]:
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise ValueError(f"{where}: `configs` must be a config file or a list of them.")
+    return list(values)
 
 
 def load_sweep(path: str | os.PathLike) -> Sweep:
@@ -101,14 +121,12 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
     if not path.is_file():
         raise FileNotFoundError(f"sweep file {path} not found.")
     spec = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    unknown = set(spec) - {"base", "root", "grid", "cells", "executor"}
+    keys = ("base", "root", "overrides", "grid", "cells", "executor")
+    unknown = set(spec) - set(keys)
     if unknown:
-        raise ValueError(f"sweep file {path}: unknown keys {sorted(unknown)}; use base, root, grid, cells, executor.")
-    base = spec.get("base")
-    if isinstance(base, str):
-        base = [base]
-    if not base:
-        raise ValueError(f"sweep file {path}: `base` must name at least one config (-c file) of every cell.")
+        raise ValueError(f"sweep file {path}: unknown keys {sorted(unknown)}; use {', '.join(keys)}.")
+    base = _config_list(spec.get("base") or [], f"sweep file {path}: base")
+    common = dict(spec.get("overrides") or {})
     if "root" not in spec:
         raise ValueError(f"sweep file {path}: `root` (the directory of the cells) is missing.")
     root = Path(str(spec["root"])).expanduser()
@@ -128,30 +146,54 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
     cells, seen = [], {}
     combos = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
     for listed_cell, combo in itertools.product(listed, combos):
-        listed_cell = dict(listed_cell)
+        listed_cell, combo = dict(listed_cell), dict(combo)
         resources = dict(listed_cell.pop("resources", None) or {})
         bad = set(resources) - set(_RESOURCE_KEYS)
         if bad:
             raise ValueError(f"sweep file {path}: unknown resources {sorted(bad)}; use {', '.join(_RESOURCE_KEYS)}.")
-        overrides = {**listed_cell, **combo}
-        name = f"{_readable(overrides)}-{_digest(overrides)}"
+        label, panel = listed_cell.pop("label", None), listed_cell.pop("panel", None)
+        configs = _config_list(combo.get("configs", []), f"sweep file {path}: grid")
+        configs += _config_list(listed_cell.get("configs", []), f"sweep file {path}: cells")
+        own = {k: v for k, v in listed_cell.items() if k != "configs"}
+        grid_values = {k: v for k, v in combo.items() if k != "configs"}
+        overrides = {**common, **own, **grid_values}
+        identity = {**({"configs": configs} if configs else {}), **overrides}
+        # what tells this cell from the others: the grid's values, then the cell's panel (or its own values)
+        parts = [
+            _readable(combo) if combo else "",
+            str(panel) if panel else (_readable(listed_cell) if listed_cell else ""),
+        ]
+        readable = re.sub(r"[^A-Za-z0-9.+-]+", "_", "-".join(p for p in parts if p))[:64] or "cell"
+        name = f"{readable}-{_digest(identity)}"
         if name in seen:
-            raise ValueError(f"sweep file {path}: two cells have the same overrides {overrides}.")
+            raise ValueError(f"sweep file {path}: two cells have the same overrides {identity}.")
         seen[name] = True
-        cells.append(Cell(overrides, root / name, resources))
-    return Sweep([str(b) for b in base], root, cells, executor, path)
+        cell = Cell(overrides, root / name, resources, configs)
+        cell.label = str(label) if label is not None else (_readable(combo) if combo else name)
+        cell.panel = str(panel) if panel is not None else (_readable(listed_cell) if listed_cell else "")
+        cells.append(cell)
+    if not base and not any(c.configs for c in cells):
+        raise ValueError(f"sweep file {path}: name the configs of the cells in `base` (or in grid/cells `configs`).")
+    return Sweep(base, root, cells, executor, path)
 
 
-def _resolve_base(sweep: Sweep) -> list[Path]:
-    """Each base config as a file: a local path (relative to the sweep file's folder or the working directory),
-    else a shipped config name."""
+def _resolve_configs(sweep: Sweep, cell: Cell) -> list[Path]:
+    """The cell's ``-c`` files (base, grid, cell) as files: a local path (as given, or relative to the sweep file's
+    folder) wins, else a shipped config of that name."""
     from lightning_unlearn.configs import shipped_config
 
     out = []
-    for name in sweep.base:
+    for name in [*sweep.base, *cell.configs]:
+        name = name.replace("{cell_dir}", str(cell.directory))
         candidates = [Path(name).expanduser(), sweep.source.parent / name]
         local = next((c for c in candidates if c.is_file()), None)
-        out.append(local.resolve() if local is not None else shipped_config(name))
+        try:
+            out.append(local.resolve() if local is not None else shipped_config(name))
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"sweep cell {cell.name}: config {name!r} is neither a file (here or beside {sweep.source}) nor a "
+                "shipped config."
+            ) from None
     return out
 
 
@@ -164,7 +206,7 @@ def _value(value: Any, cell: Cell) -> str:
 def cell_command(sweep: Sweep, cell: Cell, nodes: int = 1, devices: int | None = None) -> list[str]:
     """The ``fit`` command of one cell (without ``--ckpt_path``)."""
     cmd = [sys.executable, "-m", "lightning_unlearn.cli", "fit"]
-    for config in _resolve_base(sweep):
+    for config in _resolve_configs(sweep, cell):
         cmd += ["-c", str(config)]
     for key, value in cell.overrides.items():
         cmd += [f"--{key}", _value(value, cell)]
@@ -178,8 +220,10 @@ def cell_command(sweep: Sweep, cell: Cell, nodes: int = 1, devices: int | None =
 
 def _recipe(sweep: Sweep, cell: Cell) -> dict:
     return {
-        "configs": [p.read_text(encoding="utf-8") for p in _resolve_base(sweep)],
+        "configs": [p.read_text(encoding="utf-8") for p in _resolve_configs(sweep, cell)],
         "overrides": {k: _value(v, cell) for k, v in cell.overrides.items()},
+        "label": cell.label,
+        "panel": cell.panel,
     }
 
 
@@ -190,12 +234,14 @@ def check_cell(sweep: Sweep, cell: Cell) -> str:
     path = cell.directory / CELL_FILE
     if path.exists():
         found = json.loads(path.read_text(encoding="utf-8"))
-        if found != recipe:
+        if {k: found.get(k) for k in ("configs", "overrides")} != {k: recipe[k] for k in ("configs", "overrides")}:
             what = "config files" if found.get("configs") != recipe["configs"] else "overrides"
             raise ValueError(
                 f"sweep cell {str(cell.directory)!r} was built with other {what} than this sweep's; reusing it would "
                 f"mix two recipes. Delete {str(cell.directory)!r} to rebuild it, or give the sweep another root."
             )
+        if found != recipe:  # the report labels changed: not a different recipe
+            write_text_atomically(path, json.dumps(recipe, indent=1))
         return "done" if (cell.directory / DONE_FILE).exists() else "resume"
     cell.directory.mkdir(parents=True, exist_ok=True)
     write_text_atomically(path, json.dumps(recipe, indent=1))
@@ -365,8 +411,12 @@ def sweep_command(sweep_file: Path, *, dry_run: bool = False) -> dict:
         elif state is None:
             state = "resume" if (cell.directory / CELL_FILE).exists() else "new"
         rows.append({"name": cell.name, "state": state, "overrides": cell.overrides})
+        rows[-1].update(label=cell.label, panel=cell.panel)
         if dry_run:
-            rows[-1]["command"] = " ".join(cell_command(sweep, cell))
+            try:
+                rows[-1]["command"] = " ".join(cell_command(sweep, cell))
+            except FileNotFoundError as err:  # a config the steps before the sweep write
+                rows[-1]["command"] = f"(not yet runnable: {err})"
         elif state != "done":
             todo.append(cell)
     if dry_run:
