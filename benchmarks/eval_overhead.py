@@ -8,6 +8,14 @@ SCE per level, the atomic JSONL rewrite and logging — timed by the callback it
 beforehand and excluded, as in training). "Bare" is ``model.generate`` (greedy, KV cache) over the same
 left-padded batches. Both run on a randomly initialised Llama of the given size (or ``--model-path``); prints JSON
 with the ratio.
+
+With ``--adapters K`` it times what post-hoc evaluation of K LoRA checkpoints spends in generation instead:
+K adapters (LoRA r 8, α 16 on every projection, random non-zero weights, each saved and loaded back as an
+``adapter-step=N/`` directory would be) answer the slice one adapter after the other (``set_adapter``) and then all
+in mixed-adapter batches (peft ``adapter_names``, one ``generate`` per batch of prompts for all K), alternating
+``--repeats`` times; it checks the texts are the same and prints the ratio (goal ≤ 0.5):
+
+    python benchmarks/eval_overhead.py --adapters 6 --model-path ~/.cache/lightning_unlearn/smollm2-135m-instruct
 """
 
 from __future__ import annotations
@@ -86,6 +94,65 @@ def bare_generate(model, tokenizer, prompts, batch_size, max_new_tokens) -> floa
     return time.perf_counter() - start
 
 
+def adapters_run(args, model, tok, prompts) -> dict:
+    """One-after-the-other vs mixed-adapter generation of ``prompts`` for ``args.adapters`` saved LoRA adapters."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    from lightning_unlearn.generation import generate_sorted, model_prompt
+
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    folder = tempfile.mkdtemp(prefix="eval_adapters_")
+    names = [f"adapter-step={10 * (k + 1)}" for k in range(args.adapters)]
+    base = model
+    for k, name in enumerate(names):
+        torch.manual_seed(k)
+        config = LoraConfig(r=8, lora_alpha=16, target_modules=targets, init_lora_weights=False)
+        peft_model = get_peft_model(base, config)
+        peft_model.save_pretrained(os.path.join(folder, name))
+        base = peft_model.unload()  # the base weights again, without the adapter
+    peft_model = PeftModel.from_pretrained(base, os.path.join(folder, names[0]), adapter_name=names[0])
+    for name in names[1:]:
+        peft_model.load_adapter(os.path.join(folder, name), adapter_name=name)
+    peft_model.eval()
+    texts = [model_prompt(tok, p) for p in prompts]
+
+    def one_after_the_other():
+        out = {}
+        for name in names:
+            peft_model.set_adapter(name)
+            out[name] = generate_sorted(peft_model, tok, texts, args.max_new_tokens, args.batch_size)
+        return out
+
+    def mixed():
+        return generate_sorted(peft_model, tok, texts, args.max_new_tokens, args.batch_size, adapters=names)
+
+    times = {"one_after_the_other": [], "mixed": []}
+    results = {}
+    for _ in range(args.repeats):
+        for key, fn in (("one_after_the_other", one_after_the_other), ("mixed", mixed)):
+            start = time.perf_counter()
+            results[key] = fn()
+            times[key].append(time.perf_counter() - start)
+    same = results["mixed"] == results["one_after_the_other"]
+    distinct = len({tuple(a["answer"] for a in v) for v in results["mixed"].values()})
+    seq, mix = min(times["one_after_the_other"]), min(times["mixed"])
+    return {
+        "adapters": args.adapters,
+        "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "batch_size_prompts": args.batch_size,
+        "model": {"path": args.model_path, "parameters": sum(p.numel() for p in base.parameters())},
+        "one_after_the_other_seconds": round(seq, 2),
+        "mixed_seconds": round(mix, 2),
+        "ratio": round(mix / seq, 3),
+        "target_ratio": 0.5,
+        "same_text": same,
+        "adapters_with_distinct_answers": distinct,
+        "repeats": args.repeats,
+        "threads": args.threads,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts-per-level", type=int, default=35)
@@ -96,6 +163,7 @@ def main() -> None:
     ap.add_argument("--model-path", help="a local save_pretrained model directory instead of a random tiny Llama")
     ap.add_argument("--repeats", type=int, default=3, help="take the fastest of this many timings of each")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--adapters", type=int, default=0, help="time K LoRA checkpoints: one by one vs mixed batches")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -117,6 +185,9 @@ def main() -> None:
         for i in range(args.prompts_per_level)
     ]
     prompts = [r["prompt"] for r in records]
+    if args.adapters:
+        print(json.dumps(adapters_run(args, model, tok, prompts)))
+        return
 
     out = tempfile.mkdtemp(prefix="eval_overhead_")
     cb = SCEEvaluation(

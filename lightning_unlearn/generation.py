@@ -63,6 +63,7 @@ def generate_greedy(
     max_new_tokens: int = 64,
     synced_gpus: bool = False,
     max_prompt_tokens: int | None = None,
+    adapter_names: Sequence[str] | None = None,
 ) -> list[Generation]:
     """Greedy answers for one batch of prompts through HF ``generate`` (left-padded, KV cache).
 
@@ -80,6 +81,8 @@ def generate_greedy(
         synced_gpus: keep stepping until every rank is done; required when parameters are sharded, since every
             forward is then a collective.
         max_prompt_tokens: truncate prompts from the left to this many tokens.
+        adapter_names: one peft adapter name per prompt (peft's mixed-adapter batches; ``"__base__"`` is the base
+            model); ``None`` uses the active adapter for every prompt.
     """
     from transformers import GenerationConfig
 
@@ -92,11 +95,13 @@ def generate_greedy(
         do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos or None, pad_token_id=pad_token_id(tokenizer)
     )
     _register_fsdp_generate(model)
+    extra = {} if adapter_names is None else {"adapter_names": list(adapter_names)}
     out = model.generate(
         input_ids=input_ids.to(device),
         attention_mask=attention_mask.to(device),
         generation_config=config,
         synced_gpus=synced_gpus,
+        **extra,
     )
     gens = []
     for row in out[:, input_ids.shape[1] :].cpu().tolist():
@@ -161,29 +166,45 @@ def generate_sorted(
     batch_size: int,
     synced_gpus: bool = False,
     progress: str | None = None,
-) -> list[dict]:
+    adapters: Sequence[str] | None = None,
+) -> list[dict] | dict[str, list[dict]]:
     """Greedy answers to ``texts`` (model prompts) in batches of similar length, back in the caller's order:
     ``{answer, n_new_tokens, hit_token_cap}`` each (the model's train/eval mode is restored). ``progress``: the
-    label of a progress bar (stderr), ``None`` for none."""
+    label of a progress bar (stderr), ``None`` for none.
+
+    ``adapters``: names of peft adapters loaded into ``model``; then every batch holds its ``batch_size`` prompts
+    once per adapter (peft's mixed-adapter batches), so one ``generate`` answers them for all adapters and the base
+    weights are read once per token for all of them; the result is ``{adapter: answers}``, the same text as with
+    each adapter active alone (greedy).
+    """
     if max_new_tokens < 1 or batch_size < 1:
         raise ValueError(f"max_new_tokens and batch_size must be positive, got {max_new_tokens}, {batch_size}.")
+    names = list(adapters) if adapters is not None else [None]
+    if adapters is not None and not names:
+        raise ValueError("adapters is empty; name at least one loaded peft adapter.")
     # Similar lengths in a batch waste less left padding; results go back in the caller's order.
     lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
     order = sorted(range(len(texts)), key=lambda i: lengths[i])
     was_training = model.training
     model.eval()
-    results: list[dict | None] = [None] * len(texts)
+    results: dict = {name: [None] * len(texts) for name in names}
     starts = range(0, len(order), batch_size)
     try:
         for start in starts if progress is None else tqdm(starts, desc=progress, unit="batch", leave=False):
             idx = order[start : start + batch_size]
-            batch = [texts[i] for i in idx]
-            gens = generate_greedy(model, tokenizer, batch, max_new_tokens=max_new_tokens, synced_gpus=synced_gpus)
-            for i, gen in zip(idx, gens):
-                results[i] = {"answer": gen.text, "n_new_tokens": gen.num_tokens, "hit_token_cap": gen.hit_token_cap}
+            batch = [texts[i] for i in idx] * len(names)
+            rows_of = None if adapters is None else [name for name in names for _ in idx]
+            gens = generate_greedy(
+                model, tokenizer, batch, max_new_tokens=max_new_tokens, synced_gpus=synced_gpus, adapter_names=rows_of
+            )
+            for k, name in enumerate(names):
+                for i, gen in zip(idx, gens[k * len(idx) : (k + 1) * len(idx)]):
+                    results[name][i] = {
+                        "answer": gen.text, "n_new_tokens": gen.num_tokens, "hit_token_cap": gen.hit_token_cap
+                    }  # fmt: skip
     finally:
         model.train(was_training)
-    return results
+    return results if adapters is not None else results[None]
 
 
 @torch.no_grad()

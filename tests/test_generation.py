@@ -35,3 +35,30 @@ def test_matches_transformers_generate(tiny_model, tiny_tokenizer):
     ref_text = [tiny_tokenizer.decode(r[ids.shape[1] :], skip_special_tokens=True).strip() for r in ref]
     ours = generate_greedy(tiny_model, tiny_tokenizer, prompts, max_new_tokens=6)
     assert [g.text for g in ours] == ref_text
+
+
+def test_mixed_adapter_batches_give_each_adapter_its_own_answers(tiny_dir, tiny_tokenizer, tmp_path):
+    """Three saved LoRA adapters answered in one pass (peft adapter_names per row) = each adapter alone."""
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    from lightning_unlearn.generation import generate_sorted
+    from lightning_unlearn.models import load_causal_lm
+
+    names = ["step2", "step4", "step6"]
+    for k, name in enumerate(names):
+        torch.manual_seed(k)
+        config = LoraConfig(r=4, lora_alpha=32, target_modules=["q_proj", "v_proj", "down_proj"],
+                            init_lora_weights=False)  # fmt: skip
+        get_peft_model(load_causal_lm(tiny_dir), config).save_pretrained(tmp_path / name)
+    model = PeftModel.from_pretrained(load_causal_lm(tiny_dir), tmp_path / names[0], adapter_name=names[0])
+    for name in names[1:]:
+        model.load_adapter(tmp_path / name, adapter_name=name)
+    texts = ["Where was Alice Smith born?", "Python is", "What is the phone number of Bob Jones?", "The war"]
+    mixed = generate_sorted(model, tiny_tokenizer, texts, max_new_tokens=8, batch_size=3, adapters=names)
+    alone = {}
+    for name in names:
+        model.set_adapter(name)
+        alone[name] = generate_sorted(model, tiny_tokenizer, texts, max_new_tokens=8, batch_size=3)
+    assert mixed == alone
+    assert len({tuple(a["answer"] for a in answers) for answers in alone.values()}) == 3  # the adapters differ
