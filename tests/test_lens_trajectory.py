@@ -233,6 +233,25 @@ def test_evaluate_reproduces_the_training_rows_then_adds_a_family_without_duplic
     assert again["evaluated"] == [] and [s["step"] for s in again["skipped"]] == [2, 4, 6]
     assert _rows(copy / "checkpoint_metrics.jsonl") == after
 
+    # The adapter checkpoints' SCE in one mixed-adapter generation pass: the same rows and text again.
+    mixed = tmp_path / "mixed"
+    shutil.copytree(run, mixed)
+    for name in ("checkpoint_metrics.jsonl", "selection.json", "sce_heatmap.png"):
+        (mixed / name).unlink()
+    shutil.rmtree(mixed / "sce_generations")
+    out = evaluate_command(mixed, adapters_per_pass=3)
+    assert sorted(e["step"] for e in out["evaluated"] if e.get("mixed")) == [2, 4]
+    assert _rows(mixed / "checkpoint_metrics.jsonl") and {
+        (r["step"], r["family"]) for r in _rows(mixed / "checkpoint_metrics.jsonl")
+    } == set(trained)
+    for r in _rows(mixed / "checkpoint_metrics.jsonl"):
+        want = {k: v for k, v in _numbers(trained[(r["step"], r["family"])]).items() if k not in ("/seconds", "/epoch")}
+        got = {k: v for k, v in _numbers(r).items() if k not in ("/seconds", "/epoch")}
+        assert got.keys() == want.keys() and max(abs(got[k] - want[k]) for k in want) <= 1e-6, (r["step"], r["family"])
+    for gen in sorted((run / "sce_generations").iterdir()):
+        assert (mixed / "sce_generations" / gen.name).read_text() == gen.read_text(), gen.name
+    assert json.loads((mixed / "selection.json").read_text()) == json.loads((run / "selection.json").read_text())
+
 
 def test_the_shipped_lens_sweep_runs_both_methods_and_reports_them_by_panel(trajectory, tiny_dir, tmp_path):
     """sweeps/lens_smollm2.yaml with this narrative's trajectory config and the tiny model: one cell per method,

@@ -167,12 +167,18 @@ class CheckpointEvaluator(Callback):
         with preserved_rng(), _eval_mode(pl_module.model):
             metrics = self.compute(trainer, pl_module, step)
         self.progress = None
+        self.record(trainer, step, metrics, time.perf_counter() - start)
+
+    def record(self, trainer: Trainer, step: int, metrics: dict, seconds: float) -> None:
+        """Keep ``metrics`` as step ``step``'s row; on rank 0 write it, log it and notify the other callbacks.
+        :meth:`_evaluate` calls it after :meth:`compute`; post-hoc evaluation of several checkpoints at once calls
+        it once per step."""
         row = {
             "step": step,
             "family": self.family_name,
             "epoch": int(trainer.current_epoch),
-            "fn": str(trainer.state.fn.value if trainer.state.fn else ""),
-            "seconds": round(time.perf_counter() - start, 4),
+            "fn": str(trainer.state.fn.value if trainer.state.fn else "validate"),
+            "seconds": round(seconds, 4),
             **metrics,
         }
         self.rows[step] = row

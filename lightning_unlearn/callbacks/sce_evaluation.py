@@ -256,6 +256,32 @@ class SCEEvaluation(CheckpointEvaluator):
         self._outputs, metrics = self.score([g for g, _ in results], [lab for _, lab in results], base, base_answers)
         return metrics
 
+    def compute_adapters(self, pl_module: LightningModule, adapters: dict[int, str]) -> dict[int, tuple[list, dict]]:
+        """Several checkpoints at once: ``{step: peft adapter name}`` of adapters loaded into ``pl_module.model``,
+        answered in mixed-adapter batches (each batch of the suite once per adapter in one ``generate``, so the
+        base weights are read once per token for all of them). Returns ``{step: (outputs, metrics)}``, the same as
+        :meth:`compute` with each adapter active alone (one process; the batches are the same)."""
+        model, tokenizer = pl_module.model, pl_module.tokenizer
+        if world()[1] > 1:
+            raise RuntimeError("compute_adapters runs in one process; evaluate checkpoints one by one under DDP/FSDP.")
+        names = list(adapters.values())
+
+        def run(batch: list[dict]) -> list[list[Generation]]:
+            texts = [self.model_input(tokenizer, r) for r in batch]
+            rows = [name for name in names for _ in batch]
+            gens = generate_greedy(model, tokenizer, texts * len(names), self.max_new_tokens, adapter_names=rows)
+            return [[gens[k * len(batch) + j] for k in range(len(names))] for j in range(len(batch))]
+
+        per_record = map_batches(self.records, self.batch_size, run, model, self.progress)
+        base = [bool(self.base["reproduced"].get(r["id"], False)) for r in self.records]
+        base_answers = [self.base.get("answers", {}).get(r["id"]) for r in self.records]
+        out = {}
+        for k, step in enumerate(adapters):
+            gens = [g[k] for g in per_record]
+            labels = self._label(self.records, [g.text for g in gens])
+            out[step] = self.score(gens, labels, base, base_answers)
+        return out
+
     def score(
         self,
         gens: Sequence[Generation],

@@ -104,6 +104,7 @@ def evaluate_command(
     run_config: Path | None = None,
     steps: list[int] | None = None,
     overrides: list[str] | None = None,
+    adapters_per_pass: int = 1,
 ) -> dict:
     """Evaluate every saved checkpoint of a run with its config's callbacks (or -c eval.yaml's); add missing rows.
 
@@ -115,6 +116,9 @@ def evaluate_command(
         run_config: the run's own config (default: ``RUN_DIR/config.yaml``, which LightningCLI saved).
         steps: evaluate only these steps (default: every saved one).
         overrides: further ``--key value`` words for every ``validate`` (e.g. ``[--trainer.devices, 2]``).
+        adapters_per_pass: SCE of up to this many ``adapter-step=N/`` checkpoints from one generation pass
+            (peft mixed-adapter batches: the suite once per adapter in each ``generate``; one process only); the
+            other families still run per checkpoint.
 
     Returns:
         ``{"run_dir", "evaluated": [{"step", "source", "families"}], "skipped": [{"step", "reason"}],
@@ -146,9 +150,20 @@ def evaluate_command(
         raise FileNotFoundError(
             f"evaluate: no saved checkpoint under {run_dir} (no *.ckpt file, adapter-step=N/ or merged-step=N/)."
         )
+    if adapters_per_pass < 1:
+        raise ValueError(f"evaluate: adapters_per_pass={adapters_per_pass} must be at least 1.")
     metrics_file = run_dir / METRICS_FILE
     bases = _saved_bases(checkpoints)
     result: dict = {"run_dir": str(run_dir), "evaluated": [], "skipped": [], "metrics_file": str(metrics_file)}
+    if adapters_per_pass > 1:
+        adapters = [c for c in checkpoints if c.kind == "adapter"]
+        for start in range(0, len(adapters), adapters_per_pass):
+            chunk = adapters[start : start + adapters_per_pass]
+            done = {(int(r["step"]), r["family"]) for r in read_rows(metrics_file)}
+            written = _sce_for_adapters(run_dir, run_config, extra, chunk, done, bases, overrides or [])
+            for step, families in written.items():
+                path = next(str(c.path) for c in chunk if c.step == step)
+                result["evaluated"].append({"step": step, "source": path, "families": families, "mixed": True})
     for saved in checkpoints:
         if saved.kind == "merged":
             reason = "a merged-step directory is a merged model, not a checkpoint of the run's module"
@@ -163,6 +178,77 @@ def evaluate_command(
         else:
             result["skipped"].append({"step": saved.step, "reason": "every family already has its row"})
     return result
+
+
+def _sce_for_adapters(
+    run_dir: Path,
+    run_config: Path,
+    extra: list[Path],
+    chunk: list[SavedCheckpoint],
+    done: set[tuple[int, str]],
+    bases: dict[str, dict],
+    overrides: list[str],
+) -> dict[int, list[str]]:
+    """The SCE rows of several adapter checkpoints from one mixed-adapter generation pass; ``{step: families}``."""
+    import json
+    import tempfile
+    import time
+
+    import yaml
+
+    from lightning_unlearn.callbacks.checkpoint_evaluator import _eval_mode
+    from lightning_unlearn.callbacks.checkpoint_metrics_file import use_run_output_dir
+    from lightning_unlearn.callbacks.sce_evaluation import SCEEvaluation
+    from lightning_unlearn.checkpoints import preserved_rng
+    from lightning_unlearn.cli import UnlearnCLI
+
+    # Without a subcommand LightningCLI parses the classes only: the saved fit config's own options (ckpt_path,
+    # weights_only, …) are dropped.
+    config = yaml.safe_load(run_config.read_text(encoding="utf-8")) or {}
+    config = {k: v for k, v in config.items() if k in ("seed_everything", "trainer", "model", "data")}
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = Path(tmp) / "config.yaml"
+        plain.write_text(yaml.safe_dump(config), encoding="utf-8")
+        args = ["-c", str(plain)]
+        for c in extra:
+            args += ["-c", str(c)]
+        logger = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger"}
+        logger["init_args"] = {"save_dir": str(run_dir), "name": "", "version": ""}
+        args += ["--trainer.logger", json.dumps(logger), "--model.init_args.adapter.path", str(chunk[0].path)]
+        cli = UnlearnCLI(args=[*args, *overrides], run=False, save_config_callback=None)
+    trainer, module = cli.trainer, cli.model
+    use_run_output_dir(trainer, run_dir)
+    evaluators = [cb for cb in trainer.callbacks if isinstance(cb, SCEEvaluation)]
+    model = module.model  # the base with the first adapter ("default"), built now
+    names = {chunk[0].step: model.active_adapter}
+    for saved in chunk[1:]:
+        name = f"step={saved.step}"
+        model.load_adapter(str(saved.path), adapter_name=name)
+        names[saved.step] = name
+    from lightning_unlearn.callbacks.checkpoint_selection import CheckpointSelection
+
+    selections = [cb for cb in trainer.callbacks if isinstance(cb, CheckpointSelection)]
+    for cb in selections:
+        cb.setup(trainer, module, "validate")  # re-selects after each row (on_checkpoint_evaluated)
+    written: dict[int, list[str]] = {}
+    for cb in evaluators:
+        todo = {step: name for step, name in names.items() if (step, cb.family_name) not in done}
+        if not todo:
+            continue
+        cb.setup(trainer, module, "validate")
+        cb.base = dict(bases.get(cb.state_key, {}))
+        cb._ensure_base(trainer, module)
+        bases[cb.state_key] = cb.base
+        log.info("evaluate: %s of steps %s in one mixed-adapter pass", cb.family_name, sorted(todo))
+        start = time.perf_counter()
+        with preserved_rng(), _eval_mode(model):
+            results = cb.compute_adapters(module, todo)
+        seconds = (time.perf_counter() - start) / len(todo)
+        for step, (outputs, metrics) in results.items():
+            cb._outputs = outputs
+            cb.record(trainer, step, metrics, seconds)
+            written.setdefault(step, []).append(cb.family_name)
+    return written
 
 
 def _validate(
