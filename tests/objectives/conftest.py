@@ -114,3 +114,16 @@ def nll_change(model, testbed) -> tuple[float, float]:
         mean_nll(model, tok, FORGET) - mean_nll(start, tok, FORGET),
         mean_nll(model, tok, RETAIN) - mean_nll(start, tok, RETAIN),
     )
+
+
+def npo_run_config(testbed, forget, callbacks: list[dict], **trainer) -> dict:
+    """A ``fit`` config (over ``lens/npo.yaml``) of a short LoRA NPO run on the testbed: CPU, batch 2, no
+    validation loop, these callbacks; ``trainer`` adds or replaces Trainer settings."""
+    settings = {"accelerator": "cpu", "enable_progress_bar": False, "enable_model_summary": False,
+                "log_every_n_steps": 1, "limit_val_batches": 0, "callbacks": callbacks, **trainer}  # fmt: skip
+    return {
+        "trainer": settings,
+        "model": {"init_args": {"model_path": testbed.model_dir, "optim": {"lr": 5e-3, "schedule": "constant"}}},
+        "data": {"init_args": {"tokenizer_path": testbed.model_dir, "forget_path": str(forget),
+                               "retain_path": str(testbed.retain), "batch_size": 2, "max_length": 64}},
+    }  # fmt: skip

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import FORGET, RETAIN, write_jsonl
+from conftest import FORGET, RETAIN, npo_run_config, write_jsonl
 
 from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, read_rows
 
@@ -39,19 +39,10 @@ def _config(tmp: Path, testbed, kill: tuple[str, int] | None, ddp: bool) -> Path
         {"class_path": "lightning_unlearn.callbacks.MemorizationEvaluation",
          "init_args": {"splits": {"forget": str(forget)}, "max_new_tokens": 6}},
     ]  # fmt: skip
-    trainer = {
-        "default_root_dir": str(tmp / "run"), "max_steps": MAX_STEPS, "accelerator": "cpu",
-        "enable_progress_bar": False, "enable_model_summary": False, "log_every_n_steps": 1,
-        "limit_val_batches": 0, "callbacks": callbacks,
-    }  # fmt: skip
+    trainer = {"default_root_dir": str(tmp / "run"), "max_steps": MAX_STEPS}
     if ddp:
         trainer.update(devices=2, strategy="ddp")
-    config = {
-        "trainer": trainer,
-        "model": {"init_args": {"model_path": testbed.model_dir, "optim": {"lr": 5e-3, "schedule": "constant"}}},
-        "data": {"init_args": {"tokenizer_path": testbed.model_dir, "forget_path": str(forget),
-                               "retain_path": str(testbed.retain), "batch_size": 2, "max_length": 64}},
-    }  # fmt: skip
+    config = npo_run_config(testbed, forget, callbacks, **trainer)
     path = tmp / "run.yaml"
     path.write_text(yaml.safe_dump(config))
     return path

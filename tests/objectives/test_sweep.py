@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import FORGET, RETAIN, write_jsonl
+from conftest import FORGET, RETAIN, npo_run_config, write_jsonl
 
 from lightning_unlearn.callbacks.checkpoint_metrics_file import read_rows
 from lightning_unlearn.workflows.sweep import (
@@ -38,13 +38,7 @@ def _base(tmp: Path, testbed) -> Path:
         {"class_path": "lightning_unlearn.callbacks.RetainDriftEvaluation",
          "init_args": {"records": str(testbed.retain), "batch_size": 4}},
     ]  # fmt: skip
-    config = {
-        "trainer": {"max_steps": 8, "accelerator": "cpu", "enable_progress_bar": False, "log_every_n_steps": 1,
-                    "enable_model_summary": False, "limit_val_batches": 0, "callbacks": callbacks},
-        "model": {"init_args": {"model_path": testbed.model_dir, "optim": {"lr": 5e-3, "schedule": "constant"}}},
-        "data": {"init_args": {"tokenizer_path": testbed.model_dir, "forget_path": str(forget),
-                               "retain_path": str(testbed.retain), "batch_size": 2, "max_length": 64}},
-    }  # fmt: skip
+    config = npo_run_config(testbed, forget, callbacks, max_steps=8)
     path = tmp / "base.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
