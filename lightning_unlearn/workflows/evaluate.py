@@ -11,8 +11,10 @@ not recomputed, and ``CheckpointSelection`` re-selects over all rows. Base-model
 retain base CE) come from a checkpoint's callback state when one holds them, as in training, else they are computed
 once and reused for every step.
 
-Every ``validate`` is a ``LightningCLI`` run of the same config, so the strategies of the config apply: under
-``MaskedDDPStrategy`` / ``MaskedFSDPStrategy`` the evaluators run as collectives as they do during training.
+Every ``validate`` is a ``LightningCLI`` run of the same config in this process. It is tested with one process;
+a config whose strategy launches several processes (DDP, FSDP) is not, since Lightning's launcher would start its
+other ranks once per ``validate`` — evaluate such runs with ``--overrides '[--trainer.devices, 1,
+--trainer.strategy, auto]'``, or with ``validate -c RUN/config.yaml --ckpt_path …`` per checkpoint.
 Steps saved only as ``merged-step=N/`` (OracleGrad) are listed as not evaluated: such a directory is a merged model,
 not a checkpoint of the run's module.
 """

@@ -172,6 +172,11 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
         cell.label = str(label) if label is not None else (_readable(combo) if combo else name)
         cell.panel = str(panel) if panel is not None else (_readable(listed_cell) if listed_cell else "")
         cells.append(cell)
+    if executor["kind"] == "local" and any(int(c.resources.get("nodes", 1)) > 1 for c in cells):
+        raise ValueError(
+            f"sweep file {path}: a cell asks for several nodes, which executor.kind 'local' cannot give; use "
+            "executor.kind 'slurm', or drop `resources.nodes`."
+        )
     if not base and not any(c.configs for c in cells):
         raise ValueError(f"sweep file {path}: name the configs of the cells in `base` (or in grid/cells `configs`).")
     return Sweep(base, root, cells, executor, path)

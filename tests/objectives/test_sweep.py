@@ -179,3 +179,11 @@ def test_sbatch_of_an_array_and_of_a_two_node_fsdp_cell(base, tmp_path):
     # each task of the 2-node job is one Lightning rank: the fit is told its world
     cmd = cell_command(sweep, two_node[0], nodes=2, devices=2)
     assert cmd[cmd.index("--trainer.num_nodes") + 1] == "2" and cmd[cmd.index("--trainer.devices") + 1] == "2"
+
+
+def test_a_multi_node_cell_on_the_local_executor_is_refused(base, tmp_path):
+    spec = {"base": [str(base)], "root": str(tmp_path / "root"), "cells": [{"resources": {"nodes": 2}}]}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ValueError, match="several nodes, which executor.kind 'local' cannot give"):
+        load_sweep(path)
