@@ -280,6 +280,27 @@ def test_the_shipped_lens_sweep_runs_both_methods_and_reports_them_by_panel(traj
         ]
     assert all(c["state"] == "done" for c in sweep_command(path)["cells"])  # a re-run trains nothing
 
+    # A family added after training, fanned out over the executor: one `evaluate` per finished cell.
+    eval_yaml = tmp_path / "eval.yaml"
+    eval_yaml.write_text(
+        "trainer:\n  callbacks:\n"
+        "    - class_path: lightning_unlearn.callbacks.RetainDriftEvaluation\n"
+        f"      init_args: {{name: heldout, records: {trajectory / 'retain.jsonl'}, max_length: 64, batch_size: 8}}\n",
+        encoding="utf-8",
+    )
+    spec["evaluate"] = {"configs": [str(eval_yaml)]}
+    path.write_text(yaml.safe_dump(spec), encoding="utf-8")
+    before = {
+        c.name: _rows(c.directory / "run" / "trajectory" / "checkpoint_metrics.jsonl") for c in load_sweep(path).cells
+    }
+    assert sorted(sweep_command(path, evaluate=True)["evaluated"]) == sorted(before)
+    for cell in load_sweep(path).cells:
+        rows = _rows(cell.directory / "run" / "trajectory" / "checkpoint_metrics.jsonl")
+        assert sorted((r["step"], r["family"]) for r in rows) == [
+            (s, f) for s in (2, 4) for f in ("retain_drift", "retain_drift:heldout", "sce")
+        ]
+        assert [r for r in rows if r["family"] != "retain_drift:heldout"] == before[cell.name]
+
     report.main([spec["root"], "--out", str(tmp_path / "report")])
     out = tmp_path / "report"
     assert (out / "sce_heatmap-demo-en.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -288,5 +309,5 @@ def test_the_shipped_lens_sweep_runs_both_methods_and_reports_them_by_panel(traj
     assert {s["panel"] for s in summary.values()} == {"demo-en"}
     with open(out / "rows.csv", encoding="utf-8", newline="") as f:
         table = list(csv.DictReader(f))
-    assert len(table) == 8 and {r["label"] for r in table} == {"npo", "tofu_ga"}
+    assert len(table) == 12 and {r["label"] for r in table} == {"npo", "tofu_ga"}  # 2 cells × 2 steps × 3 families
     assert {"pooled/sce", "kl"} <= set(table[0])

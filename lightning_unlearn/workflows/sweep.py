@@ -11,6 +11,7 @@ A sweep file names the base configs, the cells and an executor::
     cells:                                     # … crossed with each of these (default: one empty cell)
       - {model.class_path: NPO}
       - {model.class_path: SimNPO, resources: {nodes: 2, tasks_per_node: 2}}
+    evaluate: {configs: [eval.yaml]}          # what `sweep --evaluate true` runs on every finished cell
     executor:
       kind: local                              # local | submitit-local | slurm
       parallel: 2                              # cells at a time (slurm: the array's parallelism)
@@ -87,6 +88,7 @@ class Sweep:
     cells: list[Cell]
     executor: dict[str, Any]
     source: Path
+    evaluate: dict[str, Any] = field(default_factory=dict)
 
 
 def _digest(overrides: dict[str, Any]) -> str:
@@ -121,7 +123,7 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
     if not path.is_file():
         raise FileNotFoundError(f"sweep file {path} not found.")
     spec = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    keys = ("base", "root", "overrides", "grid", "cells", "executor")
+    keys = ("base", "root", "overrides", "grid", "cells", "executor", "evaluate")
     unknown = set(spec) - set(keys)
     if unknown:
         raise ValueError(f"sweep file {path}: unknown keys {sorted(unknown)}; use {', '.join(keys)}.")
@@ -179,7 +181,13 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
         )
     if not base and not any(c.configs for c in cells):
         raise ValueError(f"sweep file {path}: name the configs of the cells in `base` (or in grid/cells `configs`).")
-    return Sweep(base, root, cells, executor, path)
+    evaluate = dict(spec.get("evaluate") or {})
+    unknown = set(evaluate) - {"configs", "adapters_per_pass"}
+    if unknown:
+        raise ValueError(f"sweep file {path}: unknown evaluate keys {sorted(unknown)}; use configs, adapters_per_pass.")
+    if "configs" in evaluate:
+        evaluate["configs"] = _config_list(evaluate["configs"], f"sweep file {path}: evaluate")
+    return Sweep(base, root, cells, executor, path, evaluate)
 
 
 def _resolve_configs(sweep: Sweep, cell: Cell) -> list[Path]:
@@ -282,16 +290,48 @@ def run_cell(sweep: Sweep, cell: Cell, threads: int | None = None, nodes: int = 
     return code
 
 
-class CellJob:
-    """A submitit job running one cell; requeued on preemption or timeout, it resumes from the last checkpoint."""
+def run_directory(cell: Cell) -> Path:
+    """The run directory of a finished cell: where LightningCLI saved its ``config.yaml`` (the logger's version)."""
+    found = sorted(cell.directory.rglob("config.yaml"), key=lambda p: p.stat().st_mtime_ns)
+    if not found:
+        raise FileNotFoundError(f"sweep cell {cell.name}: no config.yaml under {cell.directory}; has it run?")
+    return found[-1].parent
 
-    def __init__(self, sweep: Sweep, cell: Cell, threads: int | None, nodes: int, devices: int | None) -> None:
+
+def evaluate_cell(sweep: Sweep, cell: Cell, threads: int | None = None) -> int:
+    """``lightning-unlearn evaluate`` of one finished cell's run (the sweep's ``evaluate`` options), in a subprocess
+    whose output goes to ``<cell_dir>/evaluate.log``; the exit code."""
+    from lightning_unlearn.workflows import processes
+
+    options = sweep.evaluate
+    cmd = [sys.executable, "-m", "lightning_unlearn.cli", "evaluate", str(run_directory(cell))]
+    for config in options.get("configs") or []:
+        local = next((c for c in (Path(config).expanduser(), sweep.source.parent / config) if c.is_file()), None)
+        cmd += ["-c", str(local.resolve() if local is not None else config)]
+    if int(options.get("adapters_per_pass", 1)) > 1:
+        cmd += ["--adapters_per_pass", str(int(options["adapters_per_pass"]))]
+    with open(cell.directory / "evaluate.log", "a", encoding="utf-8") as out:
+        return processes.run(cmd, env=_cell_env(threads), stdout=out, stderr=out)
+
+
+class CellJob:
+    """A submitit job running one cell (``action`` ``fit`` or ``evaluate``); requeued on preemption or timeout, it
+    resumes: a fit from its last checkpoint, an evaluation from the rows already written."""
+
+    def __init__(
+        self, sweep: Sweep, cell: Cell, threads: int | None, nodes: int, devices: int | None, action: str = "fit"
+    ) -> None:
         self.sweep, self.cell, self.threads, self.nodes, self.devices = sweep, cell, threads, nodes, devices
+        self.action = action
 
     def __call__(self) -> int:
-        code = run_cell(self.sweep, self.cell, self.threads, self.nodes, self.devices)
+        if self.action == "evaluate":
+            code = evaluate_cell(self.sweep, self.cell, self.threads)
+        else:
+            code = run_cell(self.sweep, self.cell, self.threads, self.nodes, self.devices)
         if code != 0:
-            raise RuntimeError(f"cell {self.cell.name} failed with exit code {code}; see {self.cell.directory}/fit.log")
+            log_file = self.cell.directory / ("evaluate.log" if self.action == "evaluate" else "fit.log")
+            raise RuntimeError(f"cell {self.cell.name} failed with exit code {code}; see {log_file}")
         return code
 
     def checkpoint(self, *args, **kwargs):
@@ -338,10 +378,11 @@ def sbatch_script(folder: str | os.PathLike, params: dict[str, Any], array_size:
     )
 
 
-def _run_local(sweep: Sweep, cells: list[Cell]) -> dict[str, int]:
+def _run_local(sweep: Sweep, cells: list[Cell], action: str = "fit") -> dict[str, int]:
     threads = sweep.executor.get("threads")
+    work = evaluate_cell if action == "evaluate" else run_cell
     with ThreadPoolExecutor(max_workers=int(sweep.executor["parallel"])) as pool:
-        codes = dict(zip((c.name for c in cells), pool.map(lambda c: run_cell(sweep, c, threads), cells), strict=True))
+        codes = dict(zip((c.name for c in cells), pool.map(lambda c: work(sweep, c, threads), cells), strict=True))
     return codes
 
 
@@ -356,7 +397,7 @@ def _submitit():
     return submitit
 
 
-def _run_submitit(sweep: Sweep, cells: list[Cell]) -> dict[str, int]:
+def _run_submitit(sweep: Sweep, cells: list[Cell], action: str = "fit") -> dict[str, int]:
     submitit = _submitit()
 
     kind = sweep.executor["kind"]
@@ -375,7 +416,7 @@ def _run_submitit(sweep: Sweep, cells: list[Cell]) -> dict[str, int]:
         executor.update_parameters(name=f"sweep-{sweep.root.name}", **params)
         nodes = params.get("nodes", 1)
         devices = params.get("tasks_per_node") if nodes > 1 else None
-        calls = [CellJob(sweep, c, threads, nodes, devices) for c in group]
+        calls = [CellJob(sweep, c, threads, nodes, devices, action) for c in group]
         if kind == "submitit-local":
             # LocalExecutor runs every job of an array at once; keep `parallel` of them in flight.
             for start in range(0, len(calls), int(sweep.executor["parallel"])):
@@ -396,17 +437,33 @@ def _run_submitit(sweep: Sweep, cells: list[Cell]) -> dict[str, int]:
     return codes
 
 
-def sweep_command(sweep_file: Path, *, dry_run: bool = False) -> dict:
+def sweep_command(sweep_file: Path, *, dry_run: bool = False, evaluate: bool = False) -> dict:
     """Run every cell of a sweep file on its executor; finished cells are skipped, interrupted ones resumed.
 
     Args:
         sweep_file: the sweep file (``base``, ``root``, ``grid``, ``cells``, ``executor``; see the module docstring).
         dry_run: print the cells (directory, overrides, state, command) and run nothing.
+        evaluate: instead of training, run ``lightning-unlearn evaluate`` on every finished cell, one job per cell
+            on the same executor (the sweep file's ``evaluate: {configs: [...], adapters_per_pass: K}``): rows
+            still missing are added, e.g. a metric family added after training.
 
     Returns:
         ``{"root", "cells": [{"name", "state", "overrides", "exit_code"}]}``.
     """
     sweep = load_sweep(sweep_file)
+    if evaluate:
+        finished = [c for c in sweep.cells if (c.directory / DONE_FILE).exists()]
+        waiting = [c.name for c in sweep.cells if c not in finished]
+        if waiting:
+            log.warning("sweep: %d cell(s) not finished, not evaluated: %s", len(waiting), waiting)
+        kind = sweep.executor["kind"]
+        codes = (
+            _run_local(sweep, finished, "evaluate") if kind == "local" else _run_submitit(sweep, finished, "evaluate")
+        )
+        failed = [name for name, code in codes.items() if code]
+        if failed:
+            raise RuntimeError(f"sweep: evaluation of {len(failed)} cell(s) failed: {failed}; see their evaluate.log")
+        return {"root": str(sweep.root), "evaluated": sorted(codes), "not_finished": waiting}
     rows = []
     todo = []
     for cell in sweep.cells:
