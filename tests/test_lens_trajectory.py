@@ -177,6 +177,18 @@ def _numbers(value, prefix: str = "") -> dict[str, float]:
     return {}
 
 
+def _heldout_eval_config(folder: Path, trajectory: Path) -> Path:
+    """An eval.yaml whose only callback is a second retain-drift family (``retain_drift:heldout``)."""
+    path = folder / "eval.yaml"
+    path.write_text(
+        "trainer:\n  callbacks:\n"
+        "    - class_path: lightning_unlearn.callbacks.RetainDriftEvaluation\n"
+        f"      init_args: {{name: heldout, records: {trajectory / 'retain.jsonl'}, max_length: 64, batch_size: 8}}\n",
+        encoding="utf-8",
+    )
+    return path
+
+
 def test_evaluate_reproduces_the_training_rows_then_adds_a_family_without_duplicates(trajectory, tmp_path):
     """`evaluate` on a copy of the finished LoRA run without its rows: the same rows and generated text as the
     in-training callbacks (step 6 from its checkpoint file, steps 2 and 4 from their adapter directories); then a
@@ -213,13 +225,7 @@ def test_evaluate_reproduces_the_training_rows_then_adds_a_family_without_duplic
     assert selection == json.loads((run / "selection.json").read_text())
 
     # A family added after the fact: its rows join the existing ones, which stay as they were.
-    eval_yaml = tmp_path / "eval.yaml"
-    eval_yaml.write_text(
-        "trainer:\n  callbacks:\n"
-        "    - class_path: lightning_unlearn.callbacks.RetainDriftEvaluation\n"
-        f"      init_args: {{name: heldout, records: {trajectory / 'retain.jsonl'}, max_length: 64, batch_size: 8}}\n",
-        encoding="utf-8",
-    )
+    eval_yaml = _heldout_eval_config(tmp_path, trajectory)
     evaluate_main([str(copy), "-c", str(eval_yaml)])
     after = _rows(copy / "checkpoint_metrics.jsonl")
     keys = [(r["step"], r["family"]) for r in after]
@@ -281,13 +287,7 @@ def test_the_shipped_lens_sweep_runs_both_methods_and_reports_them_by_panel(traj
     assert all(c["state"] == "done" for c in sweep_command(path)["cells"])  # a re-run trains nothing
 
     # A family added after training, fanned out over the executor: one `evaluate` per finished cell.
-    eval_yaml = tmp_path / "eval.yaml"
-    eval_yaml.write_text(
-        "trainer:\n  callbacks:\n"
-        "    - class_path: lightning_unlearn.callbacks.RetainDriftEvaluation\n"
-        f"      init_args: {{name: heldout, records: {trajectory / 'retain.jsonl'}, max_length: 64, batch_size: 8}}\n",
-        encoding="utf-8",
-    )
+    eval_yaml = _heldout_eval_config(tmp_path, trajectory)
     spec["evaluate"] = {"configs": [str(eval_yaml)]}
     path.write_text(yaml.safe_dump(spec), encoding="utf-8")
     before = {

@@ -121,7 +121,13 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
 
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"sweep file {path} not found.")
+        from lightning_unlearn.configs import config_root, shipped_config
+
+        if not (config_root() / str(path).removeprefix("configs/")).is_file():
+            raise FileNotFoundError(
+                f"sweep file {path} not found (nor a shipped one: `lightning-unlearn configs list`)."
+            )
+        path = shipped_config(str(path))  # a shipped sweep file by name; a local file always wins
     spec = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     keys = ("base", "root", "overrides", "grid", "cells", "executor", "evaluate")
     unknown = set(spec) - set(keys)

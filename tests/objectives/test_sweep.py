@@ -187,3 +187,10 @@ def test_a_multi_node_cell_on_the_local_executor_is_refused(base, tmp_path):
     path.write_text(yaml.safe_dump(spec))
     with pytest.raises(ValueError, match="several nodes, which executor.kind 'local' cannot give"):
         load_sweep(path)
+
+
+def test_a_shipped_sweep_file_is_found_by_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no such local file: the shipped one
+    assert [c.label for c in load_sweep("sweeps/lens_smollm2.yaml").cells] == ["npo", "tofu_ga", "npo", "tofu_ga"]
+    with pytest.raises(FileNotFoundError, match="nor a shipped one"):
+        load_sweep("sweeps/nonexistent.yaml")
