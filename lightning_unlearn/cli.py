@@ -65,12 +65,12 @@ SUBCOMMANDS: dict[str, dict[str, str]] = {
         "rescore": "Re-label and re-score every saved checkpoint generation of one run; returns the new selection.",
     },
     "lacuna": {
-        "run": "Run (or reuse) the whole Lacuna chain: pretrain, inject and control, instruct, filter.",
+        "run": "Run (or reuse) the whole Lacuna chain: pretrain, inject (and the UnMask control), instruct, filter.",
         "data": "Build the Lacuna testbed data directory; the result is its path.",
         "filter": "Measure extraction per field and write the memorization-filtered splits.",
         "resurface": "Resurfacing attack: relearn on held-out PII, then count the forget profiles that leak.",
         "locality": "Locality check: count elements an injection changed inside and outside the groups' masks.",
-        "localization": "Localization precision on a Lacuna testbed: OracleGrad vs GA and SimNPO, by mask AUC.",
+        "localization": "Lacuna's findings on a testbed: all five methods and fields, outputs, mask AUC, resurfacing.",
     },
     "configs": {
         "list": "Print every shipped config (``group``: only ``lens``, ``lacuna``, ``trainer`` or ``sweeps``).",

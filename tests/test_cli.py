@@ -168,6 +168,7 @@ def test_config_file_with_short_option(tmp_path, capsys):
         "model_path": None,
         "inject_config": ["a.yaml", "b.yaml"],
         "instruct_config": None,
+        "control": False,
     }
     report = tmp_path / "report.yaml"
     report.write_text("run_dirs: [runs/a, runs/b]\nout: elsewhere\n")

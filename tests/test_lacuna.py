@@ -97,6 +97,36 @@ def test_locality_only_group_bits_change(tiny_dir, tmp_path, precision):
         assert "\n" not in str(err.value)
 
 
+def test_freezing_outside_the_masks_trains_the_same_weights(tiny_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    exports = {}
+    for freeze in (False, True):
+        module, data = injection(tiny_dir, tmp_path / "data", neutral_fraction=0.0, weight_decay=0.0,
+                                 freeze_outside_masks=freeze)  # fmt: skip
+        make_trainer(tmp_path / f"run{freeze}", max_steps=3).fit(module, data)
+        frozen = {n for n, p in module.model.named_parameters() if not p.requires_grad}
+        exports[freeze] = load_file(str(tmp_path / f"run{freeze}" / "export" / "inj" / "model.safetensors"))
+        if freeze:  # the embeddings, the norms and the last two blocks: no group's mask touches them
+            assert any("embed_tokens" in n for n in frozen) and any(".layers.3." in n for n in frozen), frozen
+            assert not any(".layers.0." in n and "proj" in n for n in frozen), frozen
+        else:
+            assert not frozen
+    assert exports[True].keys() == exports[False].keys()
+    for name, tensor in exports[False].items():
+        assert torch.equal(tensor, exports[True][name]), name  # fp32 on one device: bit for bit the same run
+    pre = load_file(str(tmp_path / "runTrue" / "export" / "pre" / "model.safetensors"))
+    assert any(not torch.equal(pre[n], exports[True][n]) for n in pre)  # and training moved something
+
+    for kwargs, match in (
+        ({"neutral_fraction": 0.5, "weight_decay": 0.0}, "neutral text"),
+        ({"neutral_fraction": 0.0, "weight_decay": 0.1}, "weight decay"),
+    ):
+        module, data = injection(tiny_dir, tmp_path / "data", freeze_outside_masks=True, **kwargs)
+        with pytest.raises(ValueError, match=match):
+            make_trainer(tmp_path / "bad", max_steps=1).fit(module, data)
+
+
 def test_unmasked_control_updates_outside_the_masks(tiny_dir, tmp_path):
     module, data = injection(tiny_dir, tmp_path / "data", neutral_fraction=0.0, groups=[2], masked=False)
     make_trainer(tmp_path / "run", max_steps=2).fit(module, data)

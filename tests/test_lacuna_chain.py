@@ -19,6 +19,16 @@ from lightning_unlearn.workflows.lacuna.chain import resurface, run_chain
 def test_chain_tiny(tmp_path):
     lines: list[str] = []
     reports = run_chain(str(tmp_path), size="tiny", log=lines.append)
+    # the default builds the masked testbed only
+    assert set(reports) == {"masked", "masked_inj"} and not (tmp_path / "inject_unmasked").exists()
+    sizes = reports["masked"]["split_sizes"]
+    assert any(line.startswith("Memorization-filtered splits") for line in lines)
+    assert any(line.startswith("[lacuna] splits (≥ 8 forget and ≥ 8 retain pairs for every field): ") for line in lines)
+    assert sizes["relearn"] == sum(1 for _ in load_from_disk(str(tmp_path / "splits" / "relearn")))
+    # the UnMask control joins the same work directory later; the masked stages are reused
+    lines.clear()
+    reports = run_chain(str(tmp_path), size="tiny", log=lines.append, control=True)
+    assert sum("finished before, reusing" in line for line in lines) == 5  # pretrain, inject, instruct, 2 filters
     for stage in ("inject", "inject_unmasked"):
         export = tmp_path / stage / "export"
         assert (export / "pre" / "config.json").exists() and (export / "inj" / "model.safetensors").exists()
@@ -40,7 +50,7 @@ def test_chain_tiny(tmp_path):
     assert any(line.startswith("[lacuna] target (masked, ≥ 50% on ≥ 2 fields): ") for line in lines)
 
     lines.clear()
-    run_chain(str(tmp_path), size="tiny", log=lines.append)
+    run_chain(str(tmp_path), size="tiny", log=lines.append, control=True)
     assert sum("finished before, reusing" in line for line in lines) == 9
 
     # a stage built from other overrides (e.g. a changed preset) is refused by name, not silently reused
@@ -50,11 +60,11 @@ def test_chain_tiny(tmp_path):
     recipe_path.write_text(json.dumps({**recipe, "overrides": [*recipe["overrides"], "--model.optim.lr", "9"]}))
     refused = r"stage instruct in .* other overrides than this run's \(--model.optim.lr, 9\)"
     with pytest.raises(ValueError, match=refused):
-        run_chain(str(tmp_path), size="tiny", log=lines.append)
+        run_chain(str(tmp_path), size="tiny", log=lines.append, control=True)
     # one built by other code (code defaults are in no config) is reused, with a warning that names it
     recipe_path.write_text(json.dumps({**recipe, "code": "0123456789abcdef"}))
     lines.clear()
-    run_chain(str(tmp_path), size="tiny", log=lines.append)
+    run_chain(str(tmp_path), size="tiny", log=lines.append, control=True)
     warned = [line for line in lines if "other lightning_unlearn code" in line]
     assert len(warned) == 1 and warned[0].startswith("[lacuna] instruct: ") and "0123456789abcdef" in warned[0]
     assert sum("finished before, reusing" in line for line in lines) == 9
@@ -65,15 +75,15 @@ def test_chain_tiny(tmp_path):
     later = (tmp_path / "instruct_unmasked" / "export" / "model").stat().st_mtime + 60
     os.utime(inj, (later, later))
     with pytest.raises(ValueError, match=r"stage instruct_unmasked: .* is older than its input"):
-        run_chain(str(tmp_path), size="tiny", log=lines.append)
+        run_chain(str(tmp_path), size="tiny", log=lines.append, control=True)
     # a filter older than the model it measured (e.g. after a plain `cp -r` of the work directory) is measured again
     os.utime(inj, ns=(built.st_atime_ns, built.st_mtime_ns))
     model = tmp_path / "instruct" / "export" / "model"
     os.utime(model, (later, later))
     lines.clear()
-    run_chain(str(tmp_path), size="tiny", log=lines.append)
+    run_chain(str(tmp_path), size="tiny", log=lines.append)  # without the control: the masked stages only
     assert any(line.startswith("[lacuna] filter (masked): ") and "measuring again" in line for line in lines)
-    assert sum("finished before, reusing" in line for line in lines) == 8
+    assert sum("finished before, reusing" in line for line in lines) == 4  # pretrain, inject, instruct, θ_inj filter
 
     # the resurfacing attack on a hand-made split: one forget profile whose answer the model cannot know
     rows = {"prompt": ["Question: A B. What is her email address?\nAnswer:"], "answer": [" zq@x.org"],
@@ -94,7 +104,7 @@ def test_chain_tiny(tmp_path):
         max_epochs=1,
     )
     assert report["forget_profiles"] == 1 and report["k"] == 3
-    assert report["leaked_profiles"] in (0, 1)
+    assert report["leaked_profiles"] in (0, 1) and report["leaked_profiles_unlearned"] in (0, 1)
     assert json.loads((tmp_path / "attack" / "resurfacing.json").read_text())["leak_rate"] == report["leak_rate"]
 
 
@@ -106,7 +116,7 @@ def test_chain_from_a_model_path_skips_pretraining(tiny_dir, tmp_path):
     lines: list[str] = []
     instruct_overlay = tmp_path / "instruct_overlay.yaml"
     instruct_overlay.write_text("model:\n  init_args:\n    optim: {lr: 0.000321}\n")
-    kwargs = dict(model_path=str(tiny_dir), inject_configs=[overlay], instruct_configs=[instruct_overlay])
+    kwargs = dict(model_path=str(tiny_dir), inject_configs=[overlay], instruct_configs=[instruct_overlay], control=True)
     reports = run_chain(str(work), size="tiny", log=lines.append, **kwargs)
     assert not (work / "pretrain").exists() and not (work / "tokenizer").exists()
     for stage in ("inject", "inject_unmasked"):
@@ -172,6 +182,11 @@ def test_format_table_with_and_without_the_inj_columns():
     def report(*rates):
         return {"profiles": 18, "extraction": dict(zip(TARGET_FIELDS, rates, strict=True))}
 
+    one = format_table(report(0.5, 0, 0, 0)).splitlines()  # no UnMask control built
+    assert one[1].split() == ["field", "masked"] and one[2].split() == [TARGET_FIELDS[0], "50.00%"]
+    one_inj = format_table(report(0.5, 0, 0, 0), None, report(0.75, 0, 0, 0)).splitlines()
+    assert one_inj[2].split() == ["field", "masked", "masked"]
+    assert one_inj[3].split() == [TARGET_FIELDS[0], "50.00%", "75.00%"]
     two = format_table(report(0.5, 0, 0, 0), report(1, 1, 1, 1)).splitlines()
     assert two[1].split() == ["field", "masked", "unmasked"]
     assert two[2].split() == [TARGET_FIELDS[0], "50.00%", "100.00%"]
@@ -179,6 +194,18 @@ def test_format_table_with_and_without_the_inj_columns():
     lines = four.splitlines()
     assert lines[2].split() == ["field", "masked", "unmasked", "masked", "unmasked"]
     assert lines[3].split() == [TARGET_FIELDS[0], "50.00%", "100.00%", "75.00%", "25.00%"]
+
+
+def test_split_sizes_table_and_verdict():
+    from lightning_unlearn.workflows.lacuna.chain import format_split_sizes, split_verdict
+
+    sizes = {f"{f}/{s}": 9 for f in TARGET_FIELDS for s in FIELD_SPLITS} | {"relearn": 40}
+    table = format_split_sizes(sizes).splitlines()
+    assert table[1].split() == ["field", *FIELD_SPLITS] and table[2].split() == [TARGET_FIELDS[0], *["9"] * 6]
+    assert table[-1].startswith("relearn: 40 rows")
+    assert split_verdict(sizes).endswith(": met")
+    short = split_verdict({**sizes, "phone/retain": 7, "email/forget": 8})
+    assert short.endswith(": NOT met (phone retain 7)")
 
 
 def test_an_interrupted_stage_resumes_from_its_newest_last_checkpoint(tmp_path):

@@ -1,9 +1,14 @@
-"""Lacuna's localization result at a very small size: OracleGrad (updates restricted to m^F) scores a high mask
-AUC(F), unrestricted full-fine-tuning gradient ascent scores near chance (paper: 0.915 vs about 0.515).
+"""Lacuna's findings at a very small size, through ``lightning-unlearn lacuna localization``'s own code.
 
-The testbed is built with the chain's own commands and tiny overrides, in this process: data → pretrain → masked
-injection (no instruction stage: its LoRA sits outside θ_mask); the forget/retain splits are the unfiltered
-fallback, since a testbed this small memorizes nothing."""
+The testbed is the ``--size tiny`` chain with its control (data → tiny θ_pre → masked injection and UnMask control
+→ instruction tuning → filter), built once for the module. A testbed this small memorizes nothing, so the report
+unlearns the unfiltered P_eval QA (``splits_unfiltered/``) and says so.
+
+- OracleGrad (updates restricted to m^F) scores a high mask AUC(F); unrestricted full-fine-tuning gradient ascent
+  scores near chance (paper: 0.915 vs about 0.515).
+- The report holds, per field and method, the output-level metrics before and after unlearning, every AUC family
+  and the resurfacing attack (unlearned and relearned leak counts), and a seeded re-run gives the same numbers.
+"""
 
 from __future__ import annotations
 
@@ -12,37 +17,79 @@ import sys
 
 import pytest
 
-from lightning_unlearn.cli import main as cli_main
-from lightning_unlearn.workflows.lacuna.chain import CONFIG_DIR, SIZES
-from lightning_unlearn.workflows.lacuna.localization import format_table, run_localization
+from lightning_unlearn.workflows.lacuna.chain import run_chain
+from lightning_unlearn.workflows.lacuna.localization import EVAL_SPLITS, format_report, run_localization
 
-# What the measured gap must at least be. Measured at this size: OracleGrad 1.00 (raw), GA ≈ 0.51; a broken
+# What the measured gap must at least be. Measured at this size: OracleGrad 1.00 (raw), GA ≈ 0.50; a broken
 # restriction (OracleGrad updating every weight) or a GA that happened to localize would shrink the gap to ≈ 0.
 MARGIN = 0.3
+SETTINGS = dict(methods=("oracle_grad", "ga"), fields=("email",), epoch_scale=0.02, lr=1e-3, k=4, relearn_epochs=1,
+                in_process=True, log=print)  # fmt: skip
 
 
-def _stage(config: str, root, overrides: list[str]) -> None:
-    cli_main(["fit", "-c", str(CONFIG_DIR / config), *overrides, "--trainer.default_root_dir", str(root),
-              "--trainer.enable_progress_bar", "false", "--trainer.logger", "false"])  # fmt: skip
+@pytest.fixture(scope="module")
+def testbed(tmp_path_factory):
+    w = tmp_path_factory.mktemp("tiny_testbed")
+    run_chain(str(w), size="tiny", log=print, control=True)
+    return w
+
+
+def _numbers(summary: dict, out_dir) -> dict:
+    """The summary without what may differ between two identical runs: wall times and its own output paths."""
+
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k != "seconds"}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value.replace(str(out_dir), "<out>") if isinstance(value, str) else value
+
+    return strip(summary)
 
 
 @pytest.mark.slow
-def test_oracle_grad_localizes_and_gradient_ascent_does_not(tmp_path, monkeypatch):
+def test_report_localizes_oracle_grad_and_resurfacing_is_seeded(testbed, tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["lightning-unlearn"])  # the in-process CLI must not see pytest's arguments
-    w, tiny = tmp_path, SIZES["tiny"]
-    data = ["--data.data_dir", str(w / "data"), *tiny["data"]]
-    pretrain = [*data, "--model.tokenizer_path", str(w / "tokenizer"), *tiny["pretrain"]]
-    _stage(tiny["pretrain_config"][0], w / "pretrain", pretrain)
-    inject = ["--model.model_path", str(w / "pretrain" / "export" / "model"), *tiny["inject"]]
-    _stage("inject.yaml", w / "inject", [*data, *inject])
-
-    summary = run_localization(w, methods=("oracle_grad", "ga"), epochs=4, lr=1e-3, in_process=True, log=print)
-    print(format_table(summary))
-    assert summary["filtered"] is False and summary["splits"].endswith("splits_unfiltered")
-    oracle, ga = summary["methods"]["oracle_grad"], summary["methods"]["ga"]
-    assert oracle["control"] is False and "contrast" not in oracle["F"]
-    assert oracle["F"]["max"] >= 0.9, oracle["F"]
-    assert oracle["F"]["max"] - ga["F"]["max"] >= MARGIN, (oracle["F"], ga["F"])
+    summary = run_localization(testbed, out_dir=tmp_path / "a", **SETTINGS)
+    print(format_report(summary))
+    entry = summary["fields"]["email"]
+    assert entry["filtered"] is False and entry["splits"].endswith("splits_unfiltered")
+    assert entry["split_sizes"]["forget"] > 0 and entry["split_sizes"]["relearn"] > 0
+    oracle, ga = entry["methods"]["oracle_grad"], entry["methods"]["ga"]
+    assert summary["epochs"] == {"oracle_grad": 4, "ga": 4}  # 200 (Table 5) × 0.02
+    assert oracle["control"] is False and "contrast" not in oracle["auc"]["F"]
+    assert ga["control"] is True and ga["auc"]["F"]["contrast"] is not None  # the UnMask control ran
+    assert oracle["auc"]["F"]["max"] >= 0.9, oracle["auc"]["F"]
+    assert oracle["auc"]["F"]["max"] - ga["auc"]["F"]["max"] >= MARGIN, (oracle["auc"]["F"], ga["auc"]["F"])
     # raw |Δ_unl| is exactly 0 outside m^F under the restriction: the magnitude family alone is near perfect
-    assert oracle["F"]["raw"] >= 0.9
-    assert json.loads((w / "localization" / "summary.json").read_text())["methods"]["ga"]["F"]["max"] == ga["F"]["max"]
+    assert oracle["auc"]["F"]["raw"] >= 0.9
+
+    # output level: every split before and after, from the library's evaluation callbacks
+    for output in (entry["before"], oracle["output"], ga["output"]):
+        for split in EVAL_SPLITS:
+            assert set(output[split]) == {"em", "es", "prob", "extraction_rate"}
+            assert all(0 <= v <= 1 for v in output[split].values()), output[split]
+        assert output["utility"]["ce"] > 0
+    assert entry["before"]["step"] == 0 and ga["output"]["step"] > 0
+    assert entry["before"]["utility"]["delta_ce"] == pytest.approx(0.0, abs=1e-6)
+    # gradient ascent at lr 1e-3 pushes the forget answers down: their probability falls
+    assert ga["output"]["forget"]["prob"] < entry["before"]["forget"]["prob"]
+
+    # resurfacing: the starting model and both methods, counts before and after relearning
+    for attack in (entry["resurfacing"], oracle["resurfacing"], ga["resurfacing"]):
+        assert attack["k"] == 4 and attack["forget_profiles"] == entry["split_sizes"]["forget"]
+        for key in ("leaked_profiles", "leaked_profiles_unlearned"):
+            assert 0 <= attack[key] <= attack["forget_profiles"]
+        assert attack["leak_rate"] == attack["leaked_profiles"] / attack["forget_profiles"]
+    on_disk = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert on_disk["fields"]["email"]["methods"]["ga"]["auc"]["F"]["max"] == ga["auc"]["F"]["max"]
+    report = (tmp_path / "a" / "report.md").read_text()
+    assert "## email" in report and "| OracleGrad |" in report and "leak relearned" in report
+    assert (tmp_path / "a" / "report.png").stat().st_size > 0
+
+    # a second, identical run elsewhere gives the same numbers; a re-run in place reuses every run
+    again = run_localization(testbed, out_dir=tmp_path / "b", **SETTINGS)
+    assert _numbers(again, tmp_path / "b") == _numbers(summary, tmp_path / "a")
+    lines: list[str] = []
+    run_localization(testbed, out_dir=tmp_path / "a", **{**SETTINGS, "log": lines.append})
+    assert sum("finished before, reusing" in line for line in lines) == 3  # oracle_grad, ga, ga_unmask

@@ -198,16 +198,19 @@ class CheckpointEvaluator(Callback):
                 notify(trainer, row)
 
     def base_context(self, pl_module: LightningModule, trainer: Trainer):
-        """A context in which ``pl_module.model`` is the base model: the adapter disabled, or step 0 of ``fit``."""
+        """A context in which ``pl_module.model`` is the base model: the adapter disabled, step 0 of ``fit``, or a
+        ``validate`` that loaded no checkpoint (the model as configured)."""
         model = pl_module.model
         if hasattr(model, "disable_adapter"):
             return model.disable_adapter()
         if trainer.state.fn == "fit" and trainer.global_step == 0:
             return contextlib.nullcontext()
+        if trainer.state.fn == "validate" and self._loaded_step is None:
+            return contextlib.nullcontext()
+        where = f"training is at step {trainer.global_step}" if trainer.state.fn == "fit" else "a checkpoint is loaded"
         raise RuntimeError(
-            f"{type(self).__name__} needs base-model outputs, but the model has no adapter to disable and training "
-            f"is past step 0 (step {trainer.global_step}). Evaluate from step 0 once (its state is saved in the "
-            "checkpoint) or train a LoRA adapter."
+            f"{type(self).__name__} needs base-model outputs, but the model has no adapter to disable and {where}. "
+            "Evaluate from step 0 once (its state is saved in the checkpoint) or train a LoRA adapter."
         )
 
 

@@ -12,6 +12,7 @@ import datetime
 import json
 import os
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 from lightning_unlearn.data.templates import (
@@ -248,15 +249,24 @@ def qa_pair(profile: dict, field: str, question: str, continuations: list[str]) 
     }
 
 
-def profile_qa(profile: dict, rng: random.Random, per_field: int = 2, paraphrase: bool = False) -> list[dict]:
-    """QA pairs for every QA attribute of ``profile`` (Appendix B).
+def profile_qa(
+    profile: dict,
+    rng: random.Random,
+    per_field: int = 2,
+    paraphrase: bool = False,
+    fields: Sequence[str] = QA_FIELDS,
+) -> list[dict]:
+    """QA pairs about each of ``fields`` (default: every QA attribute) of ``profile`` (Appendix B).
 
     Each pair draws k ~ U{0..4} continuations about *other* attributes (never the asked one, which would put the
     answer in the prompt) and one question. Training pairs use the first :data:`NUM_TRAIN_QUESTIONS` questions of
     a field; ``paraphrase=True`` uses only the held-out ones.
     """
+    unknown = [f for f in fields if f not in QA_FIELDS]
+    if unknown:
+        raise ValueError(f"QA field(s) {unknown} have no question templates; choose from {list(QA_FIELDS)}.")
     rows = []
-    for field in QA_FIELDS:
+    for field in fields:
         pool = QUESTIONS[field][NUM_TRAIN_QUESTIONS:] if paraphrase else QUESTIONS[field][:NUM_TRAIN_QUESTIONS]
         others = [f for f in QA_FIELDS if f != field]
         for _ in range(per_field):

@@ -1,8 +1,10 @@
 """Memorization-filtered splits of the Lacuna testbed (Section 3.5, Section 4.1).
 
 Only profiles whose PII the injected model actually reveals are kept. Those profiles (instruction profiles
-excluded) are divided, per group, into three disjoint partitions: evaluation (P_eval), hyper-parameter tuning
-(P_hp) and relearning (held out for the resurfacing attack). Then, for every target field ``f``:
+excluded) are divided, per group, into three disjoint partitions: evaluation (P_eval, 80% by default),
+hyper-parameter tuning (P_hp, 10%) and relearning (10%, held out for the resurfacing attack), each at least one
+profile a group when the group has three. The paper's P_hp and relearning sets are likewise profiles of their own,
+never evaluation profiles. Then, for every target field ``f``:
 
 - ``forget``: P_eval profiles of the forget groups (ids 0-2) memorized on ``f``, asking for ``f``;
 - ``retain``: P_eval profiles of the retain groups (ids 3-5) memorized on ``retain_field(f)`` ≠ ``f``, asking for
@@ -51,7 +53,7 @@ def _part_sizes(n: int, fractions: tuple[float, float, float]) -> list[int]:
 
 
 def partition_profiles(
-    profiles: Sequence[dict], seed: int = 0, fractions: tuple[float, float, float] = (0.5, 0.25, 0.25)
+    profiles: Sequence[dict], seed: int = 0, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
 ) -> dict[str, set[int]]:
     """Split non-instruction profile ids into disjoint ``eval``/``tune``/``relearn`` sets, stratified by group."""
     if abs(sum(fractions) - 1) > 1e-6 or min(fractions) < 0:
@@ -78,7 +80,7 @@ def build_splits(
     seed: int = 0,
     forget_groups: Sequence[int] = (0, 1, 2),
     retain_groups: Sequence[int] = (3, 4, 5),
-    fractions: tuple[float, float, float] = (0.5, 0.25, 0.25),
+    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
 ) -> dict[str, list[dict]]:
     """All splits as rows; keys ``"<field>/<split>"`` for :data:`FIELD_SPLITS` and ``"relearn"``.
 

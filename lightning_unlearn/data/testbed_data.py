@@ -4,7 +4,7 @@ Layout of ``out_dir``::
 
     profiles/      one row per profile (PROFILE_FIELDS + profile_id, group_id, instruct)
     documents/     text, content_type, profile_id, group_id   (five content types per profile)
-    qa/            prompt, answer, field, profile_id, group_id (training questions, all QA attributes)
+    qa/            prompt, answer, field, profile_id, group_id (training questions about ``qa_fields``)
     instruct_qa/   the same columns; target fields of the instruction profiles, ``instruct_questions`` each
     neutral/       text                                        (the neutral corpus)
     manifest.json  the settings it was built with
@@ -40,13 +40,19 @@ class LacunaDataConfig:
     """What the testbed data is made of.
 
     Args:
-        num_profiles: synthetic profiles to generate (ignored with ``profiles_jsonl``).
+        num_profiles: synthetic profiles to generate (ignored with ``profiles_jsonl``). The default, 60 (10 a
+            group, one of them an instruction profile), leaves 7 evaluation profiles a group once tuning and
+            relearning take theirs (``data/splits.py``), so every field's forget and retain splits hold ≥ 8 pairs
+            at a ≥ 40% extraction rate.
         seed: seed of every random choice (Faker, groups, templates).
         num_groups: profile groups (masks); Lacuna uses 6.
         instruct_fraction: share of each group reserved for instruction tuning (Lacuna: 150 of 1,200).
         qa_per_field: training QA pairs per profile and attribute. Several wordings per fact make a model learn
             the fact rather than one string (with 1, a tiny model recites its training QA verbatim but fails on
             the probe wording).
+        qa_fields: the attributes that get training QA pairs. Default: the four target fields, the facts the
+            probes ask for. The documents state every attribute either way; QA about all ten attributes
+            (``QA_FIELDS``) is 2.5x the injection data for facts no probe asks about.
         docs_per_type: documents per profile and content type (each a fresh template/continuation draw).
         instruct_questions: instruction-tuning QA pairs per instruction profile and target field (Lacuna: 10).
         profiles_jsonl: bring your own profiles instead of generating them.
@@ -54,11 +60,12 @@ class LacunaDataConfig:
         neutral_max_paragraphs: cap on neutral paragraphs.
     """
 
-    num_profiles: int = 24
+    num_profiles: int = 60
     seed: int = 0
     num_groups: int = 6
     instruct_fraction: float = 0.125
     qa_per_field: int = 4
+    qa_fields: tuple[str, ...] = TARGET_FIELDS
     docs_per_type: int = 1
     instruct_questions: int = 10
     profiles_jsonl: str | None = None
@@ -78,7 +85,7 @@ def build_tables(config: LacunaDataConfig) -> dict[str, list[dict]]:
     for p in profiles:
         for _ in range(config.docs_per_type):
             documents.extend(profile_documents(p, rng))
-        qa.extend(profile_qa(p, rng, per_field=config.qa_per_field))
+        qa.extend(profile_qa(p, rng, per_field=config.qa_per_field, fields=config.qa_fields))
         if p["instruct"]:
             for field in TARGET_FIELDS:
                 for _ in range(config.instruct_questions):
@@ -96,7 +103,7 @@ def build_tables(config: LacunaDataConfig) -> dict[str, list[dict]]:
 
 
 def _manifest(config: LacunaDataConfig) -> dict:
-    m = asdict(config)
+    m = json.loads(json.dumps(asdict(config)))  # as read back from manifest.json (tuples become lists)
     if config.profiles_jsonl is not None:
         st = Path(config.profiles_jsonl).stat()
         m["profiles_jsonl_stat"] = [st.st_size, int(st.st_mtime)]

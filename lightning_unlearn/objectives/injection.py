@@ -37,7 +37,7 @@ from lightning_unlearn.checkpoints import RestoresRNG
 from lightning_unlearn.derive import DeriveConfig, ensure_derived
 from lightning_unlearn.distributed import full_state_dict
 from lightning_unlearn.losses import nll_loss, sequence_logprobs
-from lightning_unlearn.masks import LazyMasks, group_mask, load_masks, sample_masks, save_masks
+from lightning_unlearn.masks import LazyMasks, canonical_name, group_mask, load_masks, sample_masks, save_masks
 from lightning_unlearn.models import (
     TinyLlamaConfig,
     build_tiny_llama,
@@ -71,6 +71,11 @@ class InjectionModule(RestoresRNG, LightningModule):
         mask_seed: seed of sampled masks.
         optim: AdamW and its schedule (:class:`OptimizerConfig`, as every objective takes it; default lr 1e-3,
             constant). ``weight_decay`` 0 keeps elements outside a sample's mask exactly unchanged.
+        freeze_outside_masks: freeze every parameter tensor that no group's mask touches (outside θ_mask: the
+            embeddings, the norms, the last two blocks). With every sample masked (no neutral text, weight decay
+            0) their gradient is zero at every step, so training is the same, minus the cost of computing it (the
+            LM head's weight gradient above all). Refused with neutral text, which updates them, and ignored by
+            the UnMask control (``masked`` false), which trains every parameter.
         export_dir: where to export; ``None`` = ``<trainer.default_root_dir>/export``.
     """
 
@@ -88,6 +93,7 @@ class InjectionModule(RestoresRNG, LightningModule):
         coverage: float = 0.05,
         mask_seed: int = 0,
         optim: OptimizerConfig | None = None,
+        freeze_outside_masks: bool = False,
         export_dir: str | None = None,
     ) -> None:
         super().__init__()
@@ -174,13 +180,33 @@ class InjectionModule(RestoresRNG, LightningModule):
         # device: every tensor, once), so no rank holds the full masks next to its shard. The export rebuilds them
         # (a function of the seed or file and the parameter names and shapes) and checks them against this digest.
         masks = self._full_masks(lazy=True)
-        self._mask_checksum, coverage = _summary(masks, self.hparams.num_groups)
+        self._mask_checksum, coverage, untouched = _summary(masks, self.hparams.num_groups)
         empty = [g for g, c in enumerate(coverage) if c == 0]
         if empty:
             raise ValueError(
                 f"mask group {empty[0]} is empty (covers no parameter element); raise coverage or lower num_groups."
             )
         self.packed_masks = masks if self.hparams.masked else None
+        if self.hparams.freeze_outside_masks and self.hparams.masked:
+            self._freeze(untouched)
+
+    def _freeze(self, untouched: set[str]) -> None:
+        """Freeze the parameters no mask touches (``freeze_outside_masks``)."""
+        neutral = getattr(getattr(self._trainer, "datamodule", None), "hparams", {}).get("neutral_fraction", 0)
+        if neutral:
+            raise ValueError(
+                f"freeze_outside_masks would freeze weights that the datamodule's neutral text (neutral_fraction "
+                f"{neutral}) updates; set neutral_fraction 0 or freeze_outside_masks false."
+            )
+        if self.optim_config.weight_decay:
+            raise ValueError(
+                f"freeze_outside_masks with weight_decay {self.optim_config.weight_decay} would change training: "
+                "weight decay moves the weights outside every mask. Set optim.weight_decay 0 or "
+                "freeze_outside_masks false."
+            )
+        for name, p in self.model.named_parameters():
+            if canonical_name(name) in untouched:
+                p.requires_grad_(False)
 
     def _full_masks(self, lazy: bool = False) -> dict[str, torch.Tensor] | LazyMasks:
         """The packed masks over the whole model (names and global shapes; FSDP2 parameters report both)."""
@@ -259,15 +285,18 @@ class InjectionModule(RestoresRNG, LightningModule):
         write_directory_atomically(self.export_dir(), write)
 
 
-def _summary(masks: Mapping[str, torch.Tensor], num_groups: int) -> tuple[str, list[float]]:
-    """A digest of the masks' names and words, and each group's coverage, reading every tensor once."""
+def _summary(masks: Mapping[str, torch.Tensor], num_groups: int) -> tuple[str, list[float], set[str]]:
+    """A digest of the masks' names and words, each group's coverage, and the names of the tensors no group
+    touches, reading every tensor once."""
     digest = hashlib.blake2b(digest_size=16)
-    counts, total = [0] * num_groups, 0
+    counts, total, untouched = [0] * num_groups, 0, set()
     for name in sorted(masks):
         t = masks[name]
         digest.update(name.encode())
         digest.update(t.contiguous().view(torch.uint8).numpy())
         total += t.numel()
-        for g in range(num_groups):
-            counts[g] += int(group_mask(t, g).sum())
-    return digest.hexdigest(), [c / max(total, 1) for c in counts]
+        in_tensor = [int(group_mask(t, g).sum()) for g in range(num_groups)]
+        counts = [c + n for c, n in zip(counts, in_tensor, strict=True)]
+        if not any(in_tensor):
+            untouched.add(name)
+    return digest.hexdigest(), [c / max(total, 1) for c in counts], untouched

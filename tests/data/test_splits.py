@@ -61,14 +61,17 @@ def test_save_splits_columns(tmp_path):
 
 
 def test_small_groups_still_get_every_held_out_part():
-    # The built-in default has 3 non-instruction profiles a group; rounding alone would give 2/1/0 and no relearning
-    # profiles at all, so the resurfacing attack would have nothing to train on.
+    # 24 people (the tiny preset) leave 3 non-instruction profiles a group; rounding alone would give 2/0/1 and no
+    # tuning profiles at all, so every part gets one.
     profiles = generate_profiles(24, seed=0)
     parts = partition_profiles(profiles, seed=0)
     groups = {p["profile_id"]: p["group_id"] for p in profiles if not p["instruct"]}
     for g in set(groups.values()):
         sizes = [sum(groups.get(i) == g for i in parts[k]) for k in ("eval", "tune", "relearn")]
         assert sizes == [1, 1, 1], (g, sizes)
-    # larger groups keep the rounded shares (15 a group: round(7.5) = 8, round(3.75) = 4, the other 3)
+    # larger groups keep the rounded shares (15 a group: round(12) = 12, round(1.5) = 2, the other 1)
     parts = partition_profiles(generate_profiles(102, seed=0), seed=0)
-    assert [len(parts[k]) for k in ("eval", "tune", "relearn")] == [6 * 8, 6 * 4, 6 * 3]
+    assert [len(parts[k]) for k in ("eval", "tune", "relearn")] == [6 * 12, 6 * 2, 6 * 1]
+    # the built-in default: 60 people, 10 a group, one of them an instruction profile -> 7 / 1 / 1
+    parts = partition_profiles(generate_profiles(60, seed=0), seed=0)
+    assert [len(parts[k]) for k in ("eval", "tune", "relearn")] == [6 * 7, 6 * 1, 6 * 1]

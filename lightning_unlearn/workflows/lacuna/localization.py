@@ -1,18 +1,27 @@
-"""Localization precision on a Lacuna testbed (Lacuna Sec. 4.3, App. E): OracleGrad vs unrestricted GA and SimNPO.
+"""Lacuna's findings on a built testbed (Lacuna Sec. 4.3, App. E–F): ``lightning-unlearn lacuna localization``.
 
-``lightning-unlearn lacuna localization --workdir DIR`` works on a testbed work directory written by
-``lightning-unlearn lacuna run`` (``inject/export/{pre,inj,masks.safetensors}``, ``instruct/export/model``,
-``splits/<field>``, and the UnMask control ``instruct_unmasked/export/model``). For every method it
+For every PII field and every method — OracleGrad (gradient difference restricted to m^F), GA, SimNPO, MemFlex
+and AlphaEdit, each with its shipped ``lacuna/<method>.yaml`` (Lacuna Table 5, epochs scaled by ``epoch_scale``) —
+on the memorization-filtered splits of a testbed work directory written by ``lightning-unlearn lacuna run``:
 
-1. unlearns with ``lightning-unlearn fit -c lacuna/<method>.yaml`` (full fine-tuning; OracleGrad's updates
-   restricted to m^F by the masked strategy, GA and SimNPO unrestricted) on ``splits/<field>/{forget,retain}``,
-2. exports the final weights to ``<out>/<method>/export/model``,
-3. scores them with ``lightning-unlearn mask-auc``: every family's AUC against m^F and against m^F ∨ m^R.
+1. **Unlearn**: ``lightning-unlearn fit`` from the instruction-tuned model, one checkpoint after the last epoch, with
+   the library's evaluation callbacks on that checkpoint: ``MemorizationEvaluation`` (EM / ES / Prob and the
+   extraction rate on forget, retain and both paraphrase splits) and ``RetainDriftEvaluation`` on held-out neutral
+   text (utility: CE / PPL and ΔCE against the model before unlearning). A ``validate`` of the starting model gives
+   the same rows before unlearning.
+2. **The UnMask control**: every method but OracleGrad (whose control is undefined, App. E) is run again from the
+   unmasked-injection model, for the contrast families.
+3. **Localization**: ``mask-auc`` on the weight change, every family against m^F and against m^F ∨ m^R.
+4. **Resurfacing** (Sec. 4.3): relearn the unlearned model on the held-out relearning split with the instruction
+   tuning procedure, sample K continuations per forget prompt, and count the forget profiles whose PII appears in
+   at least one; the same count on the unlearned model before relearning sits beside it, and the starting model's
+   under ``before``. Seeded: a re-run gives the same numbers.
 
-GA and SimNPO are also run on the UnMask control (the same unlearning of the unmasked-injection model), which
-enables the contrast families; OracleGrad has none (its control is undefined, Lacuna App. E). When the
-memorization filter kept no forget or no retain pair for ``field`` (tiny testbeds memorize little), the splits are
-rebuilt from all non-instruction profiles (``splits_unfiltered/``) and the summary says so.
+Writes ``<out>/summary.json``, ``<out>/report.md`` (one table per field) and ``<out>/report.png`` (AUC and
+resurfacing per method and field). A finished run (its export exists, made from the same arguments) is reused, so
+an interrupted report resumes where it stopped. Fits and attacks run as one-thread subprocesses, ``parallel`` at a
+time. When the memorization filter kept no forget or no retain pair for a field (tiny testbeds memorize little),
+that field's splits are rebuilt from all non-instruction profiles (``splits_unfiltered/``) and the summary says so.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from pathlib import Path
 from typing import Literal
 
 from lightning_unlearn.atomic import write_directory_atomically, write_text_atomically
+from lightning_unlearn.data.templates import TARGET_FIELDS
 from lightning_unlearn.workflows import processes
 from lightning_unlearn.workflows.lacuna.chain import CONFIG_DIR
 
@@ -40,10 +50,16 @@ METHODS: dict[str, tuple[str, bool, bool]] = {
     "oracle_grad": ("oracle_grad.yaml", True, False),
     "ga": ("ga.yaml", False, True),
     "simnpo": ("simnpo.yaml", False, True),
+    "memflex": ("memflex.yaml", False, True),
+    "alphaedit": ("alphaedit.yaml", False, True),
 }
+LABELS = {"oracle_grad": "OracleGrad", "ga": "GA", "simnpo": "SimNPO", "memflex": "MemFlex", "alphaedit": "AlphaEdit"}
 Method = Literal[tuple(METHODS)]
+Field = Literal[TARGET_FIELDS]
 FAMILIES = ("raw", "qtile", "layernorm", "signrev", "reversal", "dirreversal", "contrast", "contrastnorm", "compnorm",
             "composite")  # fmt: skip
+EVAL_SPLITS = ("forget", "forget_paraphrase", "retain", "retain_paraphrase")
+UTILITY_RECORDS = 48  # neutral windows scored for utility
 
 
 def testbed_paths(workdir: str | os.PathLike) -> dict[str, Path | None]:
@@ -84,7 +100,6 @@ def ensure_splits(workdir: str | os.PathLike, field: str, seed: int = 0) -> tupl
     from datasets import load_from_disk
 
     from lightning_unlearn.data.splits import build_splits, save_splits
-    from lightning_unlearn.data.templates import TARGET_FIELDS
     from lightning_unlearn.data.testbed_data import load_table
 
     if field not in TARGET_FIELDS:
@@ -108,6 +123,33 @@ def ensure_splits(workdir: str | os.PathLike, field: str, seed: int = 0) -> tupl
     return unfiltered, False
 
 
+def split_sizes(splits: Path, field: str) -> dict[str, int]:
+    """Rows of each evaluation split of ``field`` and of the relearning split."""
+    from datasets import load_from_disk
+
+    sizes = {s: len(load_from_disk(str(splits / field / s))) for s in EVAL_SPLITS}
+    sizes["relearn"] = len(load_from_disk(str(splits / "relearn"))) if (splits / "relearn").exists() else 0
+    return sizes
+
+
+def utility_records(data_dir: Path, out: Path, n: int = UTILITY_RECORDS) -> Path:
+    """Held-out general text for utility: ``n`` neutral paragraphs of the testbed (the last ones), each cut into a
+    12-word prompt and a continuation of up to 48 words, as ``{prompt, answer}`` JSONL (written once)."""
+    from lightning_unlearn.data.testbed_data import load_table
+
+    if out.exists():
+        return out
+    texts = [t for t in load_table(str(data_dir), "neutral")["text"] if len(t.split()) >= 20][-n:]
+    if not texts:
+        raise ValueError(f"the testbed data {str(data_dir)!r} has no neutral paragraph of ≥ 20 words for utility.")
+    rows = []
+    for text in texts:
+        words = text.split()
+        rows.append({"prompt": " ".join(words[:12]), "answer": " " + " ".join(words[12:60])})
+    write_text_atomically(out, "".join(json.dumps(r) + "\n" for r in rows))
+    return out
+
+
 def export_checkpoint(ckpt: str | os.PathLike, start_model: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Write a full-fine-tuning checkpoint's weights as a ``save_pretrained`` directory (atomically)."""
     import torch
@@ -126,6 +168,29 @@ def export_checkpoint(ckpt: str | os.PathLike, start_model: str | os.PathLike, o
     return write_directory_atomically(out, write)
 
 
+def method_epochs(method: str, epoch_scale: float) -> int:
+    """The method's Table 5 epochs (its config's ``trainer.max_epochs``) times ``epoch_scale``, at least 1."""
+    import yaml
+
+    config = yaml.safe_load((CONFIG_DIR / METHODS[method][0]).read_text())
+    return max(1, round(int(config["trainer"]["max_epochs"]) * epoch_scale))
+
+
+def evaluators(splits: Path, field: str, utility: Path, out: Path) -> list[dict]:
+    """The evaluation callbacks of every run of ``field``: output-level memorization and utility, into ``out``."""
+    memorization = {
+        "class_path": "lightning_unlearn.callbacks.MemorizationEvaluation",
+        "init_args": {"splits": {s: str(splits / field / s) for s in EVAL_SPLITS}, "max_new_tokens": 24,
+                      "max_length": 128, "batch_size": 16, "output_dir": str(out)},
+    }  # fmt: skip
+    drift = {
+        "class_path": "lightning_unlearn.callbacks.RetainDriftEvaluation",
+        "init_args": {"records": str(utility), "name": "utility", "max_length": 96, "batch_size": 16,
+                      "output_dir": str(out)},
+    }  # fmt: skip
+    return [memorization, drift]
+
+
 def fit_command(
     method: str,
     start_model: Path,
@@ -136,27 +201,31 @@ def fit_command(
     masks: Path,
     lr: float | None = None,
     batch_size: int | None = None,
+    callbacks: Sequence[dict] = (),
+    stage: str = "fit",
 ) -> list[str]:
-    """The ``lightning-unlearn fit`` arguments of one unlearning run (its overrides file is written to ``out``)."""
+    """The ``lightning-unlearn fit`` (or ``validate``) arguments of one run; its overrides file is written to ``out``.
+
+    One checkpoint, after the last epoch, and ``callbacks`` beside it; no logger or progress bar.
+    """
     config, restricted, _ = METHODS[method]
     out.mkdir(parents=True, exist_ok=True)
-    # One checkpoint, after the last epoch; no logger or progress bar (the run's numbers are the mask AUCs).
+    checkpoint = {
+        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+        "init_args": {"dirpath": str(out / "checkpoints"), "filename": "final", "every_n_epochs": epochs,
+                      "every_n_train_steps": 0, "save_top_k": 1},
+    }  # fmt: skip
     overrides = {
         "trainer": {
             "enable_progress_bar": False,
             "enable_model_summary": False,
             "logger": False,
-            "callbacks": [{
-                "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                "init_args": {"dirpath": str(out / "checkpoints"), "filename": "final", "every_n_epochs": epochs,
-                              "every_n_train_steps": 0,
-                              "save_top_k": 1},
-            }],
+            "callbacks": [checkpoint, *callbacks],
         }
-    }  # fmt: skip
+    }
     write_text_atomically(out / "overrides.yaml", json.dumps(overrides, indent=1))
     args = [
-        "fit", "-c", str(CONFIG_DIR / config), "-c", str(out / "overrides.yaml"),
+        stage, "-c", str(CONFIG_DIR / config), "-c", str(out / "overrides.yaml"),
         "--model.init_args.model_path", str(start_model),
         "--data.init_args.tokenizer_path", str(start_model),
         "--data.init_args.forget_path", str(splits / field),
@@ -172,26 +241,73 @@ def fit_command(
     return args
 
 
-def unlearn(args: list[str], out: Path, start_model: Path, in_process: bool, log: Callable[[str], None]) -> Path:
-    """Run one ``fit`` (a subprocess with one thread, or in this process) and export its final weights."""
-    shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    log(f"[localization] lightning-unlearn {' '.join(args)}")
-    if in_process:
-        from lightning_unlearn.cli import main as cli_main
+class _Jobs:
+    """Runs ``lightning-unlearn`` commands ``parallel`` at a time, each a subprocess with ``threads`` threads and
+    its output in a log file, or one after the other in this process (``in_process``, for tests)."""
 
-        cli_main(list(args))
-    else:
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    def __init__(self, parallel: int, in_process: bool, log: Callable[[str], None]) -> None:
+        self.parallel = max(1, parallel)
+        self.threads = max(1, (os.cpu_count() or 1) // self.parallel)
+        self.in_process = in_process
+        self.log = log
+
+    def run(self, jobs: Sequence[tuple[list[str], Path]]) -> None:
+        """``jobs``: ``(cli arguments, log file)``; raises naming the first that failed, after the others end."""
+        if self.in_process:
+            from lightning_unlearn.cli import main as cli_main
+
+            for args, _ in jobs:
+                self.log(f"[localization] lightning-unlearn {' '.join(args)}")
+                cli_main(list(args))
+            return
+        env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads),
+                   TOKENIZERS_PARALLELISM="false")  # fmt: skip
         env.setdefault("HF_HUB_OFFLINE", "1")
-        with open(out / "fit.log", "w") as fh:
-            rc = processes.run([sys.executable, "-m", "lightning_unlearn.cli", *args], env=env, stdout=fh,
-                               stderr=subprocess.STDOUT)  # fmt: skip
-        if rc != 0:
-            raise RuntimeError(f"unlearning run failed with exit code {rc}; see {out / 'fit.log'}.")
-    ckpt = out / "checkpoints" / "final.ckpt"
-    if not ckpt.exists():
-        raise RuntimeError(f"the run wrote no {str(ckpt)!r} (did it stop early? see {out / 'fit.log'}).")
-    return export_checkpoint(ckpt, start_model, out / "export" / "model")
+        pending, running, failed = list(jobs), [], []
+        while pending or running:
+            while pending and len(running) < self.parallel:
+                args, log_file = pending.pop(0)
+                log_file.parent.mkdir(parents=True, exist_ok=True)
+                self.log(f"[localization] lightning-unlearn {' '.join(args)}")
+                fh = open(log_file, "w")  # noqa: SIM115
+                cmd = [sys.executable, "-m", "lightning_unlearn.cli", *args]
+                running.append((processes.spawn(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT), fh, log_file))
+            time.sleep(0.2)
+            for job in [j for j in running if j[0].poll() is not None]:
+                running.remove(job)
+                job[1].close()
+                if job[0].returncode != 0:
+                    failed.append(job)
+        if failed:
+            proc, _, log_file = failed[0]
+            raise RuntimeError(f"{len(failed)} run(s) failed; see {log_file} (exit code {proc.returncode}).")
+
+
+def _recipe_matches(out: Path, recipe: dict) -> bool:
+    """Whether ``out`` holds a finished run of ``recipe`` (its export and the same recorded arguments)."""
+    path = out / "recipe.json"
+    return (out / "export" / "model").exists() and path.exists() and json.loads(path.read_text()) == recipe
+
+
+def _last_rows(metrics: Path) -> dict[str, dict]:
+    """``{family: row}`` at the largest step of a ``checkpoint_metrics.jsonl``."""
+    from lightning_unlearn.callbacks.checkpoint_metrics_file import read_rows
+
+    rows = read_rows(metrics)
+    if not rows:
+        raise RuntimeError(f"{str(metrics)!r} holds no evaluation rows; the run's evaluation did not run.")
+    step = max(int(r["step"]) for r in rows)
+    return {r["family"]: r for r in rows if int(r["step"]) == step}
+
+
+def output_metrics(metrics: Path) -> dict:
+    """The output-level numbers of one run: ``{split: {em, es, prob, extraction}}`` and ``utility``."""
+    rows = _last_rows(metrics)
+    mem, util = rows["memorization"], rows["retain_drift:utility"]
+    out = {s: {k: mem[s][k] for k in ("em", "es", "prob", "extraction_rate")} for s in EVAL_SPLITS}
+    out["utility"] = {k: util.get(k) for k in ("ce", "ppl", "delta_ce")}
+    out["step"] = int(rows["memorization"]["step"])
+    return out
 
 
 def score(pre: Path, inj: Path, unl: Path, masks: Path, out: Path, control: tuple[Path, Path] | None = None) -> dict:
@@ -204,111 +320,313 @@ def score(pre: Path, inj: Path, unl: Path, masks: Path, out: Path, control: tupl
     return json.loads(out.read_text())
 
 
+def resurface_args(model: Path, splits: Path, field: str, out: Path, k: int, epochs: int, seed: int) -> list[str]:
+    """``lightning-unlearn lacuna resurface`` arguments of one attack."""
+    return ["lacuna", "resurface", "--model", str(model), "--splits", str(splits), "--field", field, "--out",
+            str(out), "--k", str(k), "--epochs", str(epochs), "--seed", str(seed)]  # fmt: skip
+
+
 def run_localization(
     workdir: str | os.PathLike,
     methods: Sequence[str] = tuple(METHODS),
-    field: str = "email",
-    epochs: int = 50,
+    fields: Sequence[str] = TARGET_FIELDS,
+    epoch_scale: float = 1.0,
     lr: float | None = None,
     batch_size: int | None = None,
     control: bool = True,
+    resurfacing: bool = True,
+    k: int = 64,
+    relearn_epochs: int = 10,
+    seed: int = 0,
+    parallel: int = 2,
     in_process: bool = False,
     out_dir: str | os.PathLike | None = None,
     log: Callable[[str], None] = logger.info,
 ) -> dict:
-    """Unlearn with every method, score the weight change, write ``summary.json``; returns the summary.
+    """Unlearn every field with every method, evaluate, score, attack; write the report; returns the summary.
 
     Args:
         workdir: testbed work directory (``lightning-unlearn lacuna run``).
         methods: keys of :data:`METHODS`.
-        field: PII field whose splits are unlearned.
-        epochs: passes over the forget set (Lacuna: 200).
-        lr: learning rate of every method (``None``: each config's, 1e-4).
-        batch_size: forget pairs per step (``None``: each config's, 8).
-        control: also run GA/SimNPO on the UnMask control for the contrast families (when the testbed has it).
-        in_process: run the fits in this process (tests) instead of one single-thread subprocess each.
-        out_dir: where runs and the summary go; default ``<workdir>/localization``.
+        fields: PII fields whose splits are unlearned.
+        epoch_scale: multiplies every method's Table 5 epochs (200 for OracleGrad, GA and SimNPO, 20 for MemFlex,
+            one pass for AlphaEdit), at least 1.
+        lr: learning rate of every method (``None``: each config's, Table 5).
+        batch_size: forget pairs per step (``None``: each config's).
+        control: also run every method but OracleGrad on the UnMask control (contrast families).
+        resurfacing: run the resurfacing attack on every unlearned model.
+        k: sampled continuations per forget prompt in the attack (Lacuna: 200).
+        relearn_epochs: epochs of the attack's relearning (the instruction tuning's 10).
+        seed: seed of the attack's relearning and sampling.
+        parallel: runs at a time (subprocesses of ``cores / parallel`` threads each).
+        in_process: run everything in this process, one after the other (tests).
+        out_dir: where runs and the report go; default ``<workdir>/localization``.
         log: progress lines.
     """
-    unknown = [m for m in methods if m not in METHODS]
+    unknown = [m for m in methods if m not in METHODS] + [f for f in fields if f not in TARGET_FIELDS]
     if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; choose from {sorted(METHODS)}.")
+        raise ValueError(f"unknown method(s) or field(s) {unknown}; methods: {sorted(METHODS)}, fields: "
+                         f"{list(TARGET_FIELDS)}.")  # fmt: skip
+    if epoch_scale <= 0:
+        raise ValueError(f"epoch_scale={epoch_scale} must be positive.")
     started = time.time()
     paths = testbed_paths(workdir)
-    splits, filtered = ensure_splits(workdir, field)
-    if not filtered:
-        log(f"[localization] the memorization filter kept no {field} forget/retain pair; using {splits}")
     out_root = Path(out_dir) if out_dir else Path(workdir) / "localization"
-    summary: dict = {"workdir": str(workdir), "field": field, "splits": str(splits), "filtered": filtered,
-                     "epochs": epochs, "lr": lr, "methods": {}}  # fmt: skip
-    for method in methods:
-        _, restricted, has_control = METHODS[method]
-        out = out_root / method
-        args = fit_command(method, paths["start"], splits, field, out, epochs, paths["masks"], lr, batch_size)
-        unl = unlearn(args, out, paths["start"], in_process, log)
-        ctrl = None
-        if control and has_control and paths["control_start"] is not None:
-            c_out = out_root / f"{method}_unmask"
-            args = fit_command(method, paths["control_start"], splits, field, c_out, epochs, paths["masks"], lr,
-                               batch_size)  # fmt: skip
-            c_unl = unlearn(args, c_out, paths["control_start"], in_process, log)
-            ctrl = (paths["control_start"], c_unl)
-        result = score(paths["pre"], paths["start"], unl, paths["masks"], out / "mask_auc.json", ctrl)
-        summary["methods"][method] = {"restricted_to_mF": restricted, "control": ctrl is not None, **result}
-        log(f"[localization] {method}: AUC(F) max {result['F']['max']:.3f} ({result['F']['best']})")
+    utility = utility_records(paths["data"], out_root / "utility.jsonl")
+    jobs = _Jobs(parallel, in_process, log)
+    has_control = control and any(METHODS[m][2] for m in methods)
+    if has_control and paths["control_start"] is None:
+        raise FileNotFoundError(
+            f"the testbed in {str(workdir)!r} has no UnMask control (instruct_unmasked/ or inject_unmasked/), which "
+            "the contrast families need; build it with `lightning-unlearn lacuna run --workdir "
+            f"{workdir} --control true` (the finished stages are reused), or pass --control false."
+        )
+    epochs = {m: method_epochs(m, epoch_scale) for m in methods}
+    summary: dict = {"workdir": str(workdir), "methods": list(methods), "epochs": epochs, "lr": lr, "k": k,
+                     "relearn_epochs": relearn_epochs, "seed": seed, "fields": {}}  # fmt: skip
+
+    # 1-2. Every fit (and the validate of the starting model), as many side by side as `parallel` allows.
+    runs: dict[tuple[str, str], dict] = {}  # (field, run name) -> {out, start, recipe}
+    todo = []
+    for field in fields:
+        splits, filtered = ensure_splits(workdir, field)
+        if not filtered:
+            log(f"[localization] the memorization filter kept no {field} forget/retain pair; using {splits}")
+        summary["fields"][field] = {"splits": str(splits), "filtered": filtered,
+                                    "split_sizes": split_sizes(splits, field), "methods": {}}  # fmt: skip
+        field_root = out_root / field
+        before = field_root / "before"
+        # the starting model's rows: a `validate` with the same evaluators (GA's config: no masks needed)
+        args = fit_command("ga", paths["start"], splits, field, before, 1, paths["masks"], lr, batch_size,
+                           evaluators(splits, field, utility, before), stage="validate")  # fmt: skip
+        if not (before / "checkpoint_metrics.jsonl").exists():
+            todo.append((args, before / "run.log"))
+        for method in methods:
+            names = [(method, paths["start"])]
+            if has_control and METHODS[method][2]:
+                names.append((f"{method}_unmask", paths["control_start"]))
+            for name, start in names:
+                out = field_root / name
+                # the controls are only scored by their weights; the methods also get the output-level evaluation
+                cbs = evaluators(splits, field, utility, out) if name == method else []
+                args = fit_command(method, start, splits, field, out, epochs[method], paths["masks"], lr,
+                                   batch_size, cbs)  # fmt: skip
+                recipe = {"args": args}
+                runs[(field, name)] = {"out": out, "start": start, "recipe": recipe}
+                if _recipe_matches(out, recipe):
+                    log(f"[localization] {field}/{name}: finished before, reusing {out / 'export' / 'model'}")
+                    continue
+                shutil.rmtree(out / "checkpoints", ignore_errors=True)
+                (out / "export").exists() and shutil.rmtree(out / "export")
+                (out / "checkpoint_metrics.jsonl").unlink(missing_ok=True)
+                todo.append((args, out / "fit.log"))
+    jobs.run(todo)
+    for run in runs.values():
+        out = run["out"]
+        if not _recipe_matches(out, run["recipe"]):
+            ckpt = out / "checkpoints" / "final.ckpt"
+            if not ckpt.exists():
+                raise RuntimeError(f"the run wrote no {str(ckpt)!r} (did it stop early? see {out / 'fit.log'}).")
+            export_checkpoint(ckpt, run["start"], out / "export" / "model")
+            write_text_atomically(out / "recipe.json", json.dumps(run["recipe"], indent=1))
+
+    # 3. Localization, 4. resurfacing.
+    attacks = []
+    for field in fields:
+        entry = summary["fields"][field]
+        splits, field_root = Path(entry["splits"]), out_root / field
+        entry["before"] = output_metrics(field_root / "before" / "checkpoint_metrics.jsonl")
+        targets = [("before", paths["start"])]
+        for method in methods:
+            restricted = METHODS[method][1]
+            out = field_root / method
+            unl = out / "export" / "model"
+            ctrl = None
+            if (field, f"{method}_unmask") in runs:
+                ctrl = (paths["control_start"], runs[(field, f"{method}_unmask")]["out"] / "export" / "model")
+            result = score(paths["pre"], paths["start"], unl, paths["masks"], out / "mask_auc.json", ctrl)
+            entry["methods"][method] = {"restricted_to_mF": restricted, "control": ctrl is not None,
+                                        "epochs": epochs[method], "output": output_metrics(
+                                            out / "checkpoint_metrics.jsonl"), "auc": result}  # fmt: skip
+            log(f"[localization] {field}/{method}: AUC(F) max {result['F']['max']:.3f} ({result['F']['best']})")
+            targets.append((method, unl))
+        if resurfacing:
+            for name, model in targets:
+                attack = field_root / name / "resurfacing"
+                if not (attack / "resurfacing.json").exists():
+                    attacks.append((resurface_args(model, splits, field, attack, k, relearn_epochs, seed),
+                                    field_root / name / "resurface.log"))  # fmt: skip
+    jobs.run(attacks)
+    if resurfacing:
+        for field in fields:
+            entry = summary["fields"][field]
+            for name in ["before", *methods]:
+                report = json.loads((out_root / field / name / "resurfacing" / "resurfacing.json").read_text())
+                target = entry if name == "before" else entry["methods"][name]
+                target["resurfacing"] = report
     summary["seconds"] = round(time.time() - started, 1)
     write_text_atomically(out_root / "summary.json", json.dumps(summary, indent=1))
+    write_text_atomically(out_root / "report.md", format_report(summary))
+    plot_report(summary, out_root / "report.png")
     return summary
 
 
-def format_table(summary: dict) -> str:
-    """Markdown table: one row per (method, label), a column per family, then the max and the best family."""
+def _cell(v) -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
 
-    def cell(v) -> str:
-        return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
 
+def format_table(entry: dict) -> str:
+    """Markdown table of one field's AUCs: one row per (method, label), a column per family, the max and the best."""
     head = ["method", "label", *FAMILIES, "max", "best"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for method, res in summary["methods"].items():
+    for method, res in entry["methods"].items():
+        auc = res["auc"]
+        omitted = set(auc.get("omitted", ()))
         for key in ("F", "F|R"):
-            if key in res:
-                row = [method, key, *(cell(res[key].get(f)) for f in FAMILIES), cell(res[key]["max"]),
-                       str(res[key]["best"])]  # fmt: skip
+            if key in auc:
+                values = [f"({_cell(auc[key].get(f))})" if f in omitted and auc[key].get(f) is not None
+                          else _cell(auc[key].get(f)) for f in FAMILIES]  # fmt: skip
+                label = key.replace("|", "∨")  # a bare | would split the Markdown cell
+                row = [LABELS[method], label, *values, _cell(auc[key]["max"]), str(auc[key]["best"])]
                 lines.append("| " + " | ".join(row) + " |")
-    warnings = sorted({w for res in summary["methods"].values() for w in res.get("warnings", [])})
-    return "\n".join(lines + [f"\nwarning: {w}" for w in warnings])
+    return "\n".join(lines)
+
+
+def format_outputs(entry: dict) -> str:
+    """Markdown table of one field's output-level results: per split EM / ES / Prob / extraction, utility and
+    resurfacing, before unlearning and after each method."""
+    head = ["method", *[f"{s} EM / ES / Prob / extr." for s in EVAL_SPLITS], "utility CE (Δ)", "AUC(F)",
+            "AUC(F∨R)", "leak unlearned", "leak relearned"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def row(label: str, output: dict, auc: dict | None, attack: dict | None) -> str:
+        cells = [label]
+        for s in EVAL_SPLITS:
+            m = output[s]
+            cells.append(" / ".join(f"{m[k]:.2f}" for k in ("em", "es", "prob", "extraction_rate")))
+        u = output["utility"]
+        cells.append(f"{u['ce']:.3f} ({u['delta_ce']:+.3f})" if u.get("delta_ce") is not None else f"{u['ce']:.3f}")
+        cells += [_cell(auc["F"]["max"]) if auc else "–", _cell(auc["F|R"]["max"]) if auc and "F|R" in auc else "–"]
+        if attack:
+            n = attack["forget_profiles"]
+            cells += [f"{attack['leaked_profiles_unlearned']}/{n}", f"{attack['leaked_profiles']}/{n}"]
+        else:
+            cells += ["–", "–"]
+        return "| " + " | ".join(cells) + " |"
+
+    lines.append(row("before unlearning", entry["before"], None, entry.get("resurfacing")))
+    for method, res in entry["methods"].items():
+        lines.append(row(LABELS[method], res["output"], res["auc"], res.get("resurfacing")))
+    return "\n".join(lines)
+
+
+def format_report(summary: dict) -> str:
+    """The whole report as Markdown: per field, the split sizes, the output-level table and the AUC table."""
+    parts = ["# Lacuna localization report", ""]
+    epochs = ", ".join(f"{LABELS[m]} {e}" for m, e in summary["epochs"].items())
+    parts.append(f"Epochs: {epochs}. Resurfacing: relearn {summary['relearn_epochs']} epochs on the held-out "
+                 f"relearning split, K = {summary['k']} samples per forget prompt, seed {summary['seed']}. "
+                 "A profile leaks when its PII appears in at least one sample; 'leak unlearned' counts the same "
+                 "before relearning.")  # fmt: skip
+    for field, entry in summary["fields"].items():
+        sizes = ", ".join(f"{k} {v}" for k, v in entry["split_sizes"].items())
+        kind = (
+            "memorization-filtered" if entry["filtered"] else "unfiltered, since the memorization filter kept no pair"
+        )
+        parts += ["", f"## {field}", "", f"Splits ({kind}): {sizes} rows.", "", format_outputs(entry), "",
+                  format_table(entry)]  # fmt: skip
+        warnings = sorted({w for res in entry["methods"].values() for w in res["auc"].get("warnings", [])})
+        parts += [f"\nwarning: {w}" for w in warnings]
+    parts.append(f"\nWall time: {summary['seconds']:.0f} s (runs finished before were reused).")
+    return "\n".join(parts) + "\n"
+
+
+def plot_report(summary: dict, out: Path) -> Path:
+    """Bar chart: per field, each method's AUC(F) max and its resurfacing rates (unlearned, relearned)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fields = list(summary["fields"])
+    methods = summary["methods"]
+    fig, axes = plt.subplots(1, len(fields), figsize=(4.2 * len(fields), 3.6), squeeze=False, sharey=True)
+    width = 0.27
+    for ax, field in zip(axes[0], fields, strict=True):
+        entry = summary["fields"][field]["methods"]
+        xs = range(len(methods))
+        auc = [entry[m]["auc"]["F"]["max"] for m in methods]
+        ax.bar([x - width for x in xs], auc, width, label="AUC(F) max")
+        if all("resurfacing" in entry[m] for m in methods):
+            unl = [entry[m]["resurfacing"]["leak_rate_unlearned"] for m in methods]
+            rel = [entry[m]["resurfacing"]["leak_rate"] for m in methods]
+            ax.bar(list(xs), unl, width, label="leak rate, unlearned")
+            ax.bar([x + width for x in xs], rel, width, label="leak rate, relearned")
+        ax.axhline(0.5, color="grey", lw=0.8, ls="--")
+        ax.set_xticks(list(xs), [LABELS[m] for m in methods], rotation=30, ha="right")
+        ax.set_title(field)
+        ax.set_ylim(0, 1.05)
+    axes[0][0].legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, out)
+    return out
 
 
 def localization_command(
     *,
     workdir: str = "runs/lacuna",
     methods: tuple[Method, ...] = tuple(METHODS),
-    field: str = "email",
-    epochs: int = 50,
+    fields: tuple[Field, ...] = TARGET_FIELDS,
+    epoch_scale: float = 1.0,
     lr: float | None = None,
     batch_size: int | None = None,
     control: bool = True,
+    resurfacing: bool = True,
+    k: int = 64,
+    relearn_epochs: int = 10,
+    seed: int = 0,
+    parallel: int = 2,
     out: str | None = None,
 ) -> str:
-    """Localization precision on a Lacuna testbed: OracleGrad vs GA and SimNPO, by mask AUC.
+    """Lacuna's findings on a testbed: all five methods and fields, outputs, mask AUC, resurfacing.
 
-    Unlearns with every method (OracleGrad restricted to m^F, GA and SimNPO unrestricted), scores each weight
-    change against m^F and m^F ∨ m^R, writes ``summary.json`` and returns the table of AUCs per family.
+    Unlearns with OracleGrad (restricted to m^F), GA, SimNPO, MemFlex and AlphaEdit (their UnMask controls too),
+    evaluates forget / retain / paraphrase EM, ES, Prob, extraction and utility, scores each weight change against
+    m^F and m^F ∨ m^R, attacks each model by relearning, and writes ``summary.json``, ``report.md`` and
+    ``report.png``; the result is the Markdown report.
 
     Args:
         workdir: testbed work directory (``lightning-unlearn lacuna run``).
         methods: the methods to run.
-        field: PII field whose splits are unlearned.
-        epochs: passes over the forget set (Lacuna: 200).
+        fields: the PII fields to unlearn, one after the other.
+        epoch_scale: multiplies every method's Table 5 epochs (at least 1).
         lr: learning rate of every method (default: each config's).
         batch_size: forget pairs per step (default: each config's).
-        control: also run GA/SimNPO on the UnMask control, for the contrast families (when the testbed has it).
-        out: where the runs and the summary go (default: ``<workdir>/localization``).
+        control: also run every method but OracleGrad on the UnMask control (contrast families).
+        resurfacing: attack every unlearned model (relearn, then sample).
+        k: sampled continuations per forget prompt (Lacuna: 200).
+        relearn_epochs: epochs of the attack's relearning.
+        seed: seed of the attack.
+        parallel: runs side by side.
+        out: where the runs and the report go (default: ``<workdir>/localization``).
     """
-    with processes.terminate_children_on_exit():  # SIGTERM / SIGHUP end the running fit too
-        summary = run_localization(workdir, methods, field, epochs, lr, batch_size, control, out_dir=out)
-    kind = "memorization-filtered" if summary["filtered"] else "unfiltered"
-    return f"{format_table(summary)}\n\nsplits: {summary['splits']} ({kind}); {summary['seconds']:.0f} s"
+    with processes.terminate_children_on_exit():  # SIGTERM / SIGHUP end the running fits too
+        summary = run_localization(workdir, methods, fields, epoch_scale, lr, batch_size, control, resurfacing, k,
+                                   relearn_epochs, seed, parallel, out_dir=out)  # fmt: skip
+    return format_report(summary)
 
 
-__all__ = ["METHODS", "ensure_splits", "export_checkpoint", "format_table", "run_localization", "score"]
+__all__ = [
+    "METHODS",
+    "ensure_splits",
+    "export_checkpoint",
+    "format_report",
+    "format_table",
+    "plot_report",
+    "run_localization",
+    "score",
+]
