@@ -93,3 +93,42 @@ def test_report_localizes_oracle_grad_and_resurfacing_is_seeded(testbed, tmp_pat
     lines: list[str] = []
     run_localization(testbed, out_dir=tmp_path / "a", **{**SETTINGS, "log": lines.append})
     assert sum("finished before, reusing" in line for line in lines) == 3  # oracle_grad, ga, ga_unmask
+
+
+@pytest.mark.slow
+def test_the_shipped_methods_sweep_scores_every_cell_at_its_checkpoints(testbed, tmp_path, monkeypatch):
+    """sweeps/lacuna_methods.yaml on the tiny testbed (as runs/lacuna here; two methods, one field, 2 epochs):
+    every cell's checkpoints carry mask-AUC and memorization rows, and OracleGrad localizes where GA does not."""
+    import glob
+
+    import yaml
+
+    from lightning_unlearn.callbacks.checkpoint_metrics_file import read_rows
+    from lightning_unlearn.configs import config_root
+    from lightning_unlearn.workflows.lacuna.localization import ensure_splits
+    from lightning_unlearn.workflows.sweep import load_sweep, sweep_command
+
+    ensure_splits(testbed, "email")  # the tiny testbed memorizes nothing: its unfiltered splits
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "lacuna").symlink_to(testbed)  # the paths of the shipped file and of the method configs
+    monkeypatch.chdir(tmp_path)
+    text = (config_root() / "sweeps" / "lacuna_methods.yaml").read_text(encoding="utf-8")
+    spec = yaml.safe_load(text.replace("runs/lacuna/splits/", "runs/lacuna/splits_unfiltered/"))
+    spec["root"] = str(tmp_path / "sweep")
+    spec["overrides"]["trainer.max_epochs"] = 2
+    spec["grid"]["configs"] = [["lacuna/oracle_grad.yaml"], ["lacuna/ga.yaml"]]
+    spec["cells"] = [c for c in spec["cells"] if c["panel"] == "email"]
+    spec.pop("x-callbacks")
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec), encoding="utf-8")
+    result = sweep_command(path)
+    assert sorted(c["label"] for c in result["cells"]) == ["ga", "oracle_grad"]
+    best = {}
+    for cell in load_sweep(path).cells:
+        (metrics,) = glob.glob(str(cell.directory / "**" / "checkpoint_metrics.jsonl"), recursive=True)
+        rows = read_rows(metrics)
+        assert {r["family"] for r in rows} == {"mask_auc", "memorization"}
+        last = max(r["step"] for r in rows)
+        (auc,) = [r for r in rows if r["family"] == "mask_auc" and r["step"] == last]
+        best[cell.label] = auc["F"]["max"]
+    assert best["oracle_grad"] >= 0.9 and best["oracle_grad"] - best["ga"] >= MARGIN, best

@@ -19,10 +19,12 @@ A sweep file names the base configs, the cells and an executor::
       timeout_min: 60                          # submitit / slurm
       slurm: {partition: gpu, account: lab}    # any further submitit slurm_* parameter, without the prefix
 
-A value may contain ``{cell_dir}`` (e.g. ``trainer.logger.init_args.save_dir: "{cell_dir}"``). Besides dotted
-overrides, a grid key or a cell may hold ``configs`` (further ``-c`` files: ``-c`` order is base, the grid's, the
-cell's), and a cell ``label`` and ``panel`` (what ``report`` draws it as: the heatmap row and the panel, e.g. a
-method and a narrative × language; by default the readable id of the grid's and of the cell's own values).
+A top-level key starting with ``x-`` is not read: a place for YAML anchors that cells share (``x-callbacks: [&ckpt
+{...}]``, then ``trainer.callbacks: [*ckpt, …]`` in a cell). A value may contain ``{cell_dir}`` (e.g.
+``trainer.logger.init_args.save_dir: "{cell_dir}"``). Besides dotted overrides, a grid key or a cell may hold
+``configs`` (further ``-c`` files: ``-c`` order is base, the grid's, the cell's), and a cell ``label`` and
+``panel`` (what ``report`` draws it as: the heatmap row and the panel, e.g. a method and a narrative × language;
+by default the readable id of the grid's and of the cell's own values).
 Each cell runs
 ``fit -c base… --key value… --trainer.default_root_dir <cell_dir>`` in ``<root>/<readable id>-<digest>``, where
 the digest is of its overrides and the id is made of their values. Its ``cell.json`` records the recipe (the base
@@ -130,9 +132,10 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
         path = shipped_config(str(path))  # a shipped sweep file by name; a local file always wins
     spec = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     keys = ("base", "root", "overrides", "grid", "cells", "executor", "evaluate")
-    unknown = set(spec) - set(keys)
+    unknown = {k for k in set(spec) - set(keys) if not str(k).startswith("x-")}  # x-…: YAML anchors, not read
     if unknown:
-        raise ValueError(f"sweep file {path}: unknown keys {sorted(unknown)}; use {', '.join(keys)}.")
+        raise ValueError(f"sweep file {path}: unknown keys {sorted(unknown)}; use {', '.join(keys)} (or x-… for "
+                         "YAML anchors).")  # fmt: skip
     base = _config_list(spec.get("base") or [], f"sweep file {path}: base")
     common = dict(spec.get("overrides") or {})
     if "root" not in spec:

@@ -429,6 +429,7 @@ def run_localization(
                 raise RuntimeError(f"the run wrote no {str(ckpt)!r} (did it stop early? see {out / 'fit.log'}).")
             export_checkpoint(ckpt, run["start"], out / "export" / "model")
             write_text_atomically(out / "recipe.json", json.dumps(run["recipe"], indent=1))
+            shutil.rmtree(out / "checkpoints")  # weights and optimizer state (≈ 12 bytes a weight): the export is kept
 
     # 3. Localization, 4. resurfacing.
     attacks = []
