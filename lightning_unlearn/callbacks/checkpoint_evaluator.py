@@ -62,6 +62,8 @@ class CheckpointEvaluator(Callback):
         # validate: key the row by this step rather than the loaded checkpoint's (set by the `evaluate` command for
         # an adapter directory, which carries no step of its own)
         self.step_override: int | None = None
+        # validate of the starting model itself: it is its own base (set by evaluators that take `current_is_base`)
+        self.current_is_base = False
 
     # -- identity and state -------------------------------------------------------------------------------
     @property
@@ -198,14 +200,16 @@ class CheckpointEvaluator(Callback):
                 notify(trainer, row)
 
     def base_context(self, pl_module: LightningModule, trainer: Trainer):
-        """A context in which ``pl_module.model`` is the base model: the adapter disabled, step 0 of ``fit``, or a
-        ``validate`` that loaded no checkpoint (the model as configured)."""
+        """A context in which ``pl_module.model`` is the base model: the adapter disabled, step 0 of ``fit``, or —
+        when the evaluator was told so (``current_is_base``) — a ``validate`` of the configured model itself (no
+        checkpoint loaded, nothing trained)."""
         model = pl_module.model
         if hasattr(model, "disable_adapter"):
             return model.disable_adapter()
         if trainer.state.fn == "fit" and trainer.global_step == 0:
             return contextlib.nullcontext()
-        if trainer.state.fn == "validate" and self._loaded_step is None:
+        untouched = trainer.state.fn == "validate" and self._loaded_step is None and trainer.global_step == 0
+        if untouched and self.current_is_base:
             return contextlib.nullcontext()
         where = f"training is at step {trainer.global_step}" if trainer.state.fn == "fit" else "a checkpoint is loaded"
         raise RuntimeError(

@@ -42,6 +42,10 @@ class RetainDriftEvaluation(CheckpointEvaluator):
         prompt_key: column of the prompt (default ``prompt``; ``question`` is read when it is absent).
         answer_key: column of the answer.
         chat_template: render prompts with the tokenizer's chat template, as ``ForgetRetainDataModule`` does.
+        current_is_base: in a ``validate`` that loads no checkpoint, the model evaluated is the base itself (e.g.
+            the starting model of an unlearning run, for a "before" row): its CE is the base CE, ΔCE 0. Without
+            it, such a ``validate`` of a full-fine-tuning model is refused, since nothing tells it which weights
+            are the base.
     """
 
     family = "retain_drift"
@@ -56,8 +60,10 @@ class RetainDriftEvaluation(CheckpointEvaluator):
         prompt_key: str = "prompt",
         answer_key: str = "answer",
         chat_template: bool = False,
+        current_is_base: bool = False,
     ) -> None:
         super().__init__(name=name, output_dir=output_dir, batch_size=batch_size)
+        self.current_is_base = current_is_base
         self.records = read_records(records, what="retain records", prompt_key=prompt_key, answer_key=answer_key)
         self.chat_template = chat_template
         self.max_length = max_length

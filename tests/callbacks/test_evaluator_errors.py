@@ -58,3 +58,13 @@ def test_validate_without_adapter_or_saved_base_explains_the_fix(tiny_dir, tmp_p
     )
     with pytest.raises(RuntimeError, match="needs base-model outputs"):
         trainer.validate(module, qa_loader(module.tokenizer))
+
+
+def test_validate_of_the_starting_model_is_its_own_base_when_told(tiny_dir, tmp_path):
+    module = TinyCausalLM(str(tiny_dir))
+    drift = RetainDriftEvaluation(qa_records(), output_dir=str(tmp_path), current_is_base=True)
+    trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, default_root_dir=tmp_path,
+                      callbacks=[drift], enable_model_summary=False)  # fmt: skip
+    trainer.validate(module, qa_loader(module.tokenizer))
+    (row,) = drift.rows.values()
+    assert row["step"] == 0 and row["ce"] > 0 and row["delta_ce"] == 0.0 and row["base_ce"] == row["ce"]

@@ -176,8 +176,9 @@ def method_epochs(method: str, epoch_scale: float) -> int:
     return max(1, round(int(config["trainer"]["max_epochs"]) * epoch_scale))
 
 
-def evaluators(splits: Path, field: str, utility: Path, out: Path) -> list[dict]:
-    """The evaluation callbacks of every run of ``field``: output-level memorization and utility, into ``out``."""
+def evaluators(splits: Path, field: str, utility: Path, out: Path, before: bool = False) -> list[dict]:
+    """The evaluation callbacks of every run of ``field``: output-level memorization and utility, into ``out``
+    (``before``: for the ``validate`` of the starting model, which is its own utility base)."""
     memorization = {
         "class_path": "lightning_unlearn.callbacks.MemorizationEvaluation",
         "init_args": {"splits": {s: str(splits / field / s) for s in EVAL_SPLITS}, "max_new_tokens": 24,
@@ -186,7 +187,7 @@ def evaluators(splits: Path, field: str, utility: Path, out: Path) -> list[dict]
     drift = {
         "class_path": "lightning_unlearn.callbacks.RetainDriftEvaluation",
         "init_args": {"records": str(utility), "name": "utility", "max_length": 96, "batch_size": 16,
-                      "output_dir": str(out)},
+                      "output_dir": str(out), "current_is_base": before},
     }  # fmt: skip
     return [memorization, drift]
 
@@ -398,7 +399,7 @@ def run_localization(
         before = field_root / "before"
         # the starting model's rows: a `validate` with the same evaluators (GA's config: no masks needed)
         args = fit_command("ga", paths["start"], splits, field, before, 1, paths["masks"], lr, batch_size,
-                           evaluators(splits, field, utility, before), stage="validate")  # fmt: skip
+                           evaluators(splits, field, utility, before, before=True), stage="validate")  # fmt: skip
         if not (before / "checkpoint_metrics.jsonl").exists():
             todo.append((args, before / "run.log"))
         for method in methods:
