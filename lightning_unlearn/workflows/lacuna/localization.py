@@ -252,15 +252,16 @@ class _Jobs:
         self.in_process = in_process
         self.log = log
 
-    def run(self, jobs: Sequence[tuple[list[str], Path]]) -> None:
-        """``jobs``: ``(cli arguments, log file)``; raises naming the first that failed, after the others end."""
+    def run(self, jobs: Sequence[tuple[list[str], Path]], optional: Sequence[Path] = ()) -> list[Path]:
+        """``jobs``: ``(cli arguments, log file)``; raises naming the first that failed, after the others end,
+        unless its log file is in ``optional``: those failures are returned (their log files)."""
         if self.in_process:
             from lightning_unlearn.cli import main as cli_main
 
             for args, _ in jobs:
                 self.log(f"[localization] lightning-unlearn {' '.join(args)}")
                 cli_main(list(args))
-            return
+            return []
         env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads),
                    TOKENIZERS_PARALLELISM="false")  # fmt: skip
         env.setdefault("HF_HUB_OFFLINE", "1")
@@ -279,15 +280,26 @@ class _Jobs:
                 job[1].close()
                 if job[0].returncode != 0:
                     failed.append(job)
-        if failed:
-            proc, _, log_file = failed[0]
-            raise RuntimeError(f"{len(failed)} run(s) failed; see {log_file} (exit code {proc.returncode}).")
+        required = [j for j in failed if j[2] not in set(optional)]
+        if required:
+            proc, _, log_file = required[0]
+            raise RuntimeError(f"{len(required)} run(s) failed; see {log_file} (exit code {proc.returncode}).")
+        return [j[2] for j in failed]
 
 
-def _recipe_matches(out: Path, recipe: dict) -> bool:
-    """Whether ``out`` holds a finished run of ``recipe`` (its export and the same recorded arguments)."""
+def _recipe_matches(out: Path, recipe: dict, fitted: bool = False) -> bool:
+    """Whether ``out`` holds a finished run of ``recipe`` (the same recorded arguments and its export, or with
+    ``fitted`` its final checkpoint, not yet exported)."""
     path = out / "recipe.json"
-    return (out / "export" / "model").exists() and path.exists() and json.loads(path.read_text()) == recipe
+    if not path.exists() or json.loads(path.read_text()) != recipe:
+        return False
+    return (out / "export" / "model").exists() or (fitted and (out / "checkpoints" / "final.ckpt").exists())
+
+
+def _last_error(log_file: Path) -> str:
+    """The last line of a failed run's log that names an error."""
+    lines = [ln.strip() for ln in log_file.read_text(errors="replace").splitlines() if "error" in ln.lower()]
+    return lines[-1] if lines else f"see {log_file}"
 
 
 def _last_rows(metrics: Path) -> dict[str, dict]:
@@ -414,22 +426,36 @@ def run_localization(
                                    batch_size, cbs)  # fmt: skip
                 recipe = {"args": args}
                 runs[(field, name)] = {"out": out, "start": start, "recipe": recipe}
-                if _recipe_matches(out, recipe):
-                    log(f"[localization] {field}/{name}: finished before, reusing {out / 'export' / 'model'}")
+                if _recipe_matches(out, recipe, fitted=True):
+                    log(f"[localization] {field}/{name}: finished before, reusing it")
                     continue
                 shutil.rmtree(out / "checkpoints", ignore_errors=True)
                 (out / "export").exists() and shutil.rmtree(out / "export")
                 (out / "checkpoint_metrics.jsonl").unlink(missing_ok=True)
+                write_text_atomically(out / "recipe.json", json.dumps(recipe, indent=1))
                 todo.append((args, out / "fit.log"))
-    jobs.run(todo)
+    # A control that fails (e.g. MemFlex selecting no tensor on the control's gradients) leaves its method without
+    # the contrast families, said in the summary; a failed method run stops the report.
+    controls = [runs[key]["out"] / "fit.log" for key in runs if key[1].endswith("_unmask")]
+    jobs.run(todo, optional=controls)
+    for (field, name), run in list(runs.items()):
+        out = run["out"]
+        if (
+            name.endswith("_unmask")
+            and not (out / "export" / "model").exists()
+            and not (out / "checkpoints" / "final.ckpt").exists()
+        ):
+            error = _last_error(out / "fit.log")
+            log(f"[localization] {field}/{name}: the control run failed ({error}); scored without contrast families")
+            summary["fields"][field].setdefault("control_errors", {})[name] = error
+            del runs[(field, name)]
     for run in runs.values():
         out = run["out"]
-        if not _recipe_matches(out, run["recipe"]):
+        if not (out / "export" / "model").exists():
             ckpt = out / "checkpoints" / "final.ckpt"
             if not ckpt.exists():
                 raise RuntimeError(f"the run wrote no {str(ckpt)!r} (did it stop early? see {out / 'fit.log'}).")
             export_checkpoint(ckpt, run["start"], out / "export" / "model")
-            write_text_atomically(out / "recipe.json", json.dumps(run["recipe"], indent=1))
             shutil.rmtree(out / "checkpoints")  # weights and optimizer state (≈ 12 bytes a weight): the export is kept
 
     # 3. Localization, 4. resurfacing.
