@@ -93,6 +93,7 @@ def test_report_localizes_oracle_grad_and_resurfacing_is_seeded(testbed, tmp_pat
     lines: list[str] = []
     run_localization(testbed, out_dir=tmp_path / "a", **{**SETTINGS, "log": lines.append})
     assert sum("finished before, reusing" in line for line in lines) == 3  # oracle_grad, ga, ga_unmask
+    assert not any(" mask-auc " in line or " resurface " in line for line in lines)  # scores and attacks kept
 
 
 @pytest.mark.slow

@@ -17,11 +17,12 @@ on the memorization-filtered splits of a testbed work directory written by ``lig
    at least one; the same count on the unlearned model before relearning sits beside it, and the starting model's
    under ``before``. Seeded: a re-run gives the same numbers.
 
-Writes ``<out>/summary.json``, ``<out>/report.md`` (one table per field) and ``<out>/report.png`` (AUC and
-resurfacing per method and field). A finished run (its export exists, made from the same arguments) is reused, so
-an interrupted report resumes where it stopped. Fits and attacks run as one-thread subprocesses, ``parallel`` at a
-time. When the memorization filter kept no forget or no retain pair for a field (tiny testbeds memorize little),
-that field's splits are rebuilt from all non-instruction profiles (``splits_unfiltered/``) and the summary says so.
+Writes ``<out>/summary.json``, ``<out>/report.md`` (one table per field) and ``<out>/report.png`` (AUC and resurfacing
+per method and field). A finished run (its export exists, made from the same arguments) is reused, so an interrupted
+report resumes where it stopped; so are scores and attacks. Fits, scores and attacks run as one-thread subprocesses,
+``parallel`` at a time. When the memorization filter kept no forget or no retain pair for a field (tiny testbeds
+memorize little), that field's splits are rebuilt from all non-instruction profiles (``splits_unfiltered/``) and the
+summary says so.
 """
 
 from __future__ import annotations
@@ -323,14 +324,13 @@ def output_metrics(metrics: Path) -> dict:
     return out
 
 
-def score(pre: Path, inj: Path, unl: Path, masks: Path, out: Path, control: tuple[Path, Path] | None = None) -> dict:
-    """``lightning-unlearn mask-auc`` on one unlearned model; the JSON is also written to ``out``."""
-    from lightning_unlearn.workflows.report import mask_auc_command
-
-    c_inj, c_unl = (str(control[0]), str(control[1])) if control is not None else (None, None)
-    mask_auc_command(pre=str(pre), inj=str(inj), unl=str(unl), masks=str(masks), control_inj=c_inj,
-                     control_unl=c_unl, out=str(out))  # fmt: skip
-    return json.loads(out.read_text())
+def score_args(pre: Path, inj: Path, unl: Path, masks: Path, out: Path,
+               control: tuple[Path, Path] | None = None) -> list[str]:  # fmt: skip
+    """``lightning-unlearn mask-auc`` arguments scoring one unlearned model (its JSON written to ``out``)."""
+    args = ["mask-auc", "--pre", str(pre), "--inj", str(inj), "--unl", str(unl), "--masks", str(masks)]
+    if control is not None:
+        args += ["--control_inj", str(control[0]), "--control_unl", str(control[1])]
+    return [*args, "--out", str(out)]
 
 
 def resurface_args(model: Path, splits: Path, field: str, out: Path, k: int, epochs: int, seed: int) -> list[str]:
@@ -458,33 +458,46 @@ def run_localization(
             export_checkpoint(ckpt, run["start"], out / "export" / "model")
             shutil.rmtree(out / "checkpoints")  # weights and optimizer state (≈ 12 bytes a weight): the export is kept
 
-    # 3. Localization, 4. resurfacing.
-    attacks = []
+    # 3. Localization and 4. resurfacing: both are jobs of the same pool. A score is reused while its recorded
+    # arguments match; an attack's result is kept with its run.
+    late = []
     for field in fields:
         entry = summary["fields"][field]
         splits, field_root = Path(entry["splits"]), out_root / field
         entry["before"] = output_metrics(field_root / "before" / "checkpoint_metrics.jsonl")
         targets = [("before", paths["start"])]
         for method in methods:
-            restricted = METHODS[method][1]
             out = field_root / method
             unl = out / "export" / "model"
             ctrl = None
             if (field, f"{method}_unmask") in runs:
                 ctrl = (paths["control_start"], runs[(field, f"{method}_unmask")]["out"] / "export" / "model")
-            result = score(paths["pre"], paths["start"], unl, paths["masks"], out / "mask_auc.json", ctrl)
-            entry["methods"][method] = {"restricted_to_mF": restricted, "control": ctrl is not None,
-                                        "epochs": epochs[method], "output": output_metrics(
-                                            out / "checkpoint_metrics.jsonl"), "auc": result}  # fmt: skip
-            log(f"[localization] {field}/{method}: AUC(F) max {result['F']['max']:.3f} ({result['F']['best']})")
+            args = score_args(paths["pre"], paths["start"], unl, paths["masks"], out / "mask_auc.json", ctrl)
+            recorded = out / "mask_auc.args.json"
+            if not (
+                (out / "mask_auc.json").exists() and recorded.exists() and json.loads(recorded.read_text()) == args
+            ):
+                (out / "mask_auc.json").unlink(missing_ok=True)
+                write_text_atomically(recorded, json.dumps(args))
+                late.append((args, out / "mask_auc.log"))
             targets.append((method, unl))
         if resurfacing:
             for name, model in targets:
                 attack = field_root / name / "resurfacing"
                 if not (attack / "resurfacing.json").exists():
-                    attacks.append((resurface_args(model, splits, field, attack, k, relearn_epochs, seed),
-                                    field_root / name / "resurface.log"))  # fmt: skip
-    jobs.run(attacks)
+                    late.append((resurface_args(model, splits, field, attack, k, relearn_epochs, seed),
+                                 field_root / name / "resurface.log"))  # fmt: skip
+    jobs.run(late)
+    for field in fields:
+        entry, field_root = summary["fields"][field], out_root / field
+        for method in methods:
+            out = field_root / method
+            result = json.loads((out / "mask_auc.json").read_text())
+            entry["methods"][method] = {"restricted_to_mF": METHODS[method][1],
+                                        "control": (field, f"{method}_unmask") in runs, "epochs": epochs[method],
+                                        "output": output_metrics(out / "checkpoint_metrics.jsonl"),
+                                        "auc": result}  # fmt: skip
+            log(f"[localization] {field}/{method}: AUC(F) max {result['F']['max']:.3f} ({result['F']['best']})")
     if resurfacing:
         for field in fields:
             entry = summary["fields"][field]
@@ -656,5 +669,5 @@ __all__ = [
     "format_table",
     "plot_report",
     "run_localization",
-    "score",
+    "score_args",
 ]
