@@ -122,7 +122,7 @@ class CheckpointEvaluator(Callback):
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._ensure_base(trainer, pl_module)
+        self.ensure_base(trainer, pl_module)
 
     @override
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
@@ -138,7 +138,7 @@ class CheckpointEvaluator(Callback):
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "validate":
             return
-        self._ensure_base(trainer, pl_module)
+        self.ensure_base(trainer, pl_module)
         step = self.step_override
         if step is None:
             step = self._loaded_step if self._loaded_step is not None else int(trainer.global_step)
@@ -156,7 +156,9 @@ class CheckpointEvaluator(Callback):
         """Rank 0, after a stop: remove what :meth:`log_extras` wrote for steps ≥ ``bad_step`` (default: nothing)."""
 
     # -- machinery ------------------------------------------------------------------------------------------
-    def _ensure_base(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def ensure_base(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Collective: compute the base-model quantities once (kept in ``self.base``, saved in checkpoints); a no-op
+        when they are already there (from a checkpoint, or set by the ``evaluate`` command)."""
         if self.base:
             return
         with preserved_rng(), _eval_mode(pl_module.model):

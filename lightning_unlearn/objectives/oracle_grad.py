@@ -145,6 +145,61 @@ class OracleGrad(UnlearningModule):
         write_directory_atomically(directory, write)
 
 
+def load_merged_delta(model: nn.Module, directory: str | os.PathLike) -> int:
+    """Make a peft-wrapped run network compute a ``merged-step=N/`` model, while ``disable_adapter()`` still gives
+    the start model: every adapted linear layer adds the dense change ``W_merged − W`` while its adapter is enabled
+    (its own LoRA factors no longer count). One process, unsharded. Returns the number of layers changed.
+
+    The merged model may differ from the start model only in adapted layers (as OracleGrad's LoRA merge does);
+    any other difference, or a missing weight, is refused.
+    """
+    from safetensors import safe_open
+
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{str(directory)!r} holds no *.safetensors file; it is not a merged-step model.")
+    merged: dict[str, torch.Tensor] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            merged.update({key: f.get_tensor(key) for key in f.keys()})  # noqa: SIM118 - safe_open is no dict
+    adapted = {canonical_name(f"{name}.base_layer.weight"): layer for name, layer in model.named_modules()
+               if hasattr(layer, "lora_A") and hasattr(layer, "base_layer")}  # fmt: skip
+    changed = 0
+    for name, param in model.named_parameters():
+        if ".lora_" in name:
+            continue
+        if type(param.data).__name__ == "DTensor":
+            raise NotImplementedError("load_merged_delta needs unsharded parameters (one process, no FSDP).")
+        key = canonical_name(name)
+        if key not in merged:
+            raise ValueError(
+                f"{str(directory)!r} lacks the weight {key} of the configured model; it was merged from another "
+                "model. Evaluate it with the config of the run that wrote it."
+            )
+        target = merged[key].to(param.device, param.dtype)
+        layer = adapted.get(key)
+        if layer is None:
+            if not torch.equal(target, param.detach()):
+                raise ValueError(
+                    f"{str(directory)!r} changes {key}, which the configured model does not adapt; only a model "
+                    "merged from this run's adapter can be evaluated this way."
+                )
+            continue
+        delta = (target.float() - param.detach().float()).to(param.dtype)
+        layer.register_buffer("merged_delta", delta, persistent=False)
+        layer.forward = types.MethodType(_merged_delta_forward, layer)
+        changed += 1
+    return changed
+
+
+def _merged_delta_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """An adapted linear layer evaluated as a merged model: ``W x`` plus the dense change while adapters are on."""
+    result = self.base_layer(x, *args, **kwargs)
+    if self.disable_adapters:
+        return result
+    return result + F.linear(x, self.merged_delta.to(x.dtype))
+
+
 def _masked_lora_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     """peft ``lora.Linear.forward`` with the weight delta s·B A multiplied by this layer's ``forget_mask``."""
     result = self.base_layer(x, *args, **kwargs)

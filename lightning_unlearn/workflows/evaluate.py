@@ -2,21 +2,22 @@
 
 Training evaluates each checkpoint as it is saved; this command does the same later, so a run whose evaluation
 failed, or a metric added after the fact, needs no re-training. For every saved step of ``RUN_DIR`` — a Lightning
-checkpoint file (full weights, or an adapter run's trainable weights), else an ``adapter-step=N/`` peft directory —
-it runs one ``validate`` of the run's own ``config.yaml`` (LightningCLI saves it in the run directory), with the
-``-c`` files merged over it: an ``eval.yaml`` whose ``trainer.callbacks`` lists other evaluators replaces the
-run's. The evaluators write into the run's ``checkpoint_metrics.jsonl`` (and its TensorBoard directory) exactly the
-rows the in-training callbacks write, keyed by the checkpoint's step; a (step, family) row already in the file is
-not recomputed, and ``CheckpointSelection`` re-selects over all rows. Base-model quantities (SCE base labels,
-retain base CE) come from a checkpoint's callback state when one holds them, as in training, else they are computed
-once and reused for every step.
+checkpoint file (full weights, or an adapter run's trainable weights), else an ``adapter-step=N/`` peft directory,
+else a ``merged-step=N/`` model — it runs one ``validate`` of the run's own ``config.yaml`` (LightningCLI saves it
+in the run directory), with the ``-c`` files merged over it: an ``eval.yaml`` whose ``trainer.callbacks`` lists
+other evaluators replaces the run's. The evaluators write into the run's ``checkpoint_metrics.jsonl`` (and its
+TensorBoard directory) exactly the rows the in-training callbacks write, keyed by the checkpoint's step; a (step,
+family) row already in the file is not recomputed, and ``CheckpointSelection`` re-selects over all rows. Base-model
+quantities (SCE base labels, retain base CE) come from a checkpoint's callback state when one holds them, as in
+training, else they are computed once and reused for every step.
 
 Every ``validate`` is a ``LightningCLI`` run of the same config in this process. It is tested with one process;
 a config whose strategy launches several processes (DDP, FSDP) is not, since Lightning's launcher would start its
 other ranks once per ``validate`` — evaluate such runs with ``--overrides '[--trainer.devices, 1,
 --trainer.strategy, auto]'``, or with ``validate -c RUN/config.yaml --ckpt_path …`` per checkpoint.
-Steps saved only as ``merged-step=N/`` (OracleGrad) are listed as not evaluated: such a directory is a merged model,
-not a checkpoint of the run's module.
+A step saved only as ``merged-step=N/`` (OracleGrad with LoRA, whose masked delta is no peft adapter) is evaluated
+on the configured network: its adapted layers add the dense change ``W_merged − W`` while the adapter is on, so the
+model computes the merged one and ``disable_adapter()`` still gives the start model for base-model quantities (KL).
 """
 
 from __future__ import annotations
@@ -167,11 +168,6 @@ def evaluate_command(
                 path = next(str(c.path) for c in chunk if c.step == step)
                 result["evaluated"].append({"step": step, "source": path, "families": families, "mixed": True})
     for saved in checkpoints:
-        if saved.kind == "merged":
-            reason = "a merged-step directory is a merged model, not a checkpoint of the run's module"
-            log.warning("evaluate: step %d not evaluated: %s (%s)", saved.step, reason, saved.path)
-            result["skipped"].append({"step": saved.step, "reason": reason})
-            continue
         done = {r["family"] for r in read_rows(metrics_file) if int(r["step"]) == saved.step}
         cli = _validate(run_dir, run_config, extra, saved, done, bases, overrides or [])
         bases.update(cli.bases)
@@ -239,7 +235,7 @@ def _sce_for_adapters(
             continue
         cb.setup(trainer, module, "validate")
         cb.base = dict(bases.get(cb.state_key, {}))
-        cb._ensure_base(trainer, module)
+        cb.ensure_base(trainer, module)
         bases[cb.state_key] = cb.base
         log.info("evaluate: %s of steps %s in one mixed-adapter pass", cb.family_name, sorted(todo))
         start = time.perf_counter()
@@ -265,7 +261,18 @@ def _validate(
     """One ``validate`` of the run's config on one saved step; returns the finished CLI object."""
     import json
 
+    from lightning.pytorch import Callback
+
     from lightning_unlearn.cli import UnlearnCLI
+
+    class MergedWeights(Callback):
+        """A ``validate`` of a ``merged-step=N/`` model: the configured network (start weights, a fresh adapter)
+        computes the merged model while its adapter is on and the start model with it off, as in training."""
+
+        def on_validation_start(self, trainer, pl_module) -> None:
+            from lightning_unlearn.objectives.oracle_grad import load_merged_delta
+
+            load_merged_delta(pl_module.model, saved.path)
 
     class EvaluateCLI(UnlearnCLI):
         """``validate`` into the run's own directory, evaluating only the families the step still lacks."""
@@ -291,6 +298,8 @@ def _validate(
                         cb.step_override = saved.step
                     self.families.append(cb.family_name)
                 kept.append(cb)
+            if saved.kind == "merged":
+                kept.insert(0, MergedWeights())
             trainer.callbacks = kept
 
         def after_validate(self) -> None:
@@ -307,8 +316,9 @@ def _validate(
     args += ["--trainer.logger", json.dumps(logger)]
     if saved.kind == "checkpoint":
         args += ["--ckpt_path", str(saved.path)]
-    else:
+    elif saved.kind == "adapter":
         args += ["--model.init_args.adapter.path", str(saved.path)]
+    # merged: the configured model, made to compute the merged one by MergedWeights
     args += overrides
     log.info("evaluate: step %d from %s", saved.step, saved.path)
     return EvaluateCLI(args=args, save_config_callback=None)
