@@ -301,6 +301,31 @@ def test_the_shipped_lens_sweep_runs_both_methods_and_reports_them_by_panel(traj
         ]
         assert [r for r in rows if r["family"] != "retain_drift:heldout"] == before[cell.name]
 
+    # The run's own evaluators fanned out per checkpoint (steps_per_job: 1) after its SCE rows and selection are
+    # gone: 4 jobs, the same rows, each once, and each cell's selection made again from every row (the last short
+    # job of each cell re-selects after its chunks).
+    per_cell = {}
+    for cell in load_sweep(path).cells:
+        run = cell.directory / "run" / "trajectory"
+        per_cell[cell.name] = (_rows(run / "checkpoint_metrics.jsonl"), (run / "selection.json").read_text())
+        kept = [r for r in per_cell[cell.name][0] if r["family"] != "sce"]
+        (run / "checkpoint_metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+        (run / "selection.json").unlink()
+    spec["evaluate"] = {"steps_per_job": 1}
+    path.write_text(yaml.safe_dump(spec), encoding="utf-8")
+    assert sweep_command(path, evaluate=True)["jobs"] == 4
+    for cell in load_sweep(path).cells:
+        run = cell.directory / "run" / "trajectory"
+        rows, want = _rows(run / "checkpoint_metrics.jsonl"), per_cell[cell.name][0]
+        assert [(r["step"], r["family"]) for r in rows] == [(r["step"], r["family"]) for r in want]
+        for got, expected in zip(rows, want, strict=True):
+            a, b = _numbers(got), _numbers(expected)
+            assert a.keys() == b.keys() and all(
+                abs(a[k] - b[k]) <= 1e-6 for k in a if k not in ("/seconds", "/epoch")
+            ), (got, [k for k in a if abs(a[k] - b[k]) > 1e-6])
+        assert json.loads((run / "selection.json").read_text()) == json.loads(per_cell[cell.name][1])
+        assert all((cell.directory / f"evaluate-steps={s}-{s}.log").exists() for s in (2, 4))
+
     report.main([spec["root"], "--out", str(tmp_path / "report")])
     out = tmp_path / "report"
     assert (out / "sce_heatmap-demo-en.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -12,6 +12,7 @@ A sweep file names the base configs, the cells and an executor::
       - {model.class_path: NPO}
       - {model.class_path: SimNPO, resources: {nodes: 2, tasks_per_node: 2}}
     evaluate: {configs: [eval.yaml]}          # what `sweep --evaluate true` runs on every finished cell
+                                               # (steps_per_job: N: one job per N saved steps of a cell)
     executor:
       kind: local                              # local | submitit-local | slurm
       parallel: 2                              # cells at a time (slurm: the array's parallelism)
@@ -191,9 +192,15 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
     if not base and not any(c.configs for c in cells):
         raise ValueError(f"sweep file {path}: name the configs of the cells in `base` (or in grid/cells `configs`).")
     evaluate = dict(spec.get("evaluate") or {})
-    unknown = set(evaluate) - {"configs", "adapters_per_pass"}
+    unknown = set(evaluate) - {"configs", "adapters_per_pass", "steps_per_job"}
     if unknown:
-        raise ValueError(f"sweep file {path}: unknown evaluate keys {sorted(unknown)}; use configs, adapters_per_pass.")
+        raise ValueError(
+            f"sweep file {path}: unknown evaluate keys {sorted(unknown)}; use configs, adapters_per_pass, "
+            "steps_per_job."
+        )
+    per_job = evaluate.get("steps_per_job")
+    if per_job is not None and (isinstance(per_job, bool) or not isinstance(per_job, int) or per_job < 1):
+        raise ValueError(f"sweep file {path}: evaluate.steps_per_job={per_job!r} must be a whole number ≥ 1.")
     if "configs" in evaluate:
         evaluate["configs"] = _config_list(evaluate["configs"], f"sweep file {path}: evaluate")
     return Sweep(base, root, cells, executor, path, evaluate)
@@ -307,9 +314,10 @@ def run_directory(cell: Cell) -> Path:
     return found[-1].parent
 
 
-def evaluate_cell(sweep: Sweep, cell: Cell, threads: int | None = None) -> int:
-    """``lightning-unlearn evaluate`` of one finished cell's run (the sweep's ``evaluate`` options), in a subprocess
-    whose output goes to ``<cell_dir>/evaluate.log``; the exit code."""
+def evaluate_cell(sweep: Sweep, cell: Cell, threads: int | None = None, steps: list[int] | None = None) -> int:
+    """``lightning-unlearn evaluate`` of one finished cell's run (the sweep's ``evaluate`` options; ``steps``: only
+    those saved steps), in a subprocess whose output goes to ``<cell_dir>/evaluate.log`` (with ``steps``,
+    ``evaluate-steps=A-B.log``); the exit code."""
     from lightning_unlearn.workflows import processes
 
     options = sweep.evaluate
@@ -319,8 +327,27 @@ def evaluate_cell(sweep: Sweep, cell: Cell, threads: int | None = None) -> int:
         cmd += ["-c", str(local.resolve() if local is not None else config)]
     if int(options.get("adapters_per_pass", 1)) > 1:
         cmd += ["--adapters_per_pass", str(int(options["adapters_per_pass"]))]
-    with open(cell.directory / "evaluate.log", "a", encoding="utf-8") as out:
+    name = "evaluate.log"
+    if steps is not None:
+        cmd += ["--steps", json.dumps(list(steps))]
+        name = f"evaluate-steps={steps[0]}-{steps[-1]}.log"
+    with open(cell.directory / name, "a", encoding="utf-8") as out:
         return processes.run(cmd, env=_cell_env(threads), stdout=out, stderr=out)
+
+
+def evaluation_jobs(sweep: Sweep, cells: list[Cell]) -> list[tuple[Cell, list[int] | None]]:
+    """The evaluation jobs of finished cells: one per cell, or with ``evaluate.steps_per_job: N`` one per N saved
+    steps of each cell (consecutive, ascending), so a long trajectory's checkpoints are evaluated side by side."""
+    per_job = sweep.evaluate.get("steps_per_job")
+    if per_job is None:
+        return [(cell, None) for cell in cells]
+    from lightning_unlearn.workflows.evaluate import saved_checkpoints
+
+    jobs = []
+    for cell in cells:
+        steps = [c.step for c in saved_checkpoints(run_directory(cell))]
+        jobs += [(cell, steps[i : i + per_job]) for i in range(0, len(steps), per_job)]
+    return jobs
 
 
 class CellJob:
@@ -328,14 +355,21 @@ class CellJob:
     resumes: a fit from its last checkpoint, an evaluation from the rows already written."""
 
     def __init__(
-        self, sweep: Sweep, cell: Cell, threads: int | None, nodes: int, devices: int | None, action: str = "fit"
+        self,
+        sweep: Sweep,
+        cell: Cell,
+        threads: int | None,
+        nodes: int,
+        devices: int | None,
+        action: str = "fit",
+        steps: list[int] | None = None,
     ) -> None:
         self.sweep, self.cell, self.threads, self.nodes, self.devices = sweep, cell, threads, nodes, devices
-        self.action = action
+        self.action, self.steps = action, steps
 
     def __call__(self) -> int:
         if self.action == "evaluate":
-            code = evaluate_cell(self.sweep, self.cell, self.threads)
+            code = evaluate_cell(self.sweep, self.cell, self.threads, self.steps)
         else:
             code = run_cell(self.sweep, self.cell, self.threads, self.nodes, self.devices)
         if code != 0:
@@ -387,11 +421,22 @@ def sbatch_script(folder: str | os.PathLike, params: dict[str, Any], array_size:
     )
 
 
-def _run_local(sweep: Sweep, cells: list[Cell], action: str = "fit") -> dict[str, int]:
+def _job_name(cell: Cell, steps: list[int] | None) -> str:
+    return cell.name if steps is None else f"{cell.name}@steps={steps[0]}-{steps[-1]}"
+
+
+def _run_local(sweep: Sweep, cells: list[Cell], action: str = "fit", steps: list | None = None) -> dict[str, int]:
+    """Run ``cells`` (with ``steps``, the saved steps of each evaluation job) ``parallel`` at a time; exit codes."""
     threads = sweep.executor.get("threads")
-    work = evaluate_cell if action == "evaluate" else run_cell
+    steps = steps or [None] * len(cells)
+
+    def work(job):
+        cell, chosen = job
+        return evaluate_cell(sweep, cell, threads, chosen) if action == "evaluate" else run_cell(sweep, cell, threads)
+
+    jobs = list(zip(cells, steps, strict=True))
     with ThreadPoolExecutor(max_workers=int(sweep.executor["parallel"])) as pool:
-        codes = dict(zip((c.name for c in cells), pool.map(lambda c: work(sweep, c, threads), cells), strict=True))
+        codes = dict(zip((_job_name(*j) for j in jobs), pool.map(work, jobs), strict=True))
     return codes
 
 
@@ -406,26 +451,29 @@ def _submitit():
     return submitit
 
 
-def _run_submitit(sweep: Sweep, cells: list[Cell], action: str = "fit") -> dict[str, int]:
+def _run_submitit(sweep: Sweep, cells: list[Cell], action: str = "fit", steps: list | None = None) -> dict[str, int]:
+    """``cells`` (with ``steps``, the saved steps of each evaluation job) as submitit jobs; exit codes."""
     submitit = _submitit()
 
     kind = sweep.executor["kind"]
     folder = sweep.root / "submitit"
     threads = sweep.executor.get("threads")
+    pairs = list(zip(cells, steps or [None] * len(cells), strict=True))
     jobs = []
-    single = [c for c in cells if int(c.resources.get("nodes", 1)) == 1 and not c.resources]
+    single = [p for p in pairs if int(p[0].resources.get("nodes", 1)) == 1 and not p[0].resources]
     groups = [single] if single else []
-    groups += [[c] for c in cells if c not in single]  # a cell with its own resources is its own job
+    groups += [[p] for p in pairs if p not in single]  # a cell with its own resources is its own job
     for group in groups:
+        first = group[0][0]
         executor = submitit.AutoExecutor(folder=str(folder), cluster="local" if kind == "submitit-local" else "slurm")
-        params = submitit_parameters(sweep.executor, group[0] if group[0].resources else None)
+        params = submitit_parameters(sweep.executor, first if first.resources else None)
         if kind == "submitit-local":
             params = {k: v for k, v in params.items() if k in ("timeout_min", "nodes", "tasks_per_node")}
             params["nodes"] = 1
         executor.update_parameters(name=f"sweep-{sweep.root.name}", **params)
         nodes = params.get("nodes", 1)
         devices = params.get("tasks_per_node") if nodes > 1 else None
-        calls = [CellJob(sweep, c, threads, nodes, devices, action) for c in group]
+        calls = [CellJob(sweep, c, threads, nodes, devices, action, chosen) for c, chosen in group]
         if kind == "submitit-local":
             # LocalExecutor runs every job of an array at once; keep `parallel` of them in flight.
             for start in range(0, len(calls), int(sweep.executor["parallel"])):
@@ -438,11 +486,11 @@ def _run_submitit(sweep: Sweep, cells: list[Cell], action: str = "fit") -> dict[
                 submitted = [executor.submit(call) for call in calls]
             jobs += list(zip(group, submitted, strict=True))
     codes = {}
-    for cell, job in jobs:
+    for (cell, chosen), job in jobs:
         error = job.exception()
-        codes[cell.name] = 0 if error is None else 1
+        codes[_job_name(cell, chosen)] = 0 if error is None else 1
         if error is not None:
-            log.error("sweep: cell %s failed: %s", cell.name, error)
+            log.error("sweep: job %s failed: %s", _job_name(cell, chosen), error)
     return codes
 
 
@@ -453,8 +501,9 @@ def sweep_command(sweep_file: Path, *, dry_run: bool = False, evaluate: bool = F
         sweep_file: the sweep file (``base``, ``root``, ``grid``, ``cells``, ``executor``; see the module docstring).
         dry_run: print the cells (directory, overrides, state, command) and run nothing.
         evaluate: instead of training, run ``lightning-unlearn evaluate`` on every finished cell, one job per cell
-            on the same executor (the sweep file's ``evaluate: {configs: [...], adapters_per_pass: K}``): rows
-            still missing are added, e.g. a metric family added after training.
+            (``evaluate.steps_per_job: N``: per N saved steps) on the same executor (the sweep file's
+            ``evaluate: {configs: [...], adapters_per_pass: K, steps_per_job: N}``): rows still missing are added,
+            e.g. a metric family added after training.
 
     Returns:
         ``{"root", "cells": [{"name", "state", "overrides", "exit_code"}]}``.
@@ -465,14 +514,20 @@ def sweep_command(sweep_file: Path, *, dry_run: bool = False, evaluate: bool = F
         waiting = [c.name for c in sweep.cells if c not in finished]
         if waiting:
             log.warning("sweep: %d cell(s) not finished, not evaluated: %s", len(waiting), waiting)
-        kind = sweep.executor["kind"]
-        codes = (
-            _run_local(sweep, finished, "evaluate") if kind == "local" else _run_submitit(sweep, finished, "evaluate")
-        )
+        run = _run_local if sweep.executor["kind"] == "local" else _run_submitit
+        jobs = evaluation_jobs(sweep, finished)
+        codes = run(sweep, [c for c, _ in jobs], "evaluate", [s for _, s in jobs])
+        if sweep.evaluate.get("steps_per_job") is not None and not any(codes.values()):
+            # Jobs of one cell select side by side, each from the rows it saw: one more short `evaluate` per cell
+            # (its last step, every row present, nothing computed) selects from all of them.
+            last = {c.name: (c, s[-1]) for c, s in jobs if s}  # the chunks ascend: a cell's last one wins
+            cells = [c for c, _ in last.values()]
+            codes.update(run(sweep, cells, "evaluate", [[step] for _, step in last.values()]))
         failed = [name for name, code in codes.items() if code]
         if failed:
-            raise RuntimeError(f"sweep: evaluation of {len(failed)} cell(s) failed: {failed}; see their evaluate.log")
-        return {"root": str(sweep.root), "evaluated": sorted(codes), "not_finished": waiting}
+            raise RuntimeError(f"sweep: {len(failed)} evaluation job(s) failed: {failed}; see their evaluate*.log")
+        return {"root": str(sweep.root), "evaluated": sorted({c.name for c, _ in jobs}), "jobs": len(jobs),
+                "not_finished": waiting}  # fmt: skip
     rows = []
     todo = []
     for cell in sweep.cells:
