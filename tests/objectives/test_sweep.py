@@ -189,6 +189,18 @@ def test_a_multi_node_cell_on_the_local_executor_is_refused(base, tmp_path):
         load_sweep(path)
 
 
+@pytest.mark.parametrize("value", [0, 1.5, True])
+def test_steps_per_job_must_be_a_whole_number(base, tmp_path, value):
+    spec = {"base": [str(base)], "root": str(tmp_path / "root"), "evaluate": {"steps_per_job": value}}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ValueError, match="evaluate.steps_per_job=.* must be a whole number"):
+        load_sweep(path)
+    spec["evaluate"] = {"steps_per_job": 2}
+    path.write_text(yaml.safe_dump(spec))
+    assert load_sweep(path).evaluate == {"steps_per_job": 2}
+
+
 def test_a_shipped_sweep_file_is_found_by_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no such local file: the shipped one
     assert [c.label for c in load_sweep("sweeps/lens_smollm2.yaml").cells] == ["npo", "tofu_ga", "npo", "tofu_ga"]
