@@ -259,6 +259,48 @@ def test_evaluate_reproduces_the_training_rows_then_adds_a_family_without_duplic
     assert json.loads((mixed / "selection.json").read_text()) == json.loads((run / "selection.json").read_text())
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_evaluate_under_ddp_and_fsdp_gives_the_single_process_rows(trajectory, tmp_path, strategy):
+    """`evaluate` of the finished run as two DDP or FSDP2 processes (gloo, Lightning's own launcher, one
+    `validate` per step in each): the rows of the in-training callbacks (≤ 1e-6), each once, and the same text."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    run = trajectory / "npo" / "trajectory"
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    for name in ("checkpoint_metrics.jsonl", "selection.json", "sce_heatmap.png"):
+        (copy / name).unlink()
+    shutil.rmtree(copy / "sce_generations")
+    if strategy == "ddp":
+        words = ["--overrides", json.dumps(["--trainer.devices", "2", "--trainer.strategy", "ddp"])]
+    else:
+        words = ["-c", str(config_root() / "trainer" / "fsdp_cpu.yaml")]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    for key in ("LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK"):
+        env.pop(key, None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightning_unlearn.cli", "evaluate", str(copy), *words],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    name = {"ddp": "DDPStrategy", "fsdp": "MaskedFSDPStrategy"}[strategy]
+    assert f"evaluate: step 6 with {name} on 2 process(es)" in proc.stderr + proc.stdout, proc.stderr[-3000:]
+    trained = {(r["step"], r["family"]): r for r in _rows(run / "checkpoint_metrics.jsonl")}
+    rows = _rows(copy / "checkpoint_metrics.jsonl")
+    assert sorted((r["step"], r["family"]) for r in rows) == sorted(trained)
+    for r in rows:
+        want = {k: v for k, v in _numbers(trained[(r["step"], r["family"])]).items() if k not in ("/seconds", "/epoch")}
+        got = {k: v for k, v in _numbers(r).items() if k not in ("/seconds", "/epoch")}
+        assert got.keys() == want.keys() and max(abs(got[k] - want[k]) for k in want) <= 1e-6, (r["step"], r["family"])
+    for gen in sorted((run / "sce_generations").iterdir()):
+        assert (copy / "sce_generations" / gen.name).read_text() == gen.read_text(), gen.name
+
+
 def test_the_shipped_lens_sweep_runs_both_methods_and_reports_them_by_panel(trajectory, tiny_dir, tmp_path):
     """sweeps/lens_smollm2.yaml with this narrative's trajectory config and the tiny model: one cell per method,
     then `report SWEEP_ROOT` draws them as the rows of this narrative's panel, with every row in rows.csv."""

@@ -11,10 +11,13 @@ family) row already in the file is not recomputed, and ``CheckpointSelection`` r
 quantities (SCE base labels, retain base CE) come from a checkpoint's callback state when one holds them, as in
 training, else they are computed once and reused for every step.
 
-Every ``validate`` is a ``LightningCLI`` run of the same config in this process. It is tested with one process;
-a config whose strategy launches several processes (DDP, FSDP) is not, since Lightning's launcher would start its
-other ranks once per ``validate`` — evaluate such runs with ``--overrides '[--trainer.devices, 1,
---trainer.strategy, auto]'``, or with ``validate -c RUN/config.yaml --ckpt_path …`` per checkpoint.
+Every ``validate`` is a ``LightningCLI`` run of the same config in this process. Under a strategy of several
+processes (``--overrides '[--trainer.devices, 2, --trainer.strategy, ddp]'``, ``-c trainer/fsdp_cpu.yaml``, or a
+run trained so) Lightning's launcher starts the other ranks once, at the first ``validate``; each rank then runs
+this whole command, every later ``validate`` joins the same process group, and rank 0 writes the rows. Which rows
+exist is read once, before anything is written, so every rank computes the same families. Tested under DDP and
+FSDP2 (2 CPU processes, gloo): the single-process rows to ≤ 1e-6 and the same text. ``adapters_per_pass`` is one
+process only.
 A step saved only as ``merged-step=N/`` (OracleGrad with LoRA, whose masked delta is no peft adapter) is evaluated
 on the configured network: its adapted layers add the dense change ``W_merged − W`` while the adapter is on, so the
 model computes the merged one and ``disable_adapter()`` still gives the start model for base-model quantities (KL).
@@ -158,18 +161,21 @@ def evaluate_command(
     metrics_file = run_dir / METRICS_FILE
     bases = _saved_bases(checkpoints)
     result: dict = {"run_dir": str(run_dir), "evaluated": [], "skipped": [], "metrics_file": str(metrics_file)}
+    # Read once, before anything is written: under DDP / FSDP every rank runs this command, rank 0 writes the rows,
+    # and every rank must choose the same families to compute (the evaluators' collectives pair up across ranks).
+    done = {(int(r["step"]), r["family"]) for r in read_rows(metrics_file)}
     if adapters_per_pass > 1:
         adapters = [c for c in checkpoints if c.kind == "adapter"]
         for start in range(0, len(adapters), adapters_per_pass):
             chunk = adapters[start : start + adapters_per_pass]
-            done = {(int(r["step"]), r["family"]) for r in read_rows(metrics_file)}
             written = _sce_for_adapters(run_dir, run_config, extra, chunk, done, bases, overrides or [])
             for step, families in written.items():
                 path = next(str(c.path) for c in chunk if c.step == step)
                 result["evaluated"].append({"step": step, "source": path, "families": families, "mixed": True})
+                done |= {(step, family) for family in families}
     for saved in checkpoints:
-        done = {r["family"] for r in read_rows(metrics_file) if int(r["step"]) == saved.step}
-        cli = _validate(run_dir, run_config, extra, saved, done, bases, overrides or [])
+        families_done = {family for step, family in done if step == saved.step}
+        cli = _validate(run_dir, run_config, extra, saved, families_done, bases, overrides or [])
         bases.update(cli.bases)
         if cli.families:
             result["evaluated"].append({"step": saved.step, "source": str(saved.path), "families": cli.families})
@@ -288,6 +294,9 @@ def _validate(
 
             trainer = self.trainer
             use_run_output_dir(trainer, run_dir)
+            if trainer.global_rank == 0:
+                log.info("evaluate: step %d with %s on %d process(es)", saved.step, type(trainer.strategy).__name__,
+                         trainer.world_size)  # fmt: skip
             kept = []
             for cb in trainer.callbacks:
                 if isinstance(cb, CheckpointEvaluator):
