@@ -141,10 +141,15 @@ def evaluate_command(
             f"evaluate: {run_config} not found; LightningCLI saves a run's config.yaml in its log directory. Pass "
             "the run's version directory as RUN_DIR, or its config with --run_config."
         )
-    extra = [Path(c).expanduser() for c in eval_config or []]
+    from lightning_unlearn.configs import resolve_config
+
+    extra = [Path(resolve_config(str(c))).expanduser() for c in eval_config or []]
     for c in extra:
         if not c.is_file():
-            raise FileNotFoundError(f"evaluate: config {c} not found.")
+            raise FileNotFoundError(
+                f"evaluate: config {c} not found (neither a file nor a shipped config; `lightning-unlearn configs "
+                "list` names those)."
+            )
     checkpoints = saved_checkpoints(run_dir)
     if steps is not None:
         wanted = set(steps)
