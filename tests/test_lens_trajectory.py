@@ -189,21 +189,35 @@ def _heldout_eval_config(folder: Path, trajectory: Path) -> Path:
     return path
 
 
+def _unevaluated_copy(run: Path, dest: Path) -> Path:
+    """A copy of a finished run without its evaluation outputs (rows, selection, heatmap, generations)."""
+    import shutil
+
+    shutil.copytree(run, dest)
+    for name in ("checkpoint_metrics.jsonl", "selection.json", "sce_heatmap.png"):
+        (dest / name).unlink()
+    shutil.rmtree(dest / "sce_generations")
+    return dest
+
+
+def _assert_same_rows(rows: list[dict], trained: dict) -> None:
+    """Every row equals the in-training row of its (step, family) to ≤ 1e-6 (wall time and epoch aside)."""
+    for r in rows:
+        want = {k: v for k, v in _numbers(trained[(r["step"], r["family"])]).items() if k not in ("/seconds", "/epoch")}
+        got = {k: v for k, v in _numbers(r).items() if k not in ("/seconds", "/epoch")}
+        assert got.keys() == want.keys() and max(abs(got[k] - want[k]) for k in want) <= 1e-6, (r["step"], r["family"])
+
+
 def test_evaluate_reproduces_the_training_rows_then_adds_a_family_without_duplicates(trajectory, tmp_path):
     """`evaluate` on a copy of the finished LoRA run without its rows: the same rows and generated text as the
     in-training callbacks (step 6 from its checkpoint file, steps 2 and 4 from their adapter directories); then a
     new family from -c eval.yaml joins them, and a third run recomputes nothing."""
-    import shutil
 
     from lightning_unlearn.workflows.evaluate import main as evaluate_main
     from lightning_unlearn.workflows.evaluate import saved_checkpoints
 
     run = trajectory / "npo" / "trajectory"
-    copy = tmp_path / "run"
-    shutil.copytree(run, copy)
-    for name in ("checkpoint_metrics.jsonl", "selection.json", "sce_heatmap.png"):
-        (copy / name).unlink()
-    shutil.rmtree(copy / "sce_generations")
+    copy = _unevaluated_copy(run, tmp_path / "run")
     kinds = {c.step: c.kind for c in saved_checkpoints(copy)}
     assert kinds == {2: "adapter", 4: "adapter", 6: "checkpoint"}
 
@@ -212,13 +226,8 @@ def test_evaluate_reproduces_the_training_rows_then_adds_a_family_without_duplic
     assert len({trained[(s, "retain_drift")]["kl"] for s in (2, 4, 6)}) == 3  # three different adapters
     rows = _rows(copy / "checkpoint_metrics.jsonl")
     assert sorted((r["step"], r["family"]) for r in rows) == sorted(trained)
-    for r in rows:
-        assert r["fn"] == "validate"
-        want = {k: v for k, v in _numbers(trained[(r["step"], r["family"])]).items() if k not in ("/seconds", "/epoch")}
-        got = {k: v for k, v in _numbers(r).items() if k not in ("/seconds", "/epoch")}
-        assert got.keys() == want.keys()
-        worst = max(abs(got[k] - want[k]) for k in want)
-        assert worst <= 1e-6, (r["step"], r["family"], worst)
+    assert all(r["fn"] == "validate" for r in rows)
+    _assert_same_rows(rows, trained)
     for gen in sorted((run / "sce_generations").iterdir()):
         assert (copy / "sce_generations" / gen.name).read_text() == gen.read_text(), gen.name
     selection = json.loads((copy / "selection.json").read_text())
@@ -240,20 +249,13 @@ def test_evaluate_reproduces_the_training_rows_then_adds_a_family_without_duplic
     assert _rows(copy / "checkpoint_metrics.jsonl") == after
 
     # The adapter checkpoints' SCE in one mixed-adapter generation pass: the same rows and text again.
-    mixed = tmp_path / "mixed"
-    shutil.copytree(run, mixed)
-    for name in ("checkpoint_metrics.jsonl", "selection.json", "sce_heatmap.png"):
-        (mixed / name).unlink()
-    shutil.rmtree(mixed / "sce_generations")
+    mixed = _unevaluated_copy(run, tmp_path / "mixed")
     out = evaluate_command(mixed, adapters_per_pass=3)
     assert sorted(e["step"] for e in out["evaluated"] if e.get("mixed")) == [2, 4]
     assert _rows(mixed / "checkpoint_metrics.jsonl") and {
         (r["step"], r["family"]) for r in _rows(mixed / "checkpoint_metrics.jsonl")
     } == set(trained)
-    for r in _rows(mixed / "checkpoint_metrics.jsonl"):
-        want = {k: v for k, v in _numbers(trained[(r["step"], r["family"])]).items() if k not in ("/seconds", "/epoch")}
-        got = {k: v for k, v in _numbers(r).items() if k not in ("/seconds", "/epoch")}
-        assert got.keys() == want.keys() and max(abs(got[k] - want[k]) for k in want) <= 1e-6, (r["step"], r["family"])
+    _assert_same_rows(_rows(mixed / "checkpoint_metrics.jsonl"), trained)
     for gen in sorted((run / "sce_generations").iterdir()):
         assert (mixed / "sce_generations" / gen.name).read_text() == gen.read_text(), gen.name
     assert json.loads((mixed / "selection.json").read_text()) == json.loads((run / "selection.json").read_text())
@@ -266,16 +268,11 @@ def test_evaluate_under_ddp_and_fsdp_gives_the_single_process_rows(trajectory, t
     """`evaluate` of the finished run as two DDP or FSDP2 processes (gloo, Lightning's own launcher, one
     `validate` per step in each): the rows of the in-training callbacks (≤ 1e-6), each once, and the same text."""
     import os
-    import shutil
     import subprocess
     import sys
 
     run = trajectory / "npo" / "trajectory"
-    copy = tmp_path / "run"
-    shutil.copytree(run, copy)
-    for name in ("checkpoint_metrics.jsonl", "selection.json", "sce_heatmap.png"):
-        (copy / name).unlink()
-    shutil.rmtree(copy / "sce_generations")
+    copy = _unevaluated_copy(run, tmp_path / "run")
     if strategy == "ddp":
         words = ["--overrides", json.dumps(["--trainer.devices", "2", "--trainer.strategy", "ddp"])]
     else:
@@ -293,10 +290,7 @@ def test_evaluate_under_ddp_and_fsdp_gives_the_single_process_rows(trajectory, t
     trained = {(r["step"], r["family"]): r for r in _rows(run / "checkpoint_metrics.jsonl")}
     rows = _rows(copy / "checkpoint_metrics.jsonl")
     assert sorted((r["step"], r["family"]) for r in rows) == sorted(trained)
-    for r in rows:
-        want = {k: v for k, v in _numbers(trained[(r["step"], r["family"])]).items() if k not in ("/seconds", "/epoch")}
-        got = {k: v for k, v in _numbers(r).items() if k not in ("/seconds", "/epoch")}
-        assert got.keys() == want.keys() and max(abs(got[k] - want[k]) for k in want) <= 1e-6, (r["step"], r["family"])
+    _assert_same_rows(rows, trained)
     for gen in sorted((run / "sce_generations").iterdir()):
         assert (copy / "sce_generations" / gen.name).read_text() == gen.read_text(), gen.name
 
