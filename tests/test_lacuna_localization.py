@@ -85,6 +85,14 @@ def test_report_localizes_oracle_grad_and_resurfacing_is_seeded(testbed, tmp_pat
     assert on_disk["fields"]["email"]["methods"]["ga"]["auc"]["F"]["max"] == ga["auc"]["F"]["max"]
     report = (tmp_path / "a" / "report.md").read_text()
     assert "## email" in report and "| OracleGrad |" in report and "leak relearned" in report
+    # the overview: one row per (field, model), the attack's counts out of the forget profiles
+    og = entry["methods"]["oracle_grad"]
+    n = og["resurfacing"]["forget_profiles"]
+    assert (
+        f"| email | OracleGrad | {og['output']['forget']['extraction_rate']:.3f} |" in report
+        and f"| {og['resurfacing']['leaked_profiles_unlearned']}/{n} | {og['resurfacing']['leaked_profiles']}/{n} |"
+        in report
+    )
     assert (tmp_path / "a" / "report.png").stat().st_size > 0
 
     # a second, identical run elsewhere gives the same numbers; a re-run in place reuses every run

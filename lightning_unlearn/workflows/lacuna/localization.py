@@ -561,6 +561,31 @@ def format_outputs(entry: dict) -> str:
     return "\n".join(lines)
 
 
+def format_overview(summary: dict) -> str:
+    """Markdown table of every field and method in one: forget and retain extraction, utility ΔCE, the AUC maxima
+    (with the best family) and the resurfacing counts, the starting model's row first in each field."""
+    head = ["field", "model", "forget extr.", "forget para. extr.", "retain extr.", "utility ΔCE", "AUC(F) max",
+            "AUC(F∨R) max", "leak unlearned", "leak relearned"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def leak(attack: dict | None, key: str) -> str:
+        return f"{attack[key]}/{attack['forget_profiles']}" if attack else "–"
+
+    for field, entry in summary["fields"].items():
+        rows = [("before", entry["before"], None, entry.get("resurfacing"))]
+        rows += [(LABELS[m], r["output"], r["auc"], r.get("resurfacing")) for m, r in entry["methods"].items()]
+        for label, output, auc, attack in rows:
+            delta = output["utility"].get("delta_ce")
+            cells = [field, label, _cell(output["forget"]["extraction_rate"]),
+                     _cell(output["forget_paraphrase"]["extraction_rate"]), _cell(output["retain"]["extraction_rate"]),
+                     "–" if delta is None else f"{delta:+.2f}"]  # fmt: skip
+            for key in ("F", "F|R"):
+                cells.append(f"{_cell(auc[key]['max'])} ({auc[key]['best']})" if auc and key in auc else "–")
+            cells += [leak(attack, "leaked_profiles_unlearned"), leak(attack, "leaked_profiles")]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def format_report(summary: dict) -> str:
     """The whole report as Markdown: per field, the split sizes, the output-level table and the AUC table."""
     parts = ["# Lacuna localization report", ""]
@@ -569,6 +594,7 @@ def format_report(summary: dict) -> str:
                  f"relearning split, K = {summary['k']} samples per forget prompt, seed {summary['seed']}. "
                  "A profile leaks when its PII appears in at least one sample; 'leak unlearned' counts the same "
                  "before relearning.")  # fmt: skip
+    parts += ["", "## Every field", "", format_overview(summary)]
     for field, entry in summary["fields"].items():
         sizes = ", ".join(f"{k} {v}" for k, v in entry["split_sizes"].items())
         kind = (
@@ -665,6 +691,7 @@ __all__ = [
     "METHODS",
     "ensure_splits",
     "export_checkpoint",
+    "format_overview",
     "format_report",
     "format_table",
     "plot_report",
