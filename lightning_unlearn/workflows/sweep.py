@@ -12,7 +12,9 @@ A sweep file names the base configs, the cells and an executor::
       - {model.class_path: NPO}
       - {model.class_path: SimNPO, resources: {nodes: 2, tasks_per_node: 2}}
     evaluate: {configs: [eval.yaml]}          # what `sweep --evaluate true` runs on every finished cell
-                                               # (steps_per_job: N: one job per N saved steps of a cell)
+                                               # (steps_per_job: N: one job per N saved steps of a cell;
+                                               # resources: {gpus_per_node: 1, timeout_min: 30}: each job's,
+                                               # one task on one node, whatever the cells trained on)
     executor:
       kind: local                              # local | submitit-local | slurm
       parallel: 2                              # cells at a time (slurm: the array's parallelism)
@@ -192,11 +194,17 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
     if not base and not any(c.configs for c in cells):
         raise ValueError(f"sweep file {path}: name the configs of the cells in `base` (or in grid/cells `configs`).")
     evaluate = dict(spec.get("evaluate") or {})
-    unknown = set(evaluate) - {"configs", "adapters_per_pass", "steps_per_job"}
+    unknown = set(evaluate) - {"configs", "adapters_per_pass", "steps_per_job", "resources"}
     if unknown:
         raise ValueError(
             f"sweep file {path}: unknown evaluate keys {sorted(unknown)}; use configs, adapters_per_pass, "
-            "steps_per_job."
+            "steps_per_job, resources."
+        )
+    allowed = {"gpus_per_node", "cpus_per_task", "mem_gb", "timeout_min"}
+    if set(evaluate.get("resources") or {}) - allowed:
+        raise ValueError(
+            f"sweep file {path}: evaluate.resources may hold {sorted(allowed)}; an evaluation job is one task on "
+            f"one node, got {sorted(evaluate['resources'])}."
         )
     per_job = evaluate.get("steps_per_job")
     if per_job is not None and (isinstance(per_job, bool) or not isinstance(per_job, int) or per_job < 1):
@@ -384,10 +392,12 @@ class CellJob:
         return submitit.helpers.DelayedSubmission(self)
 
 
-def submitit_parameters(executor: dict[str, Any], cell: Cell | None = None) -> dict[str, Any]:
+def submitit_parameters(
+    executor: dict[str, Any], cell: Cell | None = None, resources: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The ``update_parameters`` keywords of submitit's ``AutoExecutor`` for the sweep's executor and (optionally)
-    one cell's resources."""
-    resources = dict(cell.resources if cell is not None else {})
+    one cell's resources, or ``resources`` given directly (an evaluation job's)."""
+    resources = dict(resources if resources is not None else cell.resources if cell is not None else {})
     params: dict[str, Any] = {"timeout_min": int(resources.pop("timeout_min", executor.get("timeout_min", 60)))}
     params["nodes"] = int(resources.pop("nodes", 1))
     params["tasks_per_node"] = int(resources.pop("tasks_per_node", 1))
@@ -460,13 +470,19 @@ def _run_submitit(sweep: Sweep, cells: list[Cell], action: str = "fit", steps: l
     threads = sweep.executor.get("threads")
     pairs = list(zip(cells, steps or [None] * len(cells), strict=True))
     jobs = []
-    single = [p for p in pairs if int(p[0].resources.get("nodes", 1)) == 1 and not p[0].resources]
+    if action == "evaluate":  # one array of single-task jobs, with the sweep's `evaluate.resources`, not a cell's
+        single = pairs
+    else:
+        single = [p for p in pairs if int(p[0].resources.get("nodes", 1)) == 1 and not p[0].resources]
     groups = [single] if single else []
     groups += [[p] for p in pairs if p not in single]  # a cell with its own resources is its own job
     for group in groups:
         first = group[0][0]
         executor = submitit.AutoExecutor(folder=str(folder), cluster="local" if kind == "submitit-local" else "slurm")
-        params = submitit_parameters(sweep.executor, first if first.resources else None)
+        if action == "evaluate":
+            params = submitit_parameters(sweep.executor, resources=sweep.evaluate.get("resources") or {})
+        else:
+            params = submitit_parameters(sweep.executor, first if first.resources else None)
         if kind == "submitit-local":
             params = {k: v for k, v in params.items() if k in ("timeout_min", "nodes", "tasks_per_node")}
             params["nodes"] = 1
@@ -499,7 +515,8 @@ def sweep_command(sweep_file: Path, *, dry_run: bool = False, evaluate: bool = F
 
     Args:
         sweep_file: the sweep file (``base``, ``root``, ``grid``, ``cells``, ``executor``; see the module docstring).
-        dry_run: print the cells (directory, overrides, state, command) and run nothing.
+        dry_run: print the cells (directory, overrides, state, command) and run nothing; with ``evaluate``, the
+            evaluation jobs (cell, steps) and, on slurm, their array's sbatch script.
         evaluate: instead of training, run ``lightning-unlearn evaluate`` on every finished cell, one job per cell
             (``evaluate.steps_per_job: N``: per N saved steps) on the same executor (the sweep file's
             ``evaluate: {configs: [...], adapters_per_pass: K, steps_per_job: N}``): rows still missing are added,
@@ -516,6 +533,13 @@ def sweep_command(sweep_file: Path, *, dry_run: bool = False, evaluate: bool = F
             log.warning("sweep: %d cell(s) not finished, not evaluated: %s", len(waiting), waiting)
         run = _run_local if sweep.executor["kind"] == "local" else _run_submitit
         jobs = evaluation_jobs(sweep, finished)
+        if dry_run:
+            out = {"root": str(sweep.root), "jobs": [{"cell": c.name, "steps": s} for c, s in jobs],
+                   "not_finished": waiting}  # fmt: skip
+            if sweep.executor["kind"] == "slurm" and jobs:
+                params = submitit_parameters(sweep.executor, resources=sweep.evaluate.get("resources") or {})
+                out["sbatch"] = {"evaluate": sbatch_script(sweep.root / "submitit", params, len(jobs))}
+            return out
         codes = run(sweep, [c for c, _ in jobs], "evaluate", [s for _, s in jobs])
         if sweep.evaluate.get("steps_per_job") is not None and not any(codes.values()):
             # Jobs of one cell select side by side, each from the rows it saw: one more short `evaluate` per cell

@@ -189,6 +189,37 @@ def test_a_multi_node_cell_on_the_local_executor_is_refused(base, tmp_path):
         load_sweep(path)
 
 
+def test_evaluation_jobs_are_one_array_of_single_task_jobs_with_their_own_resources(base, tmp_path):
+    """`sweep --evaluate true` on slurm: every finished cell's evaluation, the 2-node FSDP cells' too, is one task
+    of one array with `evaluate.resources`, since `evaluate` runs in one process per job."""
+    spec = {
+        "base": ["lens/npo.yaml", str(base)],
+        "root": str(tmp_path / "root"),
+        "cells": [{"seed_everything": 0},
+                  {"seed_everything": 1, "resources": {"nodes": 2, "tasks_per_node": 2, "gpus_per_node": 2}}],
+        "evaluate": {"resources": {"gpus_per_node": 1, "timeout_min": 20}},
+        "executor": {"kind": "slurm", "parallel": 4, "timeout_min": 240},
+    }  # fmt: skip
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    cells = load_sweep(path).cells
+    cells[0].directory.mkdir(parents=True)
+    (cells[0].directory / DONE_FILE).write_text("{}")
+    shown = sweep_command(path, dry_run=True, evaluate=True)
+    assert shown["jobs"] == [{"cell": cells[0].name, "steps": None}] and shown["not_finished"] == [cells[1].name]
+    (cells[1].directory).mkdir(parents=True)
+    (cells[1].directory / DONE_FILE).write_text("{}")
+    shown = sweep_command(path, dry_run=True, evaluate=True)
+    assert len(shown["jobs"]) == 2 and not (tmp_path / "root" / "submitit").exists()  # nothing submitted
+    lines = set(shown["sbatch"]["evaluate"].splitlines())
+    assert {"#SBATCH --array=0-1%2", "#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=1",
+            "#SBATCH --time=20"} <= lines  # fmt: skip
+    spec["evaluate"] = {"resources": {"nodes": 2}}
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ValueError, match="an evaluation job is one task on one node"):
+        load_sweep(path)
+
+
 @pytest.mark.parametrize("value", [0, 1.5, True])
 def test_steps_per_job_must_be_a_whole_number(base, tmp_path, value):
     spec = {"base": [str(base)], "root": str(tmp_path / "root"), "evaluate": {"steps_per_job": value}}
