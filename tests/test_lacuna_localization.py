@@ -102,6 +102,12 @@ def test_report_localizes_oracle_grad_and_resurfacing_is_seeded(testbed, tmp_pat
     run_localization(testbed, out_dir=tmp_path / "a", **{**SETTINGS, "log": lines.append})
     assert sum("finished before, reusing" in line for line in lines) == 3  # oracle_grad, ga, ga_unmask
     assert not any(" mask-auc " in line or " resurface " in line for line in lines)  # scores and attacks kept
+    # a run whose recipe no longer matches is fitted again, and what was made from its old weights is redone
+    (tmp_path / "a" / "email" / "ga" / "recipe.json").write_text('{"args": []}')
+    lines.clear()
+    run_localization(testbed, out_dir=tmp_path / "a", **{**SETTINGS, "log": lines.append})
+    redone = [line for line in lines if "lightning-unlearn " in line]
+    assert len(redone) == 3 and all("/email/ga/" in line or "email/ga " in line for line in redone), redone
 
 
 @pytest.mark.slow

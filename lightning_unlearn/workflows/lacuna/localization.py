@@ -432,6 +432,9 @@ def run_localization(
                 shutil.rmtree(out / "checkpoints", ignore_errors=True)
                 (out / "export").exists() and shutil.rmtree(out / "export")
                 (out / "checkpoint_metrics.jsonl").unlink(missing_ok=True)
+                # what was made from the old weights: the method's score (its control's too) and its attack
+                (field_root / method / "mask_auc.json").unlink(missing_ok=True)
+                shutil.rmtree(out / "resurfacing", ignore_errors=True)
                 write_text_atomically(out / "recipe.json", json.dumps(recipe, indent=1))
                 todo.append((args, out / "fit.log"))
     # A control that fails (e.g. MemFlex selecting no tensor on the control's gradients) leaves its method without
