@@ -410,6 +410,12 @@ def submitit_parameters(
     return params
 
 
+def evaluation_parameters(sweep: Sweep) -> dict[str, Any]:
+    """The submitit parameters of every evaluation job (``--evaluate``): one task on one node, with the sweep's
+    ``evaluate.resources``; what ``--dry_run`` shows is what is submitted."""
+    return submitit_parameters(sweep.executor, resources=sweep.evaluate.get("resources") or {})
+
+
 def sbatch_script(folder: str | os.PathLike, params: dict[str, Any], array_size: int | None = None) -> str:
     """The ``sbatch`` script submitit's ``SlurmExecutor`` submits for these ``AutoExecutor`` parameters
     (``array_size``: an array job of that many), built without a cluster (for ``--dry_run`` and tests)."""
@@ -480,7 +486,7 @@ def _run_submitit(sweep: Sweep, cells: list[Cell], action: str = "fit", steps: l
         first = group[0][0]
         executor = submitit.AutoExecutor(folder=str(folder), cluster="local" if kind == "submitit-local" else "slurm")
         if action == "evaluate":
-            params = submitit_parameters(sweep.executor, resources=sweep.evaluate.get("resources") or {})
+            params = evaluation_parameters(sweep)
         else:
             params = submitit_parameters(sweep.executor, first if first.resources else None)
         if kind == "submitit-local":
@@ -537,7 +543,7 @@ def sweep_command(sweep_file: Path, *, dry_run: bool = False, evaluate: bool = F
             out = {"root": str(sweep.root), "jobs": [{"cell": c.name, "steps": s} for c, s in jobs],
                    "not_finished": waiting}  # fmt: skip
             if sweep.executor["kind"] == "slurm" and jobs:
-                params = submitit_parameters(sweep.executor, resources=sweep.evaluate.get("resources") or {})
+                params = evaluation_parameters(sweep)
                 out["sbatch"] = {"evaluate": sbatch_script(sweep.root / "submitit", params, len(jobs))}
             return out
         codes = run(sweep, [c for c, _ in jobs], "evaluate", [s for _, s in jobs])
