@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from lightning_unlearn.models import lora_adapter_blocks
+
 
 @dataclass
 class Generation:
@@ -63,7 +65,6 @@ def generate_greedy(
     max_new_tokens: int = 64,
     synced_gpus: bool = False,
     max_prompt_tokens: int | None = None,
-    adapter_names: Sequence[str] | None = None,
 ) -> list[Generation]:
     """Greedy answers for one batch of prompts through HF ``generate`` (left-padded, KV cache).
 
@@ -81,8 +82,6 @@ def generate_greedy(
         synced_gpus: keep stepping until every rank is done; required when parameters are sharded, since every
             forward is then a collective.
         max_prompt_tokens: truncate prompts from the left to this many tokens.
-        adapter_names: one peft adapter name per prompt (peft's mixed-adapter batches; ``"__base__"`` is the base
-            model); ``None`` uses the active adapter for every prompt.
     """
     from transformers import GenerationConfig
 
@@ -95,13 +94,11 @@ def generate_greedy(
         do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos or None, pad_token_id=pad_token_id(tokenizer)
     )
     _register_fsdp_generate(model)
-    extra = {} if adapter_names is None else {"adapter_names": list(adapter_names)}
     out = model.generate(
         input_ids=input_ids.to(device),
         attention_mask=attention_mask.to(device),
         generation_config=config,
         synced_gpus=synced_gpus,
-        **extra,
     )
     gens = []
     for row in out[:, input_ids.shape[1] :].cpu().tolist():
@@ -115,6 +112,27 @@ def generate_greedy(
             )
         )
     return gens
+
+
+@torch.no_grad()
+def generate_greedy_adapters(
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    adapters: Sequence[str],
+    max_new_tokens: int = 64,
+    max_prompt_tokens: int | None = None,
+) -> dict[str, list[Generation]]:
+    """Greedy answers to one batch of ``prompts`` by each of several LoRA adapters loaded into ``model``, from one
+    ``generate``: the batch holds the prompts once per adapter (:func:`~lightning_unlearn.models.lora_adapter_blocks`),
+    so every decoding step reads the base weights once for all adapters. ``{adapter: answers}``, the same text as
+    :func:`generate_greedy` with each adapter active alone. One process, eval mode.
+    """
+    names = list(adapters)
+    with lora_adapter_blocks(model, names):
+        gens = generate_greedy(model, tokenizer, list(prompts) * len(names), max_new_tokens, False, max_prompt_tokens)
+    n = len(prompts)
+    return {name: gens[k * n : (k + 1) * n] for k, name in enumerate(names)}
 
 
 def end_of_sequence_ids(model, tokenizer) -> list[int]:
@@ -172,10 +190,10 @@ def generate_sorted(
     ``{answer, n_new_tokens, hit_token_cap}`` each (the model's train/eval mode is restored). ``progress``: the
     label of a progress bar (stderr), ``None`` for none.
 
-    ``adapters``: names of peft adapters loaded into ``model``; then every batch holds its ``batch_size`` prompts
-    once per adapter (peft's mixed-adapter batches), so one ``generate`` answers them for all adapters and the base
-    weights are read once per token for all of them; the result is ``{adapter: answers}``, the same text as with
-    each adapter active alone (greedy).
+    ``adapters``: names of LoRA adapters loaded into ``model``; then every batch holds its ``batch_size`` prompts
+    once per adapter (:func:`generate_greedy_adapters`), so one ``generate`` answers them for all adapters and the
+    base weights are read once per token for all of them; the result is ``{adapter: answers}``, the same text as
+    with each adapter active alone (greedy).
     """
     if max_new_tokens < 1 or batch_size < 1:
         raise ValueError(f"max_new_tokens and batch_size must be positive, got {max_new_tokens}, {batch_size}.")
@@ -192,13 +210,13 @@ def generate_sorted(
     try:
         for start in starts if progress is None else tqdm(starts, desc=progress, unit="batch", leave=False):
             idx = order[start : start + batch_size]
-            batch = [texts[i] for i in idx] * len(names)
-            rows_of = None if adapters is None else [name for name in names for _ in idx]
-            gens = generate_greedy(
-                model, tokenizer, batch, max_new_tokens=max_new_tokens, synced_gpus=synced_gpus, adapter_names=rows_of
-            )
-            for k, name in enumerate(names):
-                for i, gen in zip(idx, gens[k * len(idx) : (k + 1) * len(idx)]):
+            batch = [texts[i] for i in idx]
+            if adapters is None:
+                gens = {None: generate_greedy(model, tokenizer, batch, max_new_tokens, synced_gpus)}
+            else:
+                gens = generate_greedy_adapters(model, tokenizer, batch, names, max_new_tokens)
+            for name in names:
+                for i, gen in zip(idx, gens[name]):
                     results[name][i] = {
                         "answer": gen.text, "n_new_tokens": gen.num_tokens, "hit_token_cap": gen.hit_token_cap
                     }  # fmt: skip

@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -261,6 +263,106 @@ def check_adapter_path(adapter: AdapterConfig) -> Path:
             f"set adapter.kind={saved_type!r}."
         )
     return p
+
+
+@contextmanager
+def lora_adapter_blocks(model: nn.Module, adapters: Sequence[str]):
+    """Inside, ``model`` answers a batch of ``len(adapters)`` equal blocks of rows, block k with LoRA adapter
+    ``adapters[k]`` (all loaded into ``model``); outside, it is unchanged.
+
+    Each peft LoRA linear layer computes ``base(x) + scaling_k · B_k A_k x`` for the rows of block k with two batched
+    matmuls over the stacked adapters (``torch.bmm``), so a forward costs one base forward of all rows plus a few
+    ops per layer, whatever the number of adapters. The base weights are read once per forward for every adapter.
+    The arithmetic is peft's own for each adapter alone (the same matmul layout, then the scale, then the sum), which
+    peft's per-row ``adapter_names`` also gives but at a cost per adapter and per layer (a row gather and scatter).
+    Evaluation only: dropout is skipped, so the model must be in eval mode.
+
+    Args:
+        model: a peft model (or any module) whose LoRA layers hold every adapter named (a layer lacking one leaves
+            that block's rows to the base weights).
+        adapters: one adapter name per block of rows, in batch order.
+
+    Raises:
+        ValueError: no adapters, an adapter no layer holds, a layer peft implements otherwise (DoRA and other LoRA
+            variants, a LoRA bias, AdaLoRA, LoRA on embeddings or convolutions), merged weights, or training mode.
+    """
+    from peft.tuners.lora.layer import Linear as LoraLinear
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    names = list(adapters)
+    if not names:
+        raise ValueError("lora_adapter_blocks: no adapters named; name at least one loaded LoRA adapter.")
+    if model.training:
+        raise ValueError("lora_adapter_blocks evaluates (it skips LoRA dropout); call model.eval() first.")
+    fix = "evaluate these checkpoints one at a time (adapters_per_pass 1)"
+    layers: dict[str, nn.Module] = {}
+    for where, module in model.named_modules():
+        if not isinstance(module, BaseTunerLayer):
+            continue
+        if type(module) is not LoraLinear:
+            raise ValueError(
+                f"lora_adapter_blocks: {where} is a {type(module).__name__}, not a LoRA linear layer; {fix}."
+            )
+        if module.merged:
+            raise ValueError(f"lora_adapter_blocks: {where} has an adapter merged into its weights; unmerge it first.")
+        for name in names:
+            if name not in module.lora_A:
+                continue
+            if name in getattr(module, "lora_variant", {}) or getattr(module, "use_dora", {}).get(name):
+                raise ValueError(
+                    f"lora_adapter_blocks: adapter {name!r} of {where} is a LoRA variant (DoRA, …); {fix}."
+                )
+            if module.lora_B[name].bias is not None:
+                raise ValueError(f"lora_adapter_blocks: adapter {name!r} of {where} has a LoRA bias; {fix}.")
+        layers[where] = module
+    unknown = [n for n in names if not any(n in m.lora_A for m in layers.values())]
+    if unknown:
+        raise ValueError(
+            f"lora_adapter_blocks: no LoRA layer of the model holds adapter(s) {unknown}; load them first."
+        )
+    saved = {}
+    try:
+        for module in layers.values():
+            saved[module] = module.__dict__.get("forward")
+            module.forward = partial(_adapter_blocks_forward, module, _stacked_lora_weights(module, names))
+        yield model
+    finally:
+        for module, forward in saved.items():
+            del module.forward
+            if forward is not None:
+                module.forward = forward
+
+
+def _stacked_lora_weights(layer: nn.Module, names: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(A, B, scale)`` of ``layer``'s adapters ``names``: A ``(K, in, r)`` and B ``(K, r, out)`` as transposed
+    views of ``(K, r, in)`` / ``(K, out, r)`` stacks (the layout ``nn.Linear`` multiplies with, so each block's
+    products are the ones peft computes), scale ``(K, 1, 1)``. A missing adapter is zeros; smaller ranks are
+    zero-padded."""
+    present = [layer.lora_A[n].weight for n in names if n in layer.lora_A]
+    rank = max(w.shape[0] for w in present)
+    dtype, device = present[0].dtype, present[0].device
+    base = layer.get_base_layer()
+    a = torch.zeros(len(names), rank, base.in_features, dtype=dtype, device=device)
+    b = torch.zeros(len(names), base.out_features, rank, dtype=dtype, device=device)
+    scale = torch.zeros(len(names), 1, 1, dtype=dtype, device=device)
+    for k, name in enumerate(names):
+        if name in layer.lora_A:
+            r = layer.lora_A[name].weight.shape[0]
+            a[k, :r] = layer.lora_A[name].weight
+            b[k, :, :r] = layer.lora_B[name].weight
+            scale[k] = layer.scaling[name]
+    return a.transpose(1, 2), b.transpose(1, 2), scale
+
+
+def _adapter_blocks_forward(layer: nn.Module, stacked, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """The LoRA layer's output when the batch is K equal blocks of rows, block k for adapter k."""
+    a, b, scale = stacked
+    result = layer.base_layer(x, *args, **kwargs)
+    if x.shape[0] % a.shape[0]:
+        raise ValueError(f"a batch of {x.shape[0]} rows is not {a.shape[0]} equal blocks, one per adapter.")
+    blocks = x.to(a.dtype).reshape(a.shape[0], -1, x.shape[-1])  # (K, rows·positions, in): block k is adapter k's
+    delta = torch.bmm(torch.bmm(blocks, a), b) * scale
+    return (result + delta.reshape(result.shape)).to(result.dtype)
 
 
 def unwrap_peft(model: nn.Module) -> nn.Module:

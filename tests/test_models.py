@@ -39,3 +39,75 @@ def test_lazy_weights_read_each_tensor_of_a_sharded_directory_on_access(tmp_path
         lazy["model.embed_tokens.weight"]
     with pytest.raises(FileNotFoundError, match="missing"):
         load_weights(tmp_path / "missing", lazy=True)
+
+
+def _three_adapters(tiny_dir, tmp_path):
+    """A peft model holding three saved LoRA adapters of different ranks, scalings and targets (random B, so each
+    changes the output): "r4" on every projection, "r2" on q/v/down, "q_only" on q_proj alone."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    from lightning_unlearn.models import load_causal_lm
+
+    specs = {
+        "r4": LoraConfig(r=4, lora_alpha=10, init_lora_weights=False, target_modules=["q_proj", "k_proj", "v_proj",
+                         "o_proj", "gate_proj", "up_proj", "down_proj"]),
+        "r2": LoraConfig(r=2, lora_alpha=7, init_lora_weights=False, target_modules=["q_proj", "v_proj", "down_proj"]),
+        "q_only": LoraConfig(r=4, lora_alpha=16, init_lora_weights=False, target_modules=["q_proj"]),
+    }  # fmt: skip
+    for k, (name, config) in enumerate(specs.items()):
+        torch.manual_seed(k)
+        get_peft_model(load_causal_lm(tiny_dir), config).save_pretrained(tmp_path / name)
+    names = list(specs)
+    model = PeftModel.from_pretrained(load_causal_lm(tiny_dir), tmp_path / names[0], adapter_name=names[0])
+    for name in names[1:]:
+        model.load_adapter(tmp_path / name, adapter_name=name)
+    return model.eval(), names
+
+
+def test_lora_adapter_blocks_give_each_block_the_logits_of_its_adapter_alone(tiny_dir, tmp_path):
+    from lightning_unlearn.models import lora_adapter_blocks
+
+    model, names = _three_adapters(tiny_dir, tmp_path)
+    ids = torch.randint(3, 300, (2, 7), generator=torch.Generator().manual_seed(0))
+    alone = {}
+    with torch.no_grad():
+        for name in names:
+            model.set_adapter(name)
+            alone[name] = model(input_ids=ids).logits
+        model.set_adapter("r2")
+        order = ["q_only", "r4", "r2", "r4"]  # any order, an adapter twice
+        with lora_adapter_blocks(model, order):
+            blocks = model(input_ids=ids.repeat(len(order), 1)).logits.split(2)
+        after = model(input_ids=ids).logits
+    for name, block in zip(order, blocks):
+        assert (block - alone[name]).abs().max() <= 1e-6, name
+    assert len({round(float(a.sum()), 3) for a in alone.values()}) == 3  # three different models
+    assert torch.equal(after, alone["r2"]) and model.active_adapter == "r2"  # as it was, outside
+
+
+def test_lora_adapter_blocks_refuse_what_they_cannot_compute(tiny_dir, tmp_path):
+    from peft import AdaLoraConfig, LoraConfig, get_peft_model
+
+    from lightning_unlearn.models import load_causal_lm, lora_adapter_blocks
+
+    model, names = _three_adapters(tiny_dir, tmp_path)
+    with pytest.raises(ValueError, match=r"no LoRA layer of the model holds adapter\(s\) \['step=9'\]"):
+        with lora_adapter_blocks(model, [*names, "step=9"]):
+            pass
+    with pytest.raises(ValueError, match="not 3 equal blocks"), torch.no_grad():
+        with lora_adapter_blocks(model, names):
+            model(input_ids=torch.ones(4, 3, dtype=torch.long))
+    assert "forward" not in vars(model.base_model.model.model.layers[0].self_attn.q_proj)  # restored after an error
+    model.train()
+    with pytest.raises(ValueError, match="model.eval"):
+        with lora_adapter_blocks(model, names):
+            pass
+    adalora = AdaLoraConfig(init_r=4, target_r=2, total_step=10, target_modules=["v_proj"])
+    adalora_model = get_peft_model(load_causal_lm(tiny_dir), adalora).eval()
+    with pytest.raises(ValueError, match=r"v_proj is a SVDLinear, not a LoRA linear layer; .*adapters_per_pass 1"):
+        with lora_adapter_blocks(adalora_model, ["default"]):
+            pass
+    dora = get_peft_model(load_causal_lm(tiny_dir), LoraConfig(r=2, target_modules=["v_proj"], use_dora=True)).eval()
+    with pytest.raises(ValueError, match="adapter 'default' of .*v_proj is a LoRA variant .*adapters_per_pass 1"):
+        with lora_adapter_blocks(dora, ["default"]):
+            pass

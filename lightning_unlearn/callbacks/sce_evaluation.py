@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,12 +14,13 @@ from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
 from lightning_unlearn.atomic import write_text_atomically
-from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
+from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator, _eval_mode
 from lightning_unlearn.callbacks.logger_media import log_table
 from lightning_unlearn.callbacks.rank_split import map_batches
+from lightning_unlearn.checkpoints import preserved_rng
 from lightning_unlearn.data.narratives import COMPACT_INSTRUCTION, load_narrative
 from lightning_unlearn.distributed import is_sharded, world
-from lightning_unlearn.generation import Generation, generate_greedy, model_prompt
+from lightning_unlearn.generation import Generation, generate_greedy, generate_greedy_adapters, model_prompt
 from lightning_unlearn.labelers.narrative_label import INVALID
 from lightning_unlearn.metrics.answer_validity import VALIDITY_FLAGS, answer_validity, load_validity_cues
 from lightning_unlearn.metrics.degeneration import DegenerationThresholds, degeneration_report
@@ -256,6 +258,22 @@ class SCEEvaluation(CheckpointEvaluator):
         self._outputs, metrics = self.score([g for g, _ in results], [lab for _, lab in results], base, base_answers)
         return metrics
 
+    def evaluate_adapters(self, trainer: Trainer, pl_module: LightningModule, adapters: dict[int, str]) -> None:
+        """The rows of several checkpoints from one generation pass (post-hoc evaluation of LoRA checkpoints):
+        ``{step: adapter name}`` of adapters loaded into ``pl_module.model``, answered by :meth:`compute_adapters`;
+        each step's row, outputs and logger media are recorded as a single checkpoint's are, its ``seconds`` being
+        an even share of the pass. One process."""
+        start = time.perf_counter()
+        steps = ", ".join(str(s) for s in adapters)
+        self.progress = f"{self.family_name} @ steps {steps}" if trainer.progress_bar_callback is not None else None
+        with preserved_rng(), _eval_mode(pl_module.model):
+            results = self.compute_adapters(pl_module, adapters)
+        self.progress = None
+        seconds = (time.perf_counter() - start) / len(adapters)
+        for step, (outputs, metrics) in results.items():
+            self._outputs = outputs
+            self.record(trainer, step, metrics, seconds)
+
     def compute_adapters(self, pl_module: LightningModule, adapters: dict[int, str]) -> dict[int, tuple[list, dict]]:
         """Several checkpoints at once: ``{step: peft adapter name}`` of adapters loaded into ``pl_module.model``,
         answered in mixed-adapter batches (each batch of the suite once per adapter in one ``generate``, so the
@@ -268,9 +286,8 @@ class SCEEvaluation(CheckpointEvaluator):
 
         def run(batch: list[dict]) -> list[list[Generation]]:
             texts = [self.model_input(tokenizer, r) for r in batch]
-            rows = [name for name in names for _ in batch]
-            gens = generate_greedy(model, tokenizer, texts * len(names), self.max_new_tokens, adapter_names=rows)
-            return [[gens[k * len(batch) + j] for k in range(len(names))] for j in range(len(batch))]
+            gens = generate_greedy_adapters(model, tokenizer, texts, names, self.max_new_tokens)
+            return [[gens[name][j] for name in names] for j in range(len(batch))]
 
         per_record = map_batches(self.records, self.batch_size, run, model, self.progress)
         base = [bool(self.base["reproduced"].get(r["id"], False)) for r in self.records]

@@ -201,14 +201,11 @@ def _sce_for_adapters(
     """The SCE rows of several adapter checkpoints from one mixed-adapter generation pass; ``{step: families}``."""
     import json
     import tempfile
-    import time
 
     import yaml
 
-    from lightning_unlearn.callbacks.checkpoint_evaluator import _eval_mode
     from lightning_unlearn.callbacks.checkpoint_metrics_file import use_run_output_dir
     from lightning_unlearn.callbacks.sce_evaluation import SCEEvaluation
-    from lightning_unlearn.checkpoints import preserved_rng
     from lightning_unlearn.cli import UnlearnCLI
 
     # Without a subcommand LightningCLI parses the classes only: the saved fit config's own options (ckpt_path,
@@ -249,13 +246,8 @@ def _sce_for_adapters(
         cb.ensure_base(trainer, module)
         bases[cb.state_key] = cb.base
         log.info("evaluate: %s of steps %s in one mixed-adapter pass", cb.family_name, sorted(todo))
-        start = time.perf_counter()
-        with preserved_rng(), _eval_mode(model):
-            results = cb.compute_adapters(module, todo)
-        seconds = (time.perf_counter() - start) / len(todo)
-        for step, (outputs, metrics) in results.items():
-            cb._outputs = outputs
-            cb.record(trainer, step, metrics, seconds)
+        cb.evaluate_adapters(trainer, module, todo)
+        for step in todo:
             written.setdefault(step, []).append(cb.family_name)
     return written
 
