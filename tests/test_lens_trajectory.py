@@ -287,6 +287,7 @@ def test_evaluate_under_ddp_and_fsdp_gives_the_single_process_rows(trajectory, t
     assert proc.returncode == 0, proc.stderr[-3000:]
     name = {"ddp": "DDPStrategy", "fsdp": "MaskedFSDPStrategy"}[strategy]
     assert f"evaluate: step 6 with {name} on 2 process(es)" in proc.stderr + proc.stdout, proc.stderr[-3000:]
+    assert proc.stdout.count('"metrics_file"') == 1, proc.stdout[-3000:]  # the result, printed by rank 0 only
     trained = {(r["step"], r["family"]): r for r in _rows(run / "checkpoint_metrics.jsonl")}
     rows = _rows(copy / "checkpoint_metrics.jsonl")
     assert sorted((r["step"], r["family"]) for r in rows) == sorted(trained)

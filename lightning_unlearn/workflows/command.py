@@ -15,6 +15,8 @@ from typing import Any, get_args, get_origin
 
 from jsonargparse import ArgumentParser
 
+from lightning_unlearn.distributed import world
+
 
 class CommandParser(ArgumentParser):
     """jsonargparse's parser, except that a positional ``list[X]`` parameter takes one value per word
@@ -30,8 +32,9 @@ class CommandParser(ArgumentParser):
 
 
 def print_result(result: Any) -> None:
-    """Print a command's result: text as it is, anything else as indented JSON, ``None`` not at all."""
-    if result is None:
+    """Print a command's result: text as it is, anything else as indented JSON, ``None`` not at all. A command that
+    ran as several processes (``evaluate`` under DDP / FSDP, whose ranks Lightning started) prints it on rank 0."""
+    if result is None or world()[0] != 0:
         return
     print(result if isinstance(result, str) else json.dumps(result, indent=1, ensure_ascii=False))
 
