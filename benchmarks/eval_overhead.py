@@ -11,9 +11,11 @@ with the ratio.
 
 With ``--adapters K`` it times what post-hoc evaluation of K LoRA checkpoints spends in generation instead:
 K adapters (LoRA r 8, α 16 on every projection, random non-zero weights, each saved and loaded back as an
-``adapter-step=N/`` directory would be) answer the slice one adapter after the other (``set_adapter``) and then all
-in mixed-adapter batches (peft ``adapter_names``, one ``generate`` per batch of prompts for all K), alternating
-``--repeats`` times; it checks the texts are the same and prints the ratio (goal ≤ 0.5):
+``adapter-step=N/`` directory would be) answer the slice one adapter after the other (``set_adapter``, what
+``evaluate`` does per checkpoint) and then all in mixed-adapter batches (``generate_sorted(adapters=…)``, what
+``evaluate --adapters_per_pass K`` does: one ``generate`` per batch of prompts for all K), alternating ``--repeats``
+times; it checks the texts are the same and prints the ratio (goal ≤ 0.5). Prompts per batch default to
+``SCEEvaluation``'s batch size (8, as in the shipped SmolLM2 trajectory), the batch ``evaluate`` uses per adapter:
 
     python benchmarks/eval_overhead.py --adapters 6 --model-path ~/.cache/lightning_unlearn/smollm2-135m-instruct
 """
@@ -21,6 +23,7 @@ in mixed-adapter batches (peft ``adapter_names``, one ``generate`` per batch of 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import re
@@ -134,6 +137,7 @@ def adapters_run(args, model, tok, prompts) -> dict:
             results[key] = fn()
             times[key].append(time.perf_counter() - start)
     same = results["mixed"] == results["one_after_the_other"]
+    answers = [a for per_adapter in results["mixed"].values() for a in per_adapter]
     distinct = len({tuple(a["answer"] for a in v) for v in results["mixed"].values()})
     seq, mix = min(times["one_after_the_other"]), min(times["mixed"])
     return {
@@ -148,6 +152,8 @@ def adapters_run(args, model, tok, prompts) -> dict:
         "target_ratio": 0.5,
         "same_text": same,
         "adapters_with_distinct_answers": distinct,
+        "mean_new_tokens": round(sum(a["n_new_tokens"] for a in answers) / len(answers), 1),
+        "hit_token_cap_rate": round(sum(a["hit_token_cap"] for a in answers) / len(answers), 3),
         "repeats": args.repeats,
         "threads": args.threads,
     }
@@ -157,7 +163,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts-per-level", type=int, default=35)
     ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--batch-size", type=int, default=35)
+    ap.add_argument(
+        "--batch-size",
+        type=int,
+        help="prompts per generate call (default: 35; with --adapters, SCEEvaluation's default, per adapter)",
+    )
     ap.add_argument("--hidden-size", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--model-path", help="a local save_pretrained model directory instead of a random tiny Llama")
@@ -165,6 +175,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--adapters", type=int, default=0, help="time K LoRA checkpoints: one by one vs mixed batches")
     args = ap.parse_args()
+    if args.batch_size is None:
+        default = inspect.signature(SCEEvaluation).parameters["batch_size"].default
+        args.batch_size = default if args.adapters else 35
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.model_path:
