@@ -248,10 +248,11 @@ def test_evaluate_reproduces_the_training_rows_then_adds_a_family_without_duplic
     assert again["evaluated"] == [] and [s["step"] for s in again["skipped"]] == [2, 4, 6]
     assert _rows(copy / "checkpoint_metrics.jsonl") == after
 
-    # The adapter checkpoints' SCE in one mixed-adapter generation pass: the same rows and text again.
+    # The adapter checkpoints' SCE in one mixed-adapter generation pass (step 6 too: its checkpoint file's adapter
+    # is also saved as adapter-step=6/): the same rows and text again.
     mixed = _unevaluated_copy(run, tmp_path / "mixed")
     out = evaluate_command(mixed, adapters_per_pass=3)
-    assert sorted(e["step"] for e in out["evaluated"] if e.get("mixed")) == [2, 4]
+    assert sorted(e["step"] for e in out["evaluated"] if e.get("mixed")) == [2, 4, 6]
     assert _rows(mixed / "checkpoint_metrics.jsonl") and {
         (r["step"], r["family"]) for r in _rows(mixed / "checkpoint_metrics.jsonl")
     } == set(trained)

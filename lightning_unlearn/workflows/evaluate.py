@@ -50,27 +50,33 @@ class SavedCheckpoint:
 def saved_checkpoints(run_dir: str | Path) -> list[SavedCheckpoint]:
     """Every saved step under ``run_dir``, one entry per step, ascending; a checkpoint file wins over a directory
     of the same step, an adapter directory over a merged one. ``last.ckpt`` counts under its own step."""
-    run_dir = Path(run_dir)
     rank = {"checkpoint": 0, "adapter": 1, "merged": 2}
     found: dict[int, SavedCheckpoint] = {}
-
-    def offer(candidate: SavedCheckpoint) -> None:
+    for candidate in _everything_saved(Path(run_dir)):
         held = found.get(candidate.step)
         if held is None or (rank[candidate.kind], candidate.path.name.startswith("last")) < (
             rank[held.kind],
             held.path.name.startswith("last"),
         ):
             found[candidate.step] = candidate
+    return [found[s] for s in sorted(found)]
 
+
+def saved_adapters(run_dir: str | Path) -> list[SavedCheckpoint]:
+    """Every ``adapter-step=N/`` directory under ``run_dir``, ascending, also of steps a checkpoint file holds too
+    (a LoRA run keeps its last checkpoint file beside every step's adapter: the same weights)."""
+    return sorted((c for c in _everything_saved(Path(run_dir)) if c.kind == "adapter"), key=lambda c: c.step)
+
+
+def _everything_saved(run_dir: Path):
     for path in sorted(run_dir.rglob("*.ckpt")):
         step = _checkpoint_step(path)
         if step is not None:
-            offer(SavedCheckpoint(step, path, "checkpoint"))
+            yield SavedCheckpoint(step, path, "checkpoint")
     for kind, prefix in (("adapter", "adapter-step="), ("merged", "merged-step=")):
         for path in sorted(run_dir.rglob(f"{prefix}*")):
             if path.is_dir() and path.name[len(prefix) :].isdigit():
-                offer(SavedCheckpoint(int(path.name[len(prefix) :]), path, kind))
-    return [found[s] for s in sorted(found)]
+                yield SavedCheckpoint(int(path.name[len(prefix) :]), path, kind)
 
 
 def _checkpoint_step(path: Path) -> int | None:
@@ -123,8 +129,9 @@ def evaluate_command(
         steps: evaluate only these steps (default: every saved one).
         overrides: further ``--key value`` words for every ``validate`` (e.g. ``[--trainer.devices, 2]``).
         adapters_per_pass: SCE of up to this many ``adapter-step=N/`` checkpoints from one generation pass
-            (peft mixed-adapter batches: the suite once per adapter in each ``generate``; one process only); the
-            other families still run per checkpoint.
+            (mixed-adapter batches: the suite once per adapter in each ``generate``; one process only), a step's
+            adapter directory taken even where a checkpoint file of that step exists; the other families still run
+            per checkpoint.
 
     Returns:
         ``{"run_dir", "evaluated": [{"step", "source", "families"}], "skipped": [{"step", "reason"}],
@@ -170,7 +177,8 @@ def evaluate_command(
     # and every rank must choose the same families to compute (the evaluators' collectives pair up across ranks).
     done = {(int(r["step"]), r["family"]) for r in read_rows(metrics_file)}
     if adapters_per_pass > 1:
-        adapters = [c for c in checkpoints if c.kind == "adapter"]
+        wanted = {c.step for c in checkpoints}
+        adapters = [c for c in saved_adapters(run_dir) if c.step in wanted]
         for start in range(0, len(adapters), adapters_per_pass):
             chunk = adapters[start : start + adapters_per_pass]
             written = _sce_for_adapters(run_dir, run_config, extra, chunk, done, bases, overrides or [])
