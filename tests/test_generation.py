@@ -38,7 +38,7 @@ def test_matches_transformers_generate(tiny_model, tiny_tokenizer):
 
 
 def test_mixed_adapter_batches_give_each_adapter_its_own_answers(tiny_dir, tiny_tokenizer, tmp_path):
-    """Three saved LoRA adapters answered in one pass (peft adapter_names per row) = each adapter alone."""
+    """Three saved LoRA adapters answered in one pass (a block of rows per adapter) = each adapter alone."""
     import torch
     from peft import LoraConfig, PeftModel, get_peft_model
 
