@@ -50,33 +50,40 @@ class SavedCheckpoint:
 def saved_checkpoints(run_dir: str | Path) -> list[SavedCheckpoint]:
     """Every saved step under ``run_dir``, one entry per step, ascending; a checkpoint file wins over a directory
     of the same step, an adapter directory over a merged one. ``last.ckpt`` counts under its own step."""
+    run_dir = Path(run_dir)
     rank = {"checkpoint": 0, "adapter": 1, "merged": 2}
     found: dict[int, SavedCheckpoint] = {}
-    for candidate in _everything_saved(Path(run_dir)):
+
+    def offer(candidate: SavedCheckpoint) -> None:
         held = found.get(candidate.step)
         if held is None or (rank[candidate.kind], candidate.path.name.startswith("last")) < (
             rank[held.kind],
             held.path.name.startswith("last"),
         ):
             found[candidate.step] = candidate
+
+    for path in sorted(run_dir.rglob("*.ckpt")):
+        step = _checkpoint_step(path)
+        if step is not None:
+            offer(SavedCheckpoint(step, path, "checkpoint"))
+    for kind in ("adapter", "merged"):
+        for saved in _saved_directories(run_dir, kind):
+            offer(saved)
     return [found[s] for s in sorted(found)]
 
 
 def saved_adapters(run_dir: str | Path) -> list[SavedCheckpoint]:
     """Every ``adapter-step=N/`` directory under ``run_dir``, ascending, also of steps a checkpoint file holds too
     (a LoRA run keeps its last checkpoint file beside every step's adapter: the same weights)."""
-    return sorted((c for c in _everything_saved(Path(run_dir)) if c.kind == "adapter"), key=lambda c: c.step)
+    return sorted(_saved_directories(Path(run_dir), "adapter"), key=lambda c: c.step)
 
 
-def _everything_saved(run_dir: Path):
-    for path in sorted(run_dir.rglob("*.ckpt")):
-        step = _checkpoint_step(path)
-        if step is not None:
-            yield SavedCheckpoint(step, path, "checkpoint")
-    for kind, prefix in (("adapter", "adapter-step="), ("merged", "merged-step=")):
-        for path in sorted(run_dir.rglob(f"{prefix}*")):
-            if path.is_dir() and path.name[len(prefix) :].isdigit():
-                yield SavedCheckpoint(int(path.name[len(prefix) :]), path, kind)
+def _saved_directories(run_dir: Path, kind: str):
+    """The ``adapter-step=N/`` (kind ``adapter``) or ``merged-step=N/`` (``merged``) directories under ``run_dir``."""
+    prefix = f"{kind}-step="
+    for path in sorted(run_dir.rglob(f"{prefix}*")):
+        if path.is_dir() and path.name[len(prefix) :].isdigit():
+            yield SavedCheckpoint(int(path.name[len(prefix) :]), path, kind)
 
 
 def _checkpoint_step(path: Path) -> int | None:
