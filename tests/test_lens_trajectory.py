@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -208,7 +209,7 @@ def _assert_same_rows(rows: list[dict], trained: dict) -> None:
         assert got.keys() == want.keys() and max(abs(got[k] - want[k]) for k in want) <= 1e-6, (r["step"], r["family"])
 
 
-def test_evaluate_reproduces_the_training_rows_then_adds_a_family_without_duplicates(trajectory, tmp_path):
+def test_evaluate_reproduces_the_training_rows_then_adds_a_family_without_duplicates(trajectory, tmp_path, caplog):
     """`evaluate` on a copy of the finished LoRA run without its rows: the same rows and generated text as the
     in-training callbacks (step 6 from its checkpoint file, steps 2 and 4 from their adapter directories); then a
     new family from -c eval.yaml joins them, and a third run recomputes nothing."""
@@ -244,9 +245,13 @@ def test_evaluate_reproduces_the_training_rows_then_adds_a_family_without_duplic
 
     from lightning_unlearn.workflows.evaluate import evaluate_command
 
-    again = evaluate_command(copy, eval_config=[eval_yaml])
+    with caplog.at_level(logging.INFO, logger="lightning_unlearn"):
+        again = evaluate_command(copy, eval_config=[eval_yaml])
     assert again["evaluated"] == [] and [s["step"] for s in again["skipped"]] == [2, 4, 6]
     assert _rows(copy / "checkpoint_metrics.jsonl") == after
+    # One validate learns the config's families; the steps after it load no model.
+    loaded = [m.split(" from ")[0] for m in caplog.messages if m.startswith("evaluate: step") and " from " in m]
+    assert loaded == ["evaluate: step 2"]
 
     # The adapter checkpoints' SCE in one mixed-adapter generation pass (step 6 too: its checkpoint file's adapter
     # is also saved as adapter-step=6/): the same rows and text again.

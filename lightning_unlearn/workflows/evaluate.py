@@ -193,10 +193,15 @@ def evaluate_command(
                 path = next(str(c.path) for c in chunk if c.step == step)
                 result["evaluated"].append({"step": step, "source": path, "families": families, "mixed": True})
                 done |= {(step, family) for family in families}
+    configured: set[str] | None = None  # the config's families, known after the first validate (each uses it)
     for saved in checkpoints:
         families_done = {family for step, family in done if step == saved.step}
+        if configured is not None and configured <= families_done:  # no model to load for nothing
+            result["skipped"].append({"step": saved.step, "reason": "every family already has its row"})
+            continue
         cli = _validate(run_dir, run_config, extra, saved, families_done, bases, overrides or [])
         bases.update(cli.bases)
+        configured = cli.configured
         if cli.families:
             result["evaluated"].append({"step": saved.step, "source": str(saved.path), "families": cli.families})
         else:
@@ -296,7 +301,8 @@ def _validate(
         """``validate`` into the run's own directory, evaluating only the families the step still lacks."""
 
         def __init__(self, *args, **kwargs) -> None:
-            self.families: list[str] = []
+            self.families: list[str] = []  # evaluated now
+            self.configured: set[str] = set()  # every family the config evaluates
             self.bases: dict[str, dict] = {}
             super().__init__(*args, **kwargs)  # parses, instantiates and runs validate
 
@@ -312,6 +318,7 @@ def _validate(
             kept = []
             for cb in trainer.callbacks:
                 if isinstance(cb, CheckpointEvaluator):
+                    self.configured.add(cb.family_name)
                     if cb.family_name in done:
                         continue  # this step's row of that family exists: not recomputed
                     cb.base = dict(bases.get(cb.state_key, {}))
