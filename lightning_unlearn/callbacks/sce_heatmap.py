@@ -15,6 +15,7 @@ def sce_heatmap_figure(
     tables: Mapping[str, Mapping[str, Mapping[int, dict]]],
     levels: Sequence[str] = HEATMAP_LEVELS,
     metric: str = "sce",
+    title: str | None = None,
 ):
     """Matplotlib figure: one panel per level, rows = runs, columns = checkpoint steps, colour = SCE in [0, 1].
 
@@ -22,6 +23,7 @@ def sce_heatmap_figure(
         tables: run name → :func:`~lightning_unlearn.metrics.selection.sce_table` of that run.
         levels: panels, left to right (levels absent from every run are dropped).
         metric: the SCE variant shown: ``sce``, ``sce_health`` or ``sce_strict`` (LENS Fig. 3 style panels of one).
+        title: a line above the level titles (the report's narrative × language panel).
     """
     import matplotlib
 
@@ -61,6 +63,8 @@ def sce_heatmap_figure(
         else:
             ax.tick_params(axis="y", left=False, labelleft=False)
     fig.colorbar(im, ax=axes[0].tolist(), label=metric.upper().replace("_", " "), shrink=0.8)
+    if title:  # above the figure's top edge, which the level titles reach on a figure this short
+        fig.suptitle(title, y=1.0, va="bottom")
     return fig
 
 

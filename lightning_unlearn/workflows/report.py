@@ -171,9 +171,7 @@ def report_command(
     folder = Path(out)
     for panel, panel_tables in tables.items():
         name = f"sce_heatmap-{re.sub(r'[^A-Za-z0-9.+-]+', '_', panel)}.png" if panel else "sce_heatmap.png"
-        fig = sce_heatmap_figure(panel_tables, metric=metric)
-        if panel:
-            fig.suptitle(panel)
+        fig = sce_heatmap_figure(panel_tables, metric=metric, title=panel or None)
         save_figure(fig, folder / name)
         plt.close(fig)
     write_json(folder / "summary.json", summary)

@@ -24,3 +24,15 @@ def test_heatmap_panels_share_row_labels_and_annotate_every_cell(tmp_path):
         assert texts == expected  # one annotation per cell, with its SCE
     save_figure(fig, tmp_path / "heatmap.png")
     assert (tmp_path / "heatmap.png").stat().st_size > 1000
+
+
+def test_a_panel_title_stands_clear_of_the_level_titles():
+    """The report's narrative × language title sat on the level titles of a two-run figure (drawn over "L2")."""
+    tables = {run: {lv: {s: {"sce": 0.1} for s in range(10, 70, 10)} for lv in ("L0", "L1", "L2", "pooled")}
+              for run in ("npo", "tofu_ga")}  # fmt: skip
+    fig = sce_heatmap_figure(tables, title="nato-forced-war-en")
+    renderer = fig.canvas.get_renderer()
+    title = fig._suptitle.get_window_extent(renderer)
+    levels = [ax.title.get_window_extent(renderer) for ax in fig.axes if ax.get_title()]
+    assert fig._suptitle.get_text() == "nato-forced-war-en" and len(levels) == 4
+    assert all(title.y0 >= box.y1 for box in levels)
