@@ -209,7 +209,9 @@ def _assert_same_rows(rows: list[dict], trained: dict) -> None:
         assert got.keys() == want.keys() and max(abs(got[k] - want[k]) for k in want) <= 1e-6, (r["step"], r["family"])
 
 
-def test_evaluate_reproduces_the_training_rows_then_adds_a_family_without_duplicates(trajectory, tmp_path, caplog):
+def test_evaluate_reproduces_the_training_rows_then_adds_a_family_without_duplicates(
+    trajectory, tmp_path, caplog, capsys
+):
     """`evaluate` on a copy of the finished LoRA run without its rows: the same rows and generated text as the
     in-training callbacks (step 6 from its checkpoint file, steps 2 and 4 from their adapter directories); then a
     new family from -c eval.yaml joins them, and a third run recomputes nothing."""
@@ -222,7 +224,10 @@ def test_evaluate_reproduces_the_training_rows_then_adds_a_family_without_duplic
     kinds = {c.step: c.kind for c in saved_checkpoints(copy)}
     assert kinds == {2: "adapter", 4: "adapter", 6: "checkpoint"}
 
+    capsys.readouterr()
     evaluate_main([str(copy)])
+    printed = json.loads(capsys.readouterr().out)  # stdout is the result alone (no validate tables), for jq
+    assert [e["step"] for e in printed["evaluated"]] == [2, 4, 6]
     trained = {(r["step"], r["family"]): r for r in _rows(run / "checkpoint_metrics.jsonl")}
     assert len({trained[(s, "retain_drift")]["kl"] for s in (2, 4, 6)}) == 3  # three different adapters
     rows = _rows(copy / "checkpoint_metrics.jsonl")

@@ -335,7 +335,8 @@ def _validate(
 
             self.bases = {cb.state_key: cb.base for cb in self.trainer.callbacks if isinstance(cb, CheckpointEvaluator)}
 
-    args = ["validate", "-c", str(run_config)]
+    # verbose false: Lightning's table of validation metrics would print before the command's JSON result on stdout
+    args = ["validate", "--verbose", "false", "-c", str(run_config)]
     for c in extra:
         args += ["-c", str(c)]
     # TensorBoard events of the evaluation go into the run's own directory, beside training's.
