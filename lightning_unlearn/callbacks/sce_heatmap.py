@@ -63,8 +63,10 @@ def sce_heatmap_figure(
         else:
             ax.tick_params(axis="y", left=False, labelleft=False)
     fig.colorbar(im, ax=axes[0].tolist(), label=metric.upper().replace("_", " "), shrink=0.8)
-    if title:  # above the figure's top edge, which the level titles reach on a figure this short
-        fig.suptitle(title, y=1.0, va="bottom")
+    if title:  # a few points above the highest level title, which reaches the figure's top edge on a figure this short
+        fig.draw_without_rendering()  # places the level titles (their height depends on the font's metrics)
+        top = max(ax.title.get_window_extent().y1 for ax in axes[0]) / fig.bbox.height
+        fig.suptitle(title, y=top + 3 / 72 / fig.get_figheight(), va="bottom")
     return fig
 
 
