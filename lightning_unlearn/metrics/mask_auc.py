@@ -19,10 +19,13 @@ features, scored out-of-fold (5-fold ``cross_val_predict``) on at most ``max_sam
 weights. The reported localization AUC is the max over families.
 
 The reversal families read Δ_inj. When the injection changed nothing but the masked elements (no neutral text,
-so Δ_inj is exactly 0 on most weights), they can tell the masks from Δ_inj alone, whatever the unlearning method
-did. They are then still reported but left out of the max and of the composite's features (``omitted``), as the
-paper leaves the contrast families out for OracleGrad, and a warning says so (the paper mixes in neutral text,
-which moves every weight).
+so Δ_inj is exactly 0 on most weights), ``reversal`` tells the masks from Δ_inj alone, whatever the unlearning method
+did: off the masks it is (0 − |Δ_unl|)/ε, a huge negative, so even pure noise scores about 0.91. It is then still
+reported but left out of the max and of the composite's features (``omitted``), as the paper leaves the contrast
+families out for OracleGrad, and a warning says so. ``signrev`` and ``dirreversal`` stay in: off the masks they are
+exactly 0 and on them symmetric about 0 for a change unrelated to the injection, so noise scores 0.5 on them; they
+are the families that see a change which reverses the injection (the magnitude and contrast families cannot see
+masks drawn uniformly within each tensor).
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ from lightning_unlearn.masks import mask_shape
 MAGNITUDE_FAMILIES = ("raw", "qtile", "layernorm")
 REVERSAL_FAMILIES = ("signrev", "reversal", "dirreversal")
 CONTRAST_FAMILIES = ("contrast", "contrastnorm", "compnorm")
+# Left out of the max and the composite when Δ_inj is exactly 0 on most weights (see the module docstring).
+SPARSE_INJECTION_OMITTED = ("reversal",)
 _SUFFIX = re.compile(r"\.(weight|bias)$")
 
 ScoreChunks = Callable[[], Iterable[tuple[torch.Tensor, torch.Tensor]]]
@@ -388,7 +393,7 @@ def mask_auc(
         ``{"F": {family: auc, ..., "composite": auc, "max": auc, "best": family}, "F|R": {...} (with
         unified_mask), "num_weights": int, "num_positive": {"F": int, ...}, "num_subsampled": int,
         "inj_unchanged_fraction": share of weights with Δ_inj exactly 0, "omitted": families left out of the max
-        and the composite, "warnings": [str, ...]}``.
+        and the composite, "composite_features": the families the composite is fitted on, "warnings": [str, ...]}``.
     """
     pre, inj, unl = _weights(theta_pre), _weights(theta_inj), _weights(theta_unl)
     sources = [("theta_pre", pre), ("theta_inj", inj), ("theta_unl", unl), ("label_mask", label_mask)]
@@ -442,15 +447,21 @@ def mask_auc(
     result: dict = {"num_weights": num_weights, "num_positive": num_positive, "warnings": []}
     unchanged /= max(num_weights, 1)
     result["inj_unchanged_fraction"] = unchanged
-    result["omitted"] = list(REVERSAL_FAMILIES) if unchanged > 0.5 else []
+    result["omitted"] = list(SPARSE_INJECTION_OMITTED) if unchanged > 0.5 else []
     if result["omitted"]:
         result["warnings"].append(
             f"Δ_inj is exactly 0 on {unchanged:.1%} of the weights (the injection moved only masked elements, e.g. "
-            "no neutral text), so the reversal families (signrev, reversal, dirreversal) can find the injection "
-            "masks from Δ_inj alone; they are left out of the max and the composite. Inject with neutral text, "
-            "as the paper does, to score them."
+            "no neutral text), so the reversal family `reversal` finds the injection masks from Δ_inj alone (noise "
+            "scores about 0.91); it is left out of the max and the composite. signrev and dirreversal stay in the "
+            "max (noise scores 0.5 on them) but not in the composite. Inject with neutral text, as the paper does, "
+            "to score `reversal` too."
         )
     scored = [f for f in families if f not in result["omitted"]]
+    # On a sparse injection signrev and dirreversal are exactly 0 off the masks and odd in Δ_unl on them: alone they
+    # score chance on noise, but a linear classifier that weighs them with the magnitude families (whose sizes they
+    # share) does not (0.48-0.54 on pure noise, 450k weights), so the composite leaves them out there.
+    composite_features = [f for f in scored if not (result["omitted"] and f in REVERSAL_FAMILIES)]
+    result["composite_features"] = composite_features
 
     def feature(family: str, n: str) -> torch.Tensor:
         return weight_features(
@@ -480,7 +491,7 @@ def mask_auc(
         counts = (num_positive[key], num_weights - num_positive[key])
         result[key] = {}
         for f in families:
-            sample = idx is not None and k == 0 and f in scored
+            sample = idx is not None and k == 0 and f in composite_features
             started = time.perf_counter()
             chunks = lambda f=f, labels=labels, sample=sample: stream(f, labels, sample)  # noqa: E731
             result[key][f] = exact_auc(chunks, class_counts=counts)
@@ -488,7 +499,7 @@ def mask_auc(
     bar.close()
 
     if idx is not None:
-        x = torch.stack([torch.cat(columns.pop(f)) for f in scored], dim=1).double().numpy()
+        x = torch.stack([torch.cat(columns.pop(f)) for f in composite_features], dim=1).double().numpy()
         result["num_subsampled"] = int(x.shape[0])
         for key in labels_by_key:
             y = torch.cat(sampled_labels[key]).numpy()
