@@ -223,7 +223,7 @@ def derive_model(
     """Load ``source`` (a local HF directory), keep ``blocks`` (``None``: all), prune the vocabulary to
     ``corpus`` (``None``: keep it) and save model and tokenizer to ``out_dir`` atomically (fp32), with a
     ``derived.json`` that records what it was made from."""
-    from lightning_unlearn.models import load_causal_lm, load_tokenizer
+    from lightning_unlearn.models import add_bos_when_encoding, load_causal_lm, load_tokenizer
 
     model = load_causal_lm(source)
     tokenizer = load_tokenizer(source)
@@ -233,6 +233,7 @@ def derive_model(
     vocab_before = model.get_input_embeddings().num_embeddings
     if corpus is not None:
         model, tokenizer, _ = prune_vocabulary(model, tokenizer, corpus)
+    add_bos_when_encoding(tokenizer)  # the testbed trains with a leading BOS; plain `tokenizer(text)` adds it too
     info = derivation_record(source, blocks, corpus)
     info.update(
         source_blocks=total, vocab_size=model.get_input_embeddings().num_embeddings, source_vocab_size=vocab_before

@@ -95,6 +95,23 @@ def _require_dir(path: str | os.PathLike, what: str) -> Path:
     return p
 
 
+def add_bos_when_encoding(tokenizer) -> None:
+    """Make ``tokenizer(text)`` put the BOS token first, as every stage of the testbed trains and generates.
+
+    The project itself encodes with ``add_special_tokens=False`` and adds BOS by hand; this makes the saved tokenizer
+    do the same for a user's plain ``AutoTokenizer`` + ``generate``, so an exported model answers as it does here.
+    Set on the backend's post-processor, which ``tokenizer.json`` keeps.
+    """
+    from tokenizers import processors
+
+    bos = tokenizer.bos_token
+    if bos is None:
+        raise ValueError("the tokenizer has no BOS token to add; set bos_token first.")
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokenizer.bos_token_id)]
+    )
+
+
 def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 2048, save_dir: str | os.PathLike | None = None):
     """Train a byte-level BPE tokenizer on ``texts`` and wrap it for transformers.
 
@@ -121,6 +138,7 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 2048, save_dir: 
         unk_token=SPECIAL_TOKENS["unk"],
     )
     fast.padding_side = "right"
+    add_bos_when_encoding(fast)
     if save_dir is not None:
         fast.save_pretrained(save_dir)
     return fast

@@ -48,6 +48,7 @@ def test_chain_tiny(tmp_path):
         assert "split_sizes" not in reports[name]
     assert any("θ_inj, before it" in line for line in lines)
     assert any(line.startswith("[lacuna] target (masked, ≥ 50% on ≥ 2 fields): ") for line in lines)
+    _exports_generate_the_same_text_through_plain_transformers(tmp_path)
 
     lines.clear()
     run_chain(str(tmp_path), size="tiny", log=lines.append, control=True)
@@ -106,6 +107,30 @@ def test_chain_tiny(tmp_path):
     assert report["forget_profiles"] == 1 and report["k"] == 3
     assert report["leaked_profiles"] in (0, 1) and report["leaked_profiles_unlearned"] in (0, 1)
     assert json.loads((tmp_path / "attack" / "resurfacing.json").read_text())["leak_rate"] == report["leak_rate"]
+
+
+def _exports_generate_the_same_text_through_plain_transformers(workdir):
+    """A user's own script (AutoTokenizer + AutoModelForCausalLM + generate, no BOS handling) gets the project's
+    greedy answers from every exported model: the saved tokenizer adds the BOS the stages trained with."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lightning_unlearn.data.pii import probe_qa
+    from lightning_unlearn.data.testbed_data import load_table
+    from lightning_unlearn.generation import generate
+    from lightning_unlearn.models import load_causal_lm, load_tokenizer
+
+    profiles = list(load_table(workdir / "data", "profiles"))[:3]
+    prompts = [probe_qa(p, "email")["prompt"] for p in profiles]
+    for export in (workdir / "inject" / "export" / "inj", workdir / "instruct" / "export" / "model"):
+        ours = [a[0] for a in generate(load_causal_lm(export), load_tokenizer(export), prompts, max_new_tokens=12)]
+        tokenizer, model = AutoTokenizer.from_pretrained(export), AutoModelForCausalLM.from_pretrained(export)
+        plain = []
+        for prompt in prompts:
+            enc = tokenizer(prompt, return_tensors="pt")
+            assert enc["input_ids"][0, 0].item() == tokenizer.bos_token_id
+            ids = model.generate(**enc, max_new_tokens=12, do_sample=False)
+            plain.append(tokenizer.decode(ids[0, enc["input_ids"].shape[1] :], skip_special_tokens=True))
+        assert plain == ours, export
 
 
 @pytest.mark.slow
