@@ -32,7 +32,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-SIZES = dict(num_profiles=12, qa_per_field=1, instruct_questions=2, neutral_max_paragraphs=20)
+SIZES = dict(num_profiles=12, qa_per_field=1, instruct_questions=2, neutral_max_paragraphs=20, utility_paragraphs=4)
 
 
 def _fit(tmp_path, stage: str, trainer_config: str | None, args: list[str], root: Path) -> Path:

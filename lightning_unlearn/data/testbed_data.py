@@ -6,7 +6,8 @@ Layout of ``out_dir``::
     documents/     text, content_type, profile_id, group_id   (five content types per profile)
     qa/            prompt, answer, field, profile_id, group_id (training questions about ``qa_fields``)
     instruct_qa/   the same columns; target fields of the instruction profiles, ``instruct_questions`` each
-    neutral/       text                                        (the neutral corpus)
+    neutral/       text                                        (the neutral corpus, less the utility paragraphs)
+    utility/       text                                        (held-out general text: no stage trains on it)
     manifest.json  the settings it was built with
 
 The directory is written to a temporary sibling and renamed into place, so a failure leaves nothing behind, and
@@ -32,7 +33,7 @@ from lightning_unlearn.data.pii import (
 )
 from lightning_unlearn.data.templates import NUM_TRAIN_QUESTIONS, QUESTIONS, TARGET_FIELDS
 
-TABLES = ("profiles", "documents", "qa", "instruct_qa", "neutral")
+TABLES = ("profiles", "documents", "qa", "instruct_qa", "neutral", "utility")
 
 
 @dataclass
@@ -58,6 +59,9 @@ class LacunaDataConfig:
         profiles_jsonl: bring your own profiles instead of generating them.
         neutral: neutral corpus source (see :func:`load_neutral_corpus`); ``None`` = stdlib docstrings.
         neutral_max_paragraphs: cap on neutral paragraphs.
+        utility_paragraphs: the last paragraphs of ≥ 20 words of the neutral corpus that are held out of every
+            training stage (the ``utility`` table): the general text on which utility is measured (the testbed's
+            utility check, the localization report's utility CE).
     """
 
     num_profiles: int = 60
@@ -71,6 +75,7 @@ class LacunaDataConfig:
     profiles_jsonl: str | None = None
     neutral: str | None = None
     neutral_max_paragraphs: int | None = None
+    utility_paragraphs: int = 48
 
 
 def build_tables(config: LacunaDataConfig) -> dict[str, list[dict]]:
@@ -80,6 +85,7 @@ def build_tables(config: LacunaDataConfig) -> dict[str, list[dict]]:
     else:
         profiles = generate_profiles(config.num_profiles, config.seed, config.num_groups, config.instruct_fraction)
     neutral = load_neutral_corpus(config.neutral, max_paragraphs=config.neutral_max_paragraphs)
+    neutral, utility = split_utility(neutral, config.utility_paragraphs)
     rng = random.Random(config.seed + 1)
     documents, qa, instruct_qa = [], [], []
     for p in profiles:
@@ -99,7 +105,24 @@ def build_tables(config: LacunaDataConfig) -> dict[str, list[dict]]:
         "qa": qa,
         "instruct_qa": instruct_qa,
         "neutral": [{"text": t} for t in neutral],
+        "utility": [{"text": t} for t in utility],
     }
+
+
+def split_utility(paragraphs: list[str], n: int, min_words: int = 20) -> tuple[list[str], list[str]]:
+    """``(training paragraphs, held-out utility paragraphs)``: the last ``n`` paragraphs of ≥ ``min_words`` words
+    are held out; the rest, in order, stay for training."""
+    if n < 1:
+        raise ValueError(f"utility_paragraphs={n} must be ≥ 1: utility is measured on held-out text.")
+    long = [i for i, t in enumerate(paragraphs) if len(t.split()) >= min_words]
+    if len(long) < n or len(paragraphs) - n < 1:
+        raise ValueError(
+            f"the neutral corpus has {len(long)} paragraphs of ≥ {min_words} words ({len(paragraphs)} in all), too "
+            f"few to hold out utility_paragraphs={n} and keep some for training. Lower utility_paragraphs or give a "
+            "larger corpus (neutral, neutral_max_paragraphs)."
+        )
+    held = set(long[-n:])
+    return [t for i, t in enumerate(paragraphs) if i not in held], [paragraphs[i] for i in sorted(held)]
 
 
 def _manifest(config: LacunaDataConfig) -> dict:
@@ -137,7 +160,8 @@ def build_testbed_data(out_dir: str | os.PathLike, config: LacunaDataConfig, log
     write_directory_atomically(out, write)
     log(
         f"testbed data: wrote {out} ({len(tables['profiles'])} profiles, {len(tables['documents'])} documents, "
-        f"{len(tables['qa'])} QA, {len(tables['instruct_qa'])} instruction QA, {len(tables['neutral'])} neutral)"
+        f"{len(tables['qa'])} QA, {len(tables['instruct_qa'])} instruction QA, {len(tables['neutral'])} neutral, "
+        f"{len(tables['utility'])} held-out utility paragraphs)"
     )
     return out
 

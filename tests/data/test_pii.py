@@ -130,9 +130,14 @@ def test_neutral_corpus_sources(tmp_path):
 
 
 def test_build_testbed_data_atomic_and_reused(tmp_path):
-    cfg = LacunaDataConfig(num_profiles=12, neutral_max_paragraphs=20, instruct_questions=2)
+    cfg = LacunaDataConfig(num_profiles=12, neutral_max_paragraphs=20, instruct_questions=2, utility_paragraphs=4)
     tables = build_tables(cfg)
     assert len(tables["documents"]) == 12 * 5
+    # the utility paragraphs are held out of the neutral (training) text: the last 4 of ≥ 20 words
+    corpus = stdlib_docstring_corpus(max_paragraphs=20)
+    utility = [r["text"] for r in tables["utility"]]
+    assert utility == [t for t in corpus if len(t.split()) >= 20][-4:]
+    assert [r["text"] for r in tables["neutral"]] == [t for t in corpus if t not in utility]
     assert len(tables["instruct_qa"]) == 6 * 4 * 2
     out = build_testbed_data(tmp_path / "data", cfg, log=lambda *_: None)
     assert load_table(out, "qa").column_names == ["prompt", "answer", "field", "profile_id", "group_id"]
@@ -143,6 +148,8 @@ def test_build_testbed_data_atomic_and_reused(tmp_path):
     with pytest.raises(FileNotFoundError, match="neutral corpus path"):
         build_testbed_data(tmp_path / "data2", bad, log=lambda *_: None)
     assert [p.name for p in tmp_path.iterdir()] == ["data"]  # nothing partial left behind
+    with pytest.raises(ValueError, match="too few to hold out utility_paragraphs=30"):
+        build_tables(LacunaDataConfig(num_profiles=12, neutral_max_paragraphs=20, utility_paragraphs=30))
 
 
 def test_neutral_corpus_from_datasets_dir(tmp_path):

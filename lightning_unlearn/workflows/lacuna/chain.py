@@ -70,7 +70,7 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "pretrain_config": ["pretrain_tiny.yaml"],
         "data": [
             "--data.data.num_profiles", "24", "--data.data.instruct_questions", "2",
-            "--data.data.neutral_max_paragraphs", "30",
+            "--data.data.neutral_max_paragraphs", "30", "--data.data.utility_paragraphs", "6",
         ],
         "pretrain": [
             "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "3", "--model.vocab_size", "300",

@@ -134,15 +134,16 @@ def split_sizes(splits: Path, field: str) -> dict[str, int]:
 
 
 def utility_records(data_dir: Path, out: Path, n: int = UTILITY_RECORDS) -> Path:
-    """Held-out general text for utility: ``n`` neutral paragraphs of the testbed (the last ones), each cut into a
-    12-word prompt and a continuation of up to 48 words, as ``{prompt, answer}`` JSONL (written once)."""
+    """Held-out general text for utility: ``n`` paragraphs of the testbed's ``utility`` table (held out of every
+    training stage), each cut into a 12-word prompt and a continuation of up to 48 words, as ``{prompt, answer}``
+    JSONL (written once)."""
     from lightning_unlearn.data.testbed_data import load_table
 
     if out.exists():
         return out
-    texts = [t for t in load_table(str(data_dir), "neutral")["text"] if len(t.split()) >= 20][-n:]
+    texts = [t for t in load_table(str(data_dir), "utility")["text"] if len(t.split()) >= 20][-n:]
     if not texts:
-        raise ValueError(f"the testbed data {str(data_dir)!r} has no neutral paragraph of ≥ 20 words for utility.")
+        raise ValueError(f"the testbed data {str(data_dir)!r} has no utility paragraph of ≥ 20 words.")
     rows = []
     for text in texts:
         words = text.split()
