@@ -30,7 +30,9 @@ CONFIGS = config_root() / "lacuna"
 
 
 def small_data(**overrides) -> LacunaDataConfig:
-    kwargs = dict(num_profiles=12, qa_per_field=1, instruct_questions=2, neutral_max_paragraphs=20, utility_paragraphs=4)
+    kwargs = dict(
+        num_profiles=12, qa_per_field=1, instruct_questions=2, neutral_max_paragraphs=20, utility_paragraphs=4
+    )
     kwargs.update(overrides)
     return LacunaDataConfig(**kwargs)
 
