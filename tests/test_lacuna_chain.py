@@ -20,7 +20,7 @@ def test_chain_tiny(tmp_path):
     lines: list[str] = []
     reports = run_chain(str(tmp_path), size="tiny", log=lines.append)
     # the default builds the masked testbed only
-    assert set(reports) == {"masked", "masked_inj"} and not (tmp_path / "inject_unmasked").exists()
+    assert set(reports) == {"masked", "masked_inj", "separability"} and not (tmp_path / "inject_unmasked").exists()
     sizes = reports["masked"]["split_sizes"]
     assert any(line.startswith("Memorization-filtered splits") for line in lines)
     assert any(line.startswith("[lacuna] splits (≥ 8 forget and ≥ 8 retain pairs for every field): ") for line in lines)
@@ -28,7 +28,8 @@ def test_chain_tiny(tmp_path):
     # the UnMask control joins the same work directory later; the masked stages are reused
     lines.clear()
     reports = run_chain(str(tmp_path), size="tiny", log=lines.append, control=True)
-    assert sum("finished before, reusing" in line for line in lines) == 5  # pretrain, inject, instruct, 2 filters
+    # pretrain, inject, instruct, 2 filters, separability
+    assert sum("finished before, reusing" in line for line in lines) == 6
     for stage in ("inject", "inject_unmasked"):
         export = tmp_path / stage / "export"
         assert (export / "pre" / "config.json").exists() and (export / "inj" / "model.safetensors").exists()
@@ -49,10 +50,11 @@ def test_chain_tiny(tmp_path):
     assert any("θ_inj, before it" in line for line in lines)
     assert any(line.startswith("[lacuna] target (masked, ≥ 50% on ≥ 2 fields): ") for line in lines)
     _exports_generate_the_same_text_through_plain_transformers(tmp_path)
+    _separability_is_measured_and_its_arithmetic_holds(tmp_path, reports, lines)
 
     lines.clear()
     run_chain(str(tmp_path), size="tiny", log=lines.append, control=True)
-    assert sum("finished before, reusing" in line for line in lines) == 9
+    assert sum("finished before, reusing" in line for line in lines) == 10
 
     # a stage built from other overrides (e.g. a changed preset) is refused by name, not silently reused
     recipe_path = tmp_path / "instruct" / "recipe.json"
@@ -68,7 +70,7 @@ def test_chain_tiny(tmp_path):
     run_chain(str(tmp_path), size="tiny", log=lines.append, control=True)
     warned = [line for line in lines if "other lightning_unlearn code" in line]
     assert len(warned) == 1 and warned[0].startswith("[lacuna] instruct: ") and "0123456789abcdef" in warned[0]
-    assert sum("finished before, reusing" in line for line in lines) == 9
+    assert sum("finished before, reusing" in line for line in lines) == 10
     recipe_path.write_text(json.dumps(recipe))
     # an injection rebuilt after the instruction tuning made from it leaves that tuning stale
     inj = tmp_path / "inject_unmasked" / "export" / "inj"
@@ -84,7 +86,8 @@ def test_chain_tiny(tmp_path):
     lines.clear()
     run_chain(str(tmp_path), size="tiny", log=lines.append)  # without the control: the masked stages only
     assert any(line.startswith("[lacuna] filter (masked): ") and "measuring again" in line for line in lines)
-    assert sum("finished before, reusing" in line for line in lines) == 4  # pretrain, inject, instruct, θ_inj filter
+    # pretrain, inject, instruct, θ_inj filter, separability
+    assert sum("finished before, reusing" in line for line in lines) == 5
 
     # the resurfacing attack on a hand-made split: one forget profile whose answer the model cannot know
     rows = {"prompt": ["Question: A B. What is her email address?\nAnswer:"], "answer": [" zq@x.org"],
@@ -131,6 +134,68 @@ def _exports_generate_the_same_text_through_plain_transformers(workdir):
             ids = model.generate(**enc, max_new_tokens=12, do_sample=False)
             plain.append(tokenizer.decode(ids[0, enc["input_ids"].shape[1] :], skip_special_tokens=True))
         assert plain == ours, export
+
+
+def _separability_is_measured_and_its_arithmetic_holds(workdir, reports, lines):
+    """The chain measures separability (table, verdict, chain.json); a reset touches exactly its groups' mask
+    elements; and the verdict's arithmetic on the tiny testbed's real export, with an extraction that reads the
+    weights (a group "extracts" while its mask elements differ from θ_pre), passes a separable testbed and names the
+    group that leans on another."""
+    import torch
+
+    from lightning_unlearn.masks import canonical_name, group_mask, load_masks
+    from lightning_unlearn.models import load_causal_lm, load_weights
+    from lightning_unlearn.workflows.lacuna import separability
+
+    sep = reports["separability"]
+    assert set(sep["resets"]) == {*(f"group {g}" for g in range(6)), "m^F", "m^R"}
+    assert sep["resets"]["m^F"]["groups"] == [0, 1, 2] and sep["utility"]["pre"] > 0
+    verdict = [line for line in lines if line.startswith("[lacuna] separability (")]
+    assert len(verdict) == 1 and verdict[0].endswith(": met") == sep["met"]
+    chain = json.loads((workdir / "chain.json").read_text())
+    assert chain["separable"] == sep["met"] and chain["verdicts"]["separability"] == verdict[0]
+
+    export = workdir / "inject" / "export"
+    model, pre = load_causal_lm(export / "inj"), load_weights(export / "pre")
+    inj = {canonical_name(n): p.detach().clone() for n, p in model.named_parameters()}
+    packed = dict(load_masks(export / "masks.safetensors")[0])
+    with separability._Reset(model, pre, packed, [2, 4]):
+        now = {canonical_name(n): p.detach() for n, p in model.named_parameters()}
+        for name, bits in packed.items():
+            reset = group_mask(bits, [2, 4])
+            assert torch.equal(now[name][reset], pre[name][reset]) and torch.equal(now[name][~reset], inj[name][~reset])
+    assert all(torch.equal(p, inj[canonical_name(n)]) for n, p in model.named_parameters())
+
+    def present(model, g):  # group g's injected change is in the model
+        params = {canonical_name(n): p for n, p in model.named_parameters()}
+        return any(not torch.equal(params[n][group_mask(b, g)], pre[n][group_mask(b, g)]) for n, b in packed.items())
+
+    def fake_extraction(leans_on):
+        def measure(model, tokenizer, profiles, fields=()):
+            rates = {g: float(present(model, g) and all(present(model, h) for h in leans_on.get(g, ()))) for g in
+                     range(6)}  # fmt: skip
+            return {str(g): {"hits": int(4 * r), "trials": 4, "rate": r} for g, r in rates.items()}
+
+        return measure
+
+    original = separability.group_extraction
+    try:
+        separability.group_extraction = fake_extraction({})
+        report = separability.separability_report(export, workdir / "data", log=lambda *_: None)
+        assert all(r["met"] for r in report["resets"].values()), report["resets"]
+        assert report["resets"]["group 3"]["extraction"]["3"]["rate"] == 0.0
+        assert report["resets"]["group 3"]["extraction"]["4"]["rate"] == 1.0
+        # group 1's people need group 0's weights too: resetting group 0 takes them along, and the verdict says so
+        separability.group_extraction = fake_extraction({1: (0,)})
+        report = separability.separability_report(export, workdir / "data", log=lambda *_: None)
+        assert not report["met"] and not report["resets"]["group 0"]["met"]
+        assert report["resets"]["group 0"]["failures"] == ["group 1 falls to 0.00 < 0.9×1.00"]
+        assert [n for n, r in report["resets"].items() if not r["met"]] == ["group 0"]  # m^F resets both: still met
+        assert "NOT met (group 0" in separability.separability_verdict(report)
+        table = separability.format_separability(report)
+        assert "FAILS: group 1 falls to 0.00" in table and "1.00*" not in table.splitlines()[4]
+    finally:
+        separability.group_extraction = original
 
 
 @pytest.mark.slow

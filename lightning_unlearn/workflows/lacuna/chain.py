@@ -45,7 +45,6 @@ import torch
 import lightning_unlearn
 from lightning_unlearn.atomic import write_directory_atomically, write_text_atomically
 from lightning_unlearn.configs import config_root, resolve_config
-from lightning_unlearn.data.pii import probe_qa
 from lightning_unlearn.data.splits import build_splits, save_splits
 from lightning_unlearn.data.templates import TARGET_FIELDS
 from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data, load_table
@@ -54,6 +53,13 @@ from lightning_unlearn.metrics.memorization import extracted
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.smollm2 import resolve_model_dir
 from lightning_unlearn.workflows import processes
+from lightning_unlearn.workflows.lacuna.extraction import extraction_rates
+from lightning_unlearn.workflows.lacuna.separability import (
+    format_separability,
+    separability_report,
+    separability_verdict,
+    write_report,
+)
 
 logger = logging.getLogger("lightning_unlearn")
 
@@ -86,23 +92,6 @@ SIZES: dict[str, dict[str, list[str]]] = {
 # ---------------------------------------------------------------------------------------------------------------
 # Generation and extraction
 # ---------------------------------------------------------------------------------------------------------------
-
-
-def extraction_rates(model, tokenizer, profiles: Sequence[dict], fields: Sequence[str] = TARGET_FIELDS, **gen_kwargs):
-    """Greedy extraction per field: a profile counts when its answer contains the PII value
-    (:func:`~lightning_unlearn.metrics.memorization.extracted`, the one definition ``MemorizationEvaluation`` uses).
-
-    Returns ``(rates {field: fraction}, memorized {field: set of profile ids})``.
-    """
-    rates, memorized = {}, {}
-    for field in fields:
-        prompts = [probe_qa(p, field)["prompt"] for p in profiles]
-        answers = generate(model, tokenizer, prompts, **gen_kwargs)
-        hits = extracted([a[0] for a in answers], [p[field] for p in profiles])
-        hit = {p["profile_id"] for p, h in zip(profiles, hits) if h}
-        memorized[field] = hit
-        rates[field] = len(hit) / max(len(profiles), 1)
-    return rates, memorized
 
 
 def filter_stage(
@@ -379,6 +368,7 @@ def _check_provenance(w: Path, record: dict) -> None:
     if path.exists():
         # Work directories from before --instruct_config existed were built without instruction overlays.
         found = {"instruct_configs": [], **json.loads(path.read_text())}
+        found = {k: v for k, v in found.items() if k not in VERDICT_KEYS}
         if found != record:
             raise ValueError(
                 f"work directory {str(w)!r} was built with {found}, not {record}; its finished stages would be reused "
@@ -386,6 +376,22 @@ def _check_provenance(w: Path, record: dict) -> None:
             )
         return
     write_text_atomically(path, json.dumps(record, indent=1, sort_keys=True))
+
+
+VERDICT_KEYS = ("verdicts", "separable")  # chain.json keys that record results, not how the stages were built
+
+
+def _record_verdicts(w: Path, verdicts: dict[str, str], separable: bool) -> None:
+    """Add the verdict lines (and whether the testbed is separable) to ``chain.json``."""
+    path = w / "chain.json"
+    record = {**json.loads(path.read_text()), "verdicts": verdicts, "separable": separable}
+    write_text_atomically(path, json.dumps(record, indent=1, sort_keys=True))
+
+
+def testbed_separable(workdir: str | os.PathLike) -> bool | None:
+    """Whether ``lacuna run`` found the testbed in ``workdir`` separable (``None``: not measured)."""
+    path = Path(workdir) / "chain.json"
+    return json.loads(path.read_text()).get("separable") if path.exists() else None
 
 
 def run_chain(
@@ -401,7 +407,9 @@ def run_chain(
     """Run (or reuse) every stage of the chain in ``workdir``; returns the filter reports.
 
     The reports are ``masked`` (after instruction tuning; it also wrote the splits) and ``masked_inj`` (θ_inj,
-    measured before instruction tuning, no splits); with the control, ``unmasked`` and ``unmasked_inj`` too.
+    measured before instruction tuning, no splits); with the control, ``unmasked`` and ``unmasked_inj`` too; and
+    ``separability`` (:mod:`~lightning_unlearn.workflows.lacuna.separability`, also in ``separability.json``), whose
+    verdict joins the memorization and split verdicts in the log and in ``chain.json``.
 
     Args:
         workdir: where every stage writes (data, stage roots, splits).
@@ -537,8 +545,24 @@ def run_chain(
             log(f"[lacuna] filter ({name}): finished in {time.time() - begun:.0f} s")
     log(format_table(reports["masked"], reports.get("unmasked"), reports["masked_inj"], reports.get("unmasked_inj")))
     log(format_split_sizes(reports["masked"]["split_sizes"]))
-    log(target_verdict(reports["masked"]))
-    log(split_verdict(reports["masked"]["split_sizes"]))
+    export = w / "inject" / "export"
+    if done(w / "separability.json", "separability", inputs=[export / "inj"]):
+        reports["separability"] = json.loads((w / "separability.json").read_text())
+    else:
+        log(f"[lacuna] separability: resetting each group's mask elements of {export / 'inj'} to θ_pre")
+        begun = time.time()
+        reports["separability"] = separability_report(export, w / "data", log=log)
+        write_report(reports["separability"], w / "separability.json")
+        log(f"[lacuna] separability: finished in {time.time() - begun:.0f} s")
+    log(format_separability(reports["separability"]))
+    verdicts = {
+        "memorization": target_verdict(reports["masked"]),
+        "splits": split_verdict(reports["masked"]["split_sizes"]),
+        "separability": separability_verdict(reports["separability"]),
+    }
+    for line in verdicts.values():
+        log(line)
+    _record_verdicts(w, verdicts, reports["separability"]["met"])
     log(f"[lacuna] done in {time.time() - started:.0f} s; splits in {w / 'splits'}")
     return reports
 
@@ -644,7 +668,11 @@ def run_command(
             instruct_configs=instruct_config or (),
             control=control,
         )
-    return {name: report["extraction"] for name, report in reports.items()}
+    result = {name: report["extraction"] for name, report in reports.items() if name != "separability"}
+    sep = reports["separability"]
+    result["separability"] = {"met": sep["met"], "utility": sep["utility"],
+                              **{name: r["met"] for name, r in sep["resets"].items()}}  # fmt: skip
+    return result
 
 
 def data_command(*, out: str = "runs/lacuna/data", data: LacunaDataConfig | None = None) -> str:
