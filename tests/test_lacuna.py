@@ -526,6 +526,34 @@ def test_epoch_seeded_sampler_groups_batches_by_length_and_keeps_ranks_on_one_gl
         EpochSeededSampler(40, group_batches=2)
 
 
+def test_epoch_seeded_sampler_puts_one_key_in_each_global_batch():
+    from lightning_unlearn.data.sampling import EpochSeededSampler
+
+    keys = [0] * 11 + [1] * 8 + [2] * 3 + [-1] * 6  # groups of 11, 8 and 3 samples and 6 neutral ones
+    one = EpochSeededSampler(28, seed=2, batch_size=4, batch_keys=keys)
+    one.set_epoch(1)
+    order = list(one)
+    # 3 + 2 + 1 + 2 batches of 4; a key's last batch is filled with its own samples
+    assert len(order) == len(one) == 32
+    batches = [order[k : k + 4] for k in range(0, 32, 4)]
+    assert all(len({keys[i] for i in b}) == 1 for b in batches)
+    assert sorted(set(order)) == list(range(28))
+    assert sorted(keys[b[0]] for b in batches) == [-1, -1, 0, 0, 0, 1, 1, 2]
+    assert [keys[b[0]] for b in batches] != sorted(keys[b[0]] for b in batches)  # the batches are shuffled
+    one.set_epoch(2)
+    assert list(one) != order
+    # two ranks of batch 2 take their shares of the same one-key global batches
+    ranks = [EpochSeededSampler(28, seed=2, batch_size=2, num_replicas=2, rank=r, batch_keys=keys) for r in range(2)]
+    for s in ranks:
+        s.set_epoch(1)
+    per_rank = [list(s) for s in ranks]
+    assert [sorted(per_rank[0][k : k + 2] + per_rank[1][k : k + 2]) for k in range(0, 16, 2)] == [
+        sorted(b) for b in batches
+    ]
+    with pytest.raises(ValueError, match="batch_keys has 3 keys for 28 samples"):
+        EpochSeededSampler(28, batch_keys=[0, 1, 2])
+
+
 def test_pretraining_from_a_derived_model(tiny_dir, tmp_path):
     from lightning_unlearn.derive import DeriveConfig, ensure_derived
     from lightning_unlearn.models import load_causal_lm

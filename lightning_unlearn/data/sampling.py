@@ -30,6 +30,11 @@ class EpochSeededSampler(DistributedSampler):
     ``group_by_length``: each run of ``k`` global batches (``batch_size · W`` samples) is sorted by length and cut
     into global batches, and the global batches are shuffled. A batch then pads to lengths close to its own
     (padding costs compute on every token), and ranks still take their shares of the same global batch.
+
+    With ``batch_keys`` (one key per sample, e.g. a Lacuna group id) every global batch holds samples of one key:
+    each key's samples, in permutation order (grouped by length within the key when asked), are cut into global
+    batches, a key's last batch filled up with its own first samples, and the batches of every key are shuffled
+    together. An epoch is then ``Σ_key ⌈count/(batch_size·W)⌉`` global batches.
     """
 
     def __init__(
@@ -42,6 +47,7 @@ class EpochSeededSampler(DistributedSampler):
         lengths: Sequence[int] | None = None,
         batch_size: int = 1,
         group_batches: int = 0,
+        batch_keys: Sequence[int] | None = None,
     ) -> None:
         # DistributedSampler.__init__ wants a dataset and a process group; only the length and the layout matter.
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -53,8 +59,16 @@ class EpochSeededSampler(DistributedSampler):
         if group_batches and (lengths is None or len(lengths) != n):
             raise ValueError("grouping batches by length (group_batches > 0) needs the length of each sample.")
         self.n, self.seed, self.shuffle, self.epoch, self.drop_last = n, seed, shuffle, 0, False
+        if batch_keys is not None and len(batch_keys) != n:
+            raise ValueError(f"batch_keys has {len(batch_keys)} keys for {n} samples; give one key per sample.")
         self.lengths, self.batch_size, self.group_batches = lengths, batch_size, group_batches
+        self.batch_keys = list(batch_keys) if batch_keys is not None else None
         self.num_samples = -(-n // self.num_replicas)
+        if self.batch_keys is not None:
+            size = batch_size * self.num_replicas
+            counts = {k: self.batch_keys.count(k) for k in set(self.batch_keys)}
+            self.num_samples = sum(-(-c // size) for c in counts.values()) * batch_size
+            self.total_size = self.num_samples * self.num_replicas
         self.total_size = self.num_samples * self.num_replicas
         self._resume: tuple[int, int] | None = None  # (epoch, indices of it already consumed on this rank)
 
@@ -70,7 +84,9 @@ class EpochSeededSampler(DistributedSampler):
         if self.shuffle:
             gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
             order = torch.randperm(self.n, generator=gen).tolist()
-            if self.group_batches:
+            if self.batch_keys is not None:
+                order = self._one_key_per_batch(order, gen)
+            elif self.group_batches:
                 order = self._group_by_length(order, gen)
         else:
             order = list(range(self.n))
@@ -86,6 +102,21 @@ class EpochSeededSampler(DistributedSampler):
 
     def __len__(self) -> int:
         return self.num_samples
+
+    def _one_key_per_batch(self, order: list[int], gen: torch.Generator) -> list[int]:
+        size = self.batch_size * self.num_replicas
+        batches = []
+        for key in sorted(set(self.batch_keys)):
+            mine = [i for i in order if self.batch_keys[i] == key]
+            if self.group_batches:
+                run = size * self.group_batches
+                mine = [
+                    i for s in range(0, len(mine), run) for i in sorted(mine[s : s + run], key=self.lengths.__getitem__)
+                ]
+            fill = -len(mine) % size  # fill the key's last batch with its own samples
+            mine += (mine * (fill // len(mine) + 1))[:fill]
+            batches += [mine[k : k + size] for k in range(0, len(mine), size)]
+        return [i for b in torch.randperm(len(batches), generator=gen).tolist() for i in batches[b]]
 
     def _group_by_length(self, order: list[int], gen: torch.Generator) -> list[int]:
         size = self.batch_size * self.num_replicas
