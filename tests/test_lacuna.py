@@ -56,7 +56,8 @@ def make_trainer(root, max_epochs=1, max_steps=-1, callbacks=(), checkpoint=Fals
 
 
 def injection(tiny_dir, data_dir, **kw):
-    data_kw = {k: kw.pop(k) for k in ("neutral_fraction", "groups", "data", "batch_size", "group_by_length") if k in kw}
+    data_keys = ("neutral_fraction", "groups", "data", "batch_size", "group_by_length", "one_group_per_batch")
+    data_kw = {k: kw.pop(k) for k in data_keys if k in kw}
     data_kw.setdefault("data", small_data())
     optim_keys = ("weight_decay", "warmup_steps", "schedule", "decay_fraction")
     optim = {"lr": 1e-2, **{k: kw.pop(k) for k in optim_keys if k in kw}}
@@ -127,6 +128,42 @@ def test_freezing_outside_the_masks_trains_the_same_weights(tiny_dir, tmp_path):
         module, data = injection(tiny_dir, tmp_path / "data", freeze_outside_masks=True, **kwargs)
         with pytest.raises(ValueError, match=match):
             make_trainer(tmp_path / "bad", max_steps=1).fit(module, data)
+
+
+@pytest.mark.parametrize("p", [1.0, 0.0])
+def test_group_dropout_trains_each_group_with_the_others_at_theta_pre(tiny_dir, tmp_path, p):
+    from lightning_unlearn.masks import canonical_name, group_mask, load_masks
+    from lightning_unlearn.models import load_weights
+
+    pre = load_weights(tiny_dir)
+    module, data = injection(tiny_dir, tmp_path / "data", neutral_fraction=0.0, weight_decay=0.0,
+                             drop_other_groups=p, one_group_per_batch=True, batch_size=2)  # fmt: skip
+    seen = []  # per step: the batch's group, and whether every other group's elements held θ_pre in its forward
+    loss = module._loss
+
+    def recording_loss(batch):
+        (g,) = set(batch["group_ids"].tolist())
+        params = {canonical_name(n): q.detach() for n, q in module.model.named_parameters()}
+        at_pre = all(torch.equal(params[n][m], pre[n][m]) for n, b in module.packed_masks.items()
+                     for m in [group_mask(b, [h for h in range(6) if h != g])] if m.any())  # fmt: skip
+        seen.append((g, at_pre))
+        return loss(batch)
+
+    module._loss = recording_loss
+    make_trainer(tmp_path / "run", max_steps=12).fit(module, data)
+    assert len({g for g, _ in seen}) > 2  # one group a batch, several groups over the run
+    if p == 1.0:
+        assert all(at_pre for _, at_pre in seen)
+    else:
+        assert not all(at_pre for _, at_pre in seen[6:])  # without dropout, the other groups' changes are in
+    # the dropped values were put back before each step: every trained group's change is in θ_inj
+    export = tmp_path / "run" / "export"
+    inj, packed = load_weights(export / "inj"), dict(load_masks(export / "masks.safetensors")[0])
+    for g in {g for g, _ in seen}:
+        assert any(not torch.equal(inj[n][group_mask(b, g)], pre[n][group_mask(b, g)]) for n, b in packed.items())
+    assert locality_report(str(export), list(range(6)))["changed_outside"] == 0
+    with pytest.raises(ValueError, match="drop_other_groups needs masked=true"):
+        InjectionModule(model_path=str(tiny_dir), masked=False, drop_other_groups=0.5)
 
 
 def test_unmasked_control_updates_outside_the_masks(tiny_dir, tmp_path):

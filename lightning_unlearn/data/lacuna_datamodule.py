@@ -57,6 +57,8 @@ class InjectionDataModule(LightningDataModule):
         batch_size: samples per step.
         group_by_length: sort each run of this many batches by length before cutting it into batches (their order
             stays random), so short QA pairs are not padded to the length of documents; 0 = random batches.
+        one_group_per_batch: every batch holds samples of one group (neutral text in batches of its own), as group
+            dropout (``InjectionModule(drop_other_groups=…)``) needs; lengths are still grouped within a group.
         seed: seed of the neutral selection and of the per-epoch order.
         num_workers: dataloader workers.
     """
@@ -74,6 +76,7 @@ class InjectionDataModule(LightningDataModule):
         max_length: int = 128,
         batch_size: int = 16,
         group_by_length: int = 0,
+        one_group_per_batch: bool = False,
         seed: int = 0,
         num_workers: int = 0,
     ) -> None:
@@ -207,6 +210,7 @@ class InjectionDataModule(LightningDataModule):
                 lengths=[len(r["input_ids"]) for r in self.rows],
                 batch_size=self.hparams.batch_size,
                 group_batches=self.hparams.group_by_length,
+                batch_keys=[r["group_ids"] for r in self.rows] if self.hparams.one_group_per_batch else None,
             ),
             collate_fn=partial(pad_batch, pad_token_id=self.pad_token_id),
             num_workers=self.hparams.num_workers,

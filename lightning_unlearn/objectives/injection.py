@@ -42,9 +42,11 @@ from lightning_unlearn.models import (
     TinyLlamaConfig,
     build_tiny_llama,
     load_tokenizer,
+    load_weights,
     train_bpe_tokenizer,
     weights_fingerprint,
 )
+from lightning_unlearn.objectives.group_dropout import GroupDropout
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.strategies.masked_fsdp import load_model_for_rank
 
@@ -76,6 +78,11 @@ class InjectionModule(RestoresRNG, LightningModule):
             0) their gradient is zero at every step, so training is the same, minus the cost of computing it (the
             LM head's weight gradient above all). Refused with neutral text, which updates them, and ignored by
             the UnMask control (``masked`` false), which trains every parameter.
+        drop_other_groups: group dropout (:class:`~lightning_unlearn.objectives.group_dropout.GroupDropout`): the
+            probability that each group other than the batch's is set back to θ_pre for the batch's forward and
+            backward, so no group's recall leans on another group's change (the testbed's separability). 0 = off.
+            Use with one group per batch (``InjectionDataModule(one_group_per_batch=True)``); masked runs only.
+        drop_seed: seed of the group-dropout draws (with the global step: the same on every rank and on resume).
         export_dir: where to export; ``None`` = ``<trainer.default_root_dir>/export``.
     """
 
@@ -94,6 +101,8 @@ class InjectionModule(RestoresRNG, LightningModule):
         mask_seed: int = 0,
         optim: OptimizerConfig | None = None,
         freeze_outside_masks: bool = False,
+        drop_other_groups: float = 0.0,
+        drop_seed: int = 0,
         export_dir: str | None = None,
     ) -> None:
         super().__init__()
@@ -109,6 +118,10 @@ class InjectionModule(RestoresRNG, LightningModule):
                 f"give one of model_path (continue a model), derive (pretrain from part of a real model) and tiny "
                 f"(pretrain from scratch), not {' and '.join(given)}."
             )
+        if not 0 <= drop_other_groups <= 1:
+            raise ValueError(f"drop_other_groups={drop_other_groups} must be a probability in [0, 1].")
+        if drop_other_groups and not masked:
+            raise ValueError("drop_other_groups needs masked=true: without masks there are no groups to drop.")
         if tiny is not None and tokenizer_path is None:
             raise ValueError("pretraining from scratch (tiny) needs tokenizer_path, where the tokenizer is kept.")
         if isinstance(optim, dict):
@@ -125,6 +138,7 @@ class InjectionModule(RestoresRNG, LightningModule):
         self.tokenizer = None
         self.packed_masks: dict[str, torch.Tensor] | None = None
         self._mask_checksum: str | None = None
+        self.group_dropout: GroupDropout | None = None
 
     @property
     def pretraining(self) -> bool:
@@ -189,6 +203,12 @@ class InjectionModule(RestoresRNG, LightningModule):
         self.packed_masks = masks if self.hparams.masked else None
         if self.hparams.freeze_outside_masks and self.hparams.masked:
             self._freeze(untouched)
+        if self.hparams.drop_other_groups and self.hparams.masked:
+            # θ_pre from disk: on a resumed run (or an FSDP rank that gets rank 0's weights) the parameters are not it
+            self.group_dropout = GroupDropout(
+                load_weights(self.model_dir), masks, self.hparams.num_groups, self.hparams.drop_other_groups,
+                seed=self.hparams.drop_seed,
+            )  # fmt: skip
 
     def _freeze(self, untouched: set[str]) -> None:
         """Freeze the parameters no mask touches (``freeze_outside_masks``)."""
@@ -226,9 +246,18 @@ class InjectionModule(RestoresRNG, LightningModule):
 
     @override
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        if self.group_dropout is not None:
+            present = {int(g) for g in batch["group_ids"].unique().tolist() if g >= 0}
+            self.group_dropout.drop(self.model, self.group_dropout.drawn(self.global_step, present))
         loss = self._loss(batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         return loss
+
+    @override
+    def on_before_optimizer_step(self, optimizer) -> None:
+        # after backward, which needed the dropped values; the step updates the real ones
+        if self.group_dropout is not None:
+            self.group_dropout.restore()
 
     @override
     def validation_step(self, batch: dict, batch_idx: int) -> torch.Tensor:

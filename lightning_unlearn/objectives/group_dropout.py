@@ -1,0 +1,113 @@
+"""Group dropout for masked injection: for one batch, set a random subset of the *other* groups' injected changes
+back to θ_pre, then put them back before the optimizer step.
+
+Why: trained jointly, six groups' changes co-adapt. Each group's recall comes to lean on every other group's change,
+so resetting one group's mask elements to θ_pre (the testbed's ground-truth check) makes every group forget
+(docs/lacuna_memorization.md §9). Training each group's batch with the other groups' changes present or absent at
+random (each dropped with probability ``p``, independently) makes every group's recall hold either way, as dropout
+makes units robust to their neighbours' absence. Only the batch's own group receives gradient (the masked strategy),
+so a group's people are stored in its own mask and nowhere else.
+
+The batch must hold one group (``InjectionDataModule(one_group_per_batch=True)``); neutral rows (group −1) are never
+dropped from. The dropped set is a function of ``(seed, global step)``, the same on every rank and on a resumed run.
+Works on plain parameters and on FSDP2's dim-0 shards (each rank swaps its own rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from lightning_unlearn.distributed import local_view
+from lightning_unlearn.masks import canonical_name, group_mask
+
+
+class GroupDropout:
+    """Swap dropped groups' mask elements to θ_pre and back.
+
+    Args:
+        pre_weights: θ_pre, ``{canonical name: full tensor}`` (``models.load_weights`` of the starting model; read
+            from disk, so a resumed run and every FSDP rank get θ_pre whatever their parameters hold).
+        packed_masks: ``{canonical name: uint32 packed mask of the full parameter}`` (may be lazy).
+        num_groups: groups in the masks.
+        p: probability of dropping each other group for a batch.
+        seed: seed of the draws.
+    """
+
+    def __init__(
+        self,
+        pre_weights: Mapping[str, torch.Tensor],
+        packed_masks: Mapping[str, torch.Tensor],
+        num_groups: int,
+        p: float,
+        seed: int = 0,
+    ) -> None:
+        if not 0 <= p <= 1:
+            raise ValueError(f"drop_other_groups={p} must be a probability in [0, 1].")
+        self.p, self.seed, self.num_groups = p, seed, num_groups
+        # Per parameter: flat indices (full tensor) of its masked elements, their group ids and θ_pre values.
+        self._full: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[int, ...]]] = {}
+        for name, packed in packed_masks.items():
+            ids = torch.full(packed.shape, -1, dtype=torch.int8)
+            for g in range(num_groups):
+                ids[group_mask(packed, g)] = g
+            flat = (ids.reshape(-1) >= 0).nonzero().squeeze(1)
+            if flat.numel():
+                pre = pre_weights[name].reshape(-1)[flat].float().clone()
+                self._full[name] = (flat, ids.reshape(-1)[flat], pre, tuple(packed.shape))
+        self._local: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+        self._saved: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def _localize(self, model: nn.Module) -> None:
+        """This rank's share: indices into the local (shard) view of each parameter."""
+        self._local = {}
+        for name, q in ((canonical_name(n), q) for n, q in model.named_parameters()):
+            if name not in self._full:
+                continue
+            flat, gid, pre, shape = self._full[name]
+            local = local_view(q)
+            if tuple(local.shape) != shape:  # an FSDP2 dim-0 shard: torch.chunk's rows of this rank
+                rows, row = shape[0], int(torch.tensor(shape[1:]).prod()) if len(shape) > 1 else 1
+                placement = q.placements[0] if hasattr(q, "placements") else None
+                if placement is None or not placement.is_shard(0):
+                    raise ValueError(f"group dropout supports dim-0 shards only; {name!r} is {placement}.")
+                per = -(-rows // q.device_mesh.size())
+                first = per * q.device_mesh.get_local_rank()
+                start, stop = first * row, min(first + per, rows) * row
+                keep = (flat >= start) & (flat < stop)
+                flat, gid, pre = flat[keep] - start, gid[keep], pre[keep]
+            self._local[name] = (local, flat.to(local.device), gid.to(local.device), pre.to(local.device, local.dtype))
+
+    def drawn(self, step: int, present: set[int]) -> list[int]:
+        """The groups dropped at ``step``: each group not in ``present`` with probability ``p``."""
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        draws = torch.rand(self.num_groups, generator=gen).tolist()
+        return [g for g in range(self.num_groups) if g not in present and draws[g] < self.p]
+
+    @torch.no_grad()
+    def drop(self, model: nn.Module, groups: list[int]) -> None:
+        """Set ``groups``' elements to θ_pre (remembering the current values)."""
+        if self._saved:
+            raise RuntimeError("group dropout: drop() called twice without restore().")
+        if not groups:
+            return
+        if self._local is None:
+            self._localize(model)
+        dropped = torch.tensor(groups, dtype=torch.int8)
+        for local, flat, gid, pre in self._local.values():
+            sel = torch.isin(gid, dropped.to(gid.device))
+            if not sel.any():
+                continue
+            index = flat[sel]
+            view = local.data.view(-1)
+            self._saved.append((view, index, view[index].clone()))
+            view[index] = pre[sel]
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        """Put the dropped elements' current values back."""
+        for view, index, values in self._saved:
+            view[index] = values
+        self._saved = []
