@@ -23,8 +23,9 @@ from lightning_unlearn.workflows.lacuna.localization import EVAL_SPLITS, format_
 # What the measured gap must at least be. Measured at this size: OracleGrad 1.00 (raw), GA ≈ 0.50; a broken
 # restriction (OracleGrad updating every weight) or a GA that happened to localize would shrink the gap to ≈ 0.
 MARGIN = 0.3
+# The tiny testbed memorizes nothing, so its separability is vacuous at best: it is scored with allow_inseparable.
 SETTINGS = dict(methods=("oracle_grad", "ga"), fields=("email",), epoch_scale=0.02, lr=1e-3, k=4, relearn_epochs=1,
-                in_process=True, log=print)  # fmt: skip
+                in_process=True, log=print, allow_inseparable=True)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +33,16 @@ def testbed(tmp_path_factory):
     w = tmp_path_factory.mktemp("tiny_testbed")
     run_chain(str(w), size="tiny", log=print, control=True)
     return w
+
+
+def test_a_testbed_without_a_met_separability_verdict_is_refused(tmp_path):
+    for record, why in (({"size": "tiny"}, "was never measured"), ({"size": "tiny", "separable": False}, "is NOT met")):
+        (tmp_path / "chain.json").write_text(json.dumps(record))
+        with pytest.raises(
+            ValueError, match=f"separability verdict {why}.*ground truth is not established.*--allow_insep"
+        ):
+            run_localization(tmp_path, in_process=True)
+    assert not (tmp_path / "localization").exists()  # refused before anything was written
 
 
 def _numbers(summary: dict, out_dir) -> dict:

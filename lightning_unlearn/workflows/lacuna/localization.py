@@ -42,7 +42,7 @@ from typing import Literal
 from lightning_unlearn.atomic import write_directory_atomically, write_text_atomically
 from lightning_unlearn.data.templates import TARGET_FIELDS
 from lightning_unlearn.workflows import processes
-from lightning_unlearn.workflows.lacuna.chain import CONFIG_DIR
+from lightning_unlearn.workflows.lacuna.chain import CONFIG_DIR, testbed_separable
 
 logger = logging.getLogger("lightning_unlearn")
 
@@ -356,6 +356,7 @@ def run_localization(
     in_process: bool = False,
     out_dir: str | os.PathLike | None = None,
     log: Callable[[str], None] = logger.info,
+    allow_inseparable: bool = False,
 ) -> dict:
     """Unlearn every field with every method, evaluate, score, attack; write the report; returns the summary.
 
@@ -376,7 +377,21 @@ def run_localization(
         in_process: run everything in this process, one after the other (tests).
         out_dir: where runs and the report go; default ``<workdir>/localization``.
         log: progress lines.
+        allow_inseparable: score a testbed whose separability verdict (``lacuna run``) is not met, or was never
+            measured; its numbers then measure the testbed's artifacts, and the summary says so.
     """
+    separable = testbed_separable(workdir)
+    if separable is not True and not allow_inseparable:
+        why = "was never measured (built before the check existed)" if separable is None else "is NOT met"
+        raise ValueError(
+            f"the testbed in {str(workdir)!r}: its separability verdict {why}, so its ground truth is not established "
+            "(resetting a group's mask elements makes that group's people forget, and only them); without it mask "
+            "AUC, OracleGrad and resurfacing measure the testbed's artifacts, not localization. Rebuild it "
+            "(`lightning-unlearn lacuna run --workdir "
+            f"{workdir}` prints the verdict), or pass --allow_inseparable true to score it anyway."
+        )
+    if separable is not True:
+        log("[lacuna] localization: scoring a testbed without a met separability verdict (--allow_inseparable)")
     unknown = [m for m in methods if m not in METHODS] + [f for f in fields if f not in TARGET_FIELDS]
     if unknown:
         raise ValueError(f"unknown method(s) or field(s) {unknown}; methods: {sorted(METHODS)}, fields: "
@@ -397,7 +412,8 @@ def run_localization(
         )
     epochs = {m: method_epochs(m, epoch_scale) for m in methods}
     summary: dict = {"workdir": str(workdir), "methods": list(methods), "epochs": epochs, "lr": lr, "k": k,
-                     "relearn_epochs": relearn_epochs, "seed": seed, "fields": {}}  # fmt: skip
+                     "relearn_epochs": relearn_epochs, "seed": seed, "separable": separable,
+                     "fields": {}}  # fmt: skip
 
     # 1-2. Every fit (and the validate of the starting model), as many side by side as `parallel` allows.
     runs: dict[tuple[str, str], dict] = {}  # (field, run name) -> {out, start, recipe}
@@ -662,6 +678,7 @@ def localization_command(
     seed: int = 0,
     parallel: int = 2,
     out: str | None = None,
+    allow_inseparable: bool = False,
 ) -> str:
     """Lacuna's findings on a testbed: all five methods and fields, outputs, mask AUC, resurfacing.
 
@@ -684,10 +701,12 @@ def localization_command(
         seed: seed of the attack.
         parallel: runs side by side.
         out: where the runs and the report go (default: ``<workdir>/localization``).
+        allow_inseparable: score a testbed whose separability verdict is not met (its numbers are then artifacts).
     """
     with processes.terminate_children_on_exit():  # SIGTERM / SIGHUP end the running fits too
         summary = run_localization(workdir, methods, fields, epoch_scale, lr, batch_size, control, resurfacing, k,
-                                   relearn_epochs, seed, parallel, out_dir=out)  # fmt: skip
+                                   relearn_epochs, seed, parallel, out_dir=out,
+                                   allow_inseparable=allow_inseparable)  # fmt: skip
     return format_report(summary)
 
 
