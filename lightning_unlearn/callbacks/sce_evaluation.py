@@ -18,7 +18,8 @@ from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.callbacks.logger_media import log_table
 from lightning_unlearn.callbacks.rank_split import map_batches
 from lightning_unlearn.checkpoints import preserved_rng
-from lightning_unlearn.data.narratives import COMPACT_INSTRUCTION, load_narrative
+from lightning_unlearn.data.narratives import COMPACT_INSTRUCTION, load_narrative, resolve_suite, suite_ref
+from lightning_unlearn.data.records import recorded_suites_dir
 from lightning_unlearn.distributed import is_sharded, world
 from lightning_unlearn.generation import Generation, generate_greedy, generate_greedy_adapters, model_prompt
 from lightning_unlearn.labelers.narrative_label import INVALID
@@ -78,6 +79,15 @@ def load_prompt_records(prompts: Sequence[Any] | str) -> list[dict]:
     return records
 
 
+def _cues_dir(language: str, cues_dir: str | None, suites_dir: str | None) -> str | None:
+    """Where a language's validity cues are read: ``cues_dir`` when given, else the suites folder's ``languages/``
+    when it holds the language's file, else the shipped cues (``None``)."""
+    if cues_dir is not None or suites_dir is None:
+        return cues_dir
+    folder = Path(suites_dir) / "languages"
+    return str(folder) if (folder / f"{language}.json").is_file() else None
+
+
 class SCEEvaluation(CheckpointEvaluator):
     """Suppression–Collapse Efficiency per level and pooled over L0–L2, at every checkpoint.
 
@@ -92,8 +102,8 @@ class SCEEvaluation(CheckpointEvaluator):
             its ``label`` accepts it); each rank labels the answers of its own batches, one call per
             (narrative, language) within a batch. A label may be a bool, a string, or an object with
             ``reproduced`` (and optionally ``entity_recovery``, reported per level) such as ``NarrativeLabel``.
-        narrative: load the shipped LENS suite of this narrative id (``data.narratives.load_suite``) instead of
-            ``prompts``.
+        narrative: load this LENS suite instead of ``prompts``: a shipped narrative id or the path of a suite file
+            of your own (``my-suites/my-narrative.json``; ``data.narratives.load_suite``).
         language: the suite's language (with ``narrative``).
         levels: the suite's levels to keep (with ``narrative``; default all).
         condition: ``compact`` or ``unrestricted`` (with ``narrative``).
@@ -111,7 +121,12 @@ class SCEEvaluation(CheckpointEvaluator):
         output_dir: see :class:`CheckpointEvaluator`.
         batch_size: prompts per ``generate`` call on each rank.
         validity_cues_dir: a folder of per-language answer-validity cue files
-            (:func:`~lightning_unlearn.metrics.answer_validity.load_validity_cues`; default: the shipped ones).
+            (:func:`~lightning_unlearn.metrics.answer_validity.load_validity_cues`; default: the suites folder's
+            ``languages/`` where it has the language's file, else the shipped ones).
+        suites_dir: the folder of the suite files the prompts' narratives come from, for the labeler, the claim
+            vocabulary and the topic cues (default: the folder of ``narrative`` when it is a file; for a
+            ``lens baseline`` file given as ``prompts``, the folder its ``.meta.json`` records; else the shipped
+            suites).
     """
 
     family = "sce"
@@ -134,6 +149,7 @@ class SCEEvaluation(CheckpointEvaluator):
         output_dir: str | None = None,
         batch_size: int = 8,
         validity_cues_dir: str | None = None,
+        suites_dir: str | None = None,
     ) -> None:
         super().__init__(name=name, output_dir=output_dir, batch_size=batch_size)
         if labeler is None:
@@ -152,7 +168,12 @@ class SCEEvaluation(CheckpointEvaluator):
         if narrative is not None:
             from lightning_unlearn.data.narratives import load_suite
 
-            prompts = load_suite(narrative, language, levels, condition)
+            narrative, folder = resolve_suite(narrative, suites_dir)
+            suites_dir = None if folder is None else str(folder)
+            prompts = load_suite(narrative, language, levels, condition, directory=suites_dir)
+        elif suites_dir is None and isinstance(prompts, str | Path):
+            suites_dir = recorded_suites_dir(prompts)
+        self.suites_dir = suites_dir
         self.render_prompts = narrative is not None
         self.chat_template = chat_template
         self.records = load_prompt_records(prompts)
@@ -164,13 +185,14 @@ class SCEEvaluation(CheckpointEvaluator):
         self.thresholds = thresholds or DegenerationThresholds()
         self.num_text_samples = num_text_samples
         self._cues = {
-            lang: load_validity_cues(lang, validity_cues_dir) for lang in {r["language"] for r in self.records}
+            lang: load_validity_cues(lang, _cues_dir(lang, validity_cues_dir, suites_dir))
+            for lang in {r["language"] for r in self.records}
         }
         self._specs = {}
-        for key in {(r["narrative"], r["language"]) for r in self.records}:
+        for narrative_id, lang in {(r["narrative"], r["language"]) for r in self.records}:
             try:
-                self._specs[key] = load_narrative(*key)
-            except ValueError:  # prompts of a suite the package does not ship: the question alone decides topic
+                self._specs[(narrative_id, lang)] = load_narrative(suite_ref(narrative_id, suites_dir), lang)
+            except ValueError:  # prompts of no known suite: the question alone decides topic
                 pass
         self._outputs: list[dict] = []
 
@@ -191,6 +213,7 @@ class SCEEvaluation(CheckpointEvaluator):
         for i, r in enumerate(records):
             groups[(r["narrative"], r["language"])].append(i)
         for (narrative, language), idx in groups.items():
+            narrative = suite_ref(narrative, self.suites_dir)
             responses = [texts[i] for i in idx]
             if self._labeler_takes_levels:
                 labels = self.labeler.label(responses, narrative, language, levels=[records[i]["level"] for i in idx])

@@ -37,7 +37,16 @@ from typing import Literal
 import torch
 
 from lightning_unlearn.atomic import write_texts_atomically
-from lightning_unlearn.data.narratives import CONDITIONS, LEVELS, PromptRecord, load_suite
+from lightning_unlearn.data.narratives import (
+    CONDITIONS,
+    LEVELS,
+    PromptRecord,
+    check_suite_file,
+    format_problems,
+    load_suite,
+    resolve_suite,
+)
+from lightning_unlearn.data.records import meta_path, recorded_suites_dir
 from lightning_unlearn.generation import generate_sorted, model_prompt
 from lightning_unlearn.labelers.calibration import calibration_report, format_calibration_table
 from lightning_unlearn.labelers.manual_labels import TARGET_DOMINANT, ManualLabels
@@ -118,15 +127,20 @@ def generate_for_records(
 
 # ------------------------------------------------------------------------------------------------- labeling
 def make_labeler(
-    name: str, nli_path: str | None = None, entail_threshold: float = NLI_ENTAIL_THRESHOLD, margin: float = NLI_MARGIN
+    name: str,
+    nli_path: str | None = None,
+    entail_threshold: float = NLI_ENTAIL_THRESHOLD,
+    margin: float = NLI_MARGIN,
+    suites_dir: str | None = None,
 ) -> SignatureLabeler | NLILabeler:
-    """``"signature"`` (offline default) or ``"nli"`` (needs a local ``nli_path``); errors name the fix."""
+    """``"signature"`` (offline default) or ``"nli"`` (needs a local ``nli_path``), reading the suites of
+    ``suites_dir`` (default: the shipped ones); errors name the fix."""
     if name == "signature":
-        return SignatureLabeler()
+        return SignatureLabeler(suites_dir=suites_dir)
     if name == "nli":
         if not nli_path:
             raise ValueError("labeler 'nli' needs --nli_path pointing at a local NLI model directory.")
-        return NLILabeler(nli_path, entail_threshold=entail_threshold, margin=margin)
+        return NLILabeler(nli_path, entail_threshold=entail_threshold, margin=margin, suites_dir=suites_dir)
     raise ValueError(f"unknown labeler {name!r}; use one of {', '.join(LABELERS)}.")
 
 
@@ -201,12 +215,6 @@ def read_jsonl(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def meta_path(path: str | Path) -> Path:
-    """The metadata sidecar of an output file: ``forget.jsonl`` → ``forget.meta.json``."""
-    p = Path(path)
-    return p.with_name(p.name.rsplit(".", 1)[0] + ".meta.json") if "." in p.name else p.with_name(p.name + ".meta.json")
-
-
 def _jsonl(rows: Iterable[dict]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
@@ -232,8 +240,10 @@ def _resolve_model_path(model: str) -> str:
 Labeler = Literal[LABELERS]
 
 
-def _labeler(labeler: str | None, nli_path: str | None, entail_threshold: float, margin: float):
-    return None if labeler is None else make_labeler(labeler, nli_path, entail_threshold, margin)
+def _labeler(
+    labeler: str | None, nli_path: str | None, entail_threshold: float, margin: float, suites_dir: str | None = None
+):
+    return None if labeler is None else make_labeler(labeler, nli_path, entail_threshold, margin, suites_dir)
 
 
 def baseline_command(
@@ -253,6 +263,7 @@ def baseline_command(
     nli_path: str | None = None,
     entail_threshold: float = NLI_ENTAIL_THRESHOLD,
     margin: float = NLI_MARGIN,
+    suites_dir: str | None = None,
 ) -> str | None:
     """Generate base answers to a suite and write them as JSONL (plus a .meta.json sidecar).
 
@@ -260,7 +271,8 @@ def baseline_command(
 
     Args:
         model: local model directory, or ``smollm2`` (converted on first use).
-        narrative: narrative id, e.g. ``nato-forced-war``.
+        narrative: a shipped narrative id (``nato-forced-war``) or the path of a suite file of your own
+            (``my-suites/my-narrative.json``; check it with ``lens suite check``).
         language: suite language: ``en``, ``uk``, ``zh-Hans`` or ``zh-Hant``.
         out: output JSONL.
         levels: levels to generate (default: every level of the suite).
@@ -274,10 +286,13 @@ def baseline_command(
         nli_path: local NLI model directory (labeler ``nli``).
         entail_threshold: NLI entailment threshold.
         margin: NLI separation margin.
+        suites_dir: a folder of suite files in which ``narrative`` is an id (default: the shipped suites).
     """
     # Validate everything a user can get wrong before loading a model or writing anything.
-    records = load_suite(narrative, language, levels, condition)
-    weak = _labeler(labeler, nli_path, entail_threshold, margin)
+    narrative, folder = resolve_suite(narrative, suites_dir)
+    suites_dir = None if folder is None else str(folder.resolve())
+    records = load_suite(narrative, language, levels, condition, directory=suites_dir)
+    weak = _labeler(labeler, nli_path, entail_threshold, margin, suites_dir)
     if threads < 0:
         raise ValueError(f"--threads must be >= 0, got {threads}.")
     if threads:
@@ -295,6 +310,7 @@ def baseline_command(
         "kind": "lens-baseline",
         "model": model_dir,
         "narrative": narrative,
+        "suites_dir": suites_dir,
         "language": language,
         "levels": sorted({r.level for r in records}, key=LEVELS.index),
         "condition": condition,
@@ -355,6 +371,7 @@ def import_command(
     nli_path: str | None = None,
     entail_threshold: float = NLI_ENTAIL_THRESHOLD,
     margin: float = NLI_MARGIN,
+    suites_dir: str | None = None,
 ) -> None:
     """Build a forget set from baseline answers: strict (manual labels) or weak (a labeler).
 
@@ -370,6 +387,7 @@ def import_command(
         nli_path: local NLI model directory (labeler ``nli``).
         entail_threshold: NLI entailment threshold.
         margin: NLI separation margin.
+        suites_dir: the folder of the baseline's suite (default: the one its ``.meta.json`` records).
     """
     if (labels is None) == (labeler is None):
         raise ValueError("give exactly one of --labels (manual, strict forget set) or --labeler (weak labels).")
@@ -388,7 +406,8 @@ def import_command(
         counts = manual.counts()
         source, weak = "manual", False
     else:
-        predicted = label_rows(rows, _labeler(labeler, nli_path, entail_threshold, margin))
+        folder = suites_dir or recorded_suites_dir(baseline)
+        predicted = label_rows(rows, _labeler(labeler, nli_path, entail_threshold, margin, folder))
         keep = [lbl.reproduced for lbl in predicted]
         counts = dict(Counter(lbl.label for lbl in predicted))
         source, weak = labeler, True
@@ -429,6 +448,7 @@ def label_command(
     nli_path: str | None = None,
     entail_threshold: float = NLI_ENTAIL_THRESHOLD,
     margin: float = NLI_MARGIN,
+    suites_dir: str | None = None,
 ) -> str:
     """Label a baseline file with a labeler; the result is the Reproduced count per level.
 
@@ -441,8 +461,9 @@ def label_command(
         nli_path: local NLI model directory (labeler ``nli``).
         entail_threshold: NLI entailment threshold.
         margin: NLI separation margin.
+        suites_dir: the folder of the baseline's suite (default: the one its ``.meta.json`` records).
     """
-    weak = _labeler(labeler, nli_path, entail_threshold, margin)
+    weak = _labeler(labeler, nli_path, entail_threshold, margin, suites_dir or recorded_suites_dir(baseline))
     rows = read_jsonl(baseline)
     rows = with_labels(rows, label_rows(rows, weak), labeler)
     write_texts_atomically({Path(out): _jsonl(rows)})
@@ -461,6 +482,7 @@ def calibrate_command(
     nli_path: str | None = None,
     entail_threshold: float = NLI_ENTAIL_THRESHOLD,
     margin: float = NLI_MARGIN,
+    suites_dir: str | None = None,
 ) -> str:
     """Compare a labeler's Reproduced labels with manual labels, as LENS Table 8.
 
@@ -477,6 +499,7 @@ def calibrate_command(
         nli_path: local NLI model directory (labeler ``nli``).
         entail_threshold: NLI entailment threshold.
         margin: NLI separation margin.
+        suites_dir: a folder of suite files (default: the shipped suites).
     """
     manual = ManualLabels.read(labels)
     if predicted is not None:
@@ -488,7 +511,8 @@ def calibrate_command(
         name = Path(predicted).name
     elif labeler is not None:
         rows = _read_rows(labels)
-        flags = [lbl.reproduced for lbl in label_rows(rows, _labeler(labeler, nli_path, entail_threshold, margin))]
+        weak = _labeler(labeler, nli_path, entail_threshold, margin, suites_dir)
+        flags = [lbl.reproduced for lbl in label_rows(rows, weak)]
         name = labeler
     else:
         raise ValueError("give --predicted (a labeled JSONL) or --labeler to label the answers in --labels.")
@@ -508,3 +532,21 @@ def _read_rows(path: str) -> list[dict]:
     if rows and not need <= set(rows[0]):
         raise ValueError(f"{path!r} needs columns {sorted(need)} to be labeled; use the CSV written by lens export.")
     return rows
+
+
+def suite_check_command(file: str) -> str:
+    """Check a suite file of your own: every problem with its line, or what the suite holds.
+
+    Args:
+        file: a suite JSON file (``my-suites/my-narrative.json``; the file name is the narrative id).
+    """
+    problems = check_suite_file(file)
+    if problems:
+        raise ValueError(format_problems(problems, file))
+    data = json.loads(Path(file).read_text(encoding="utf-8"))
+    lines = [f"{file}: valid suite of narrative {data['narrative']!r}"]
+    for language, lang in data["languages"].items():
+        counts = ", ".join(f"{lvl} {len(lang['prompts'][lvl])}" for lvl in LEVELS if lvl in lang["prompts"])
+        claim = f"{len(lang.get('claim', []))} claim terms" if lang.get("claim") else "no claim vocabulary"
+        lines.append(f"  {language}: {counts}; {len(lang['actors'])} actors; {claim}")
+    return "\n".join(lines)

@@ -20,6 +20,7 @@ from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, me
 from lightning_unlearn.callbacks.checkpoint_selection import HEATMAP_FILE, SELECTION_FILE
 from lightning_unlearn.callbacks.sce_evaluation import GENERATIONS_DIR, SCEEvaluation
 from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_figure, write_json
+from lightning_unlearn.data.records import recorded_suites_dir
 from lightning_unlearn.generation import Generation
 from lightning_unlearn.labelers import SignatureLabeler
 from lightning_unlearn.metrics.selection import OperatingPointGuards, sce_table, select_from_rows
@@ -46,6 +47,7 @@ def rescore(
     metric: str = "sce",
     guards: OperatingPointGuards | None = None,
     validity_cues_dir: str | None = None,
+    suites_dir: str | None = None,
 ) -> dict:
     """Re-label and re-score every saved checkpoint generation of one run; returns the new selection.
 
@@ -58,6 +60,8 @@ def rescore(
         metric: selection metric: ``sce``, ``sce_health`` or ``sce_strict``.
         guards: bounds of the guarded selection.
         validity_cues_dir: a folder of per-language answer-validity cue files (default: the shipped ones).
+        suites_dir: the folder of the run's suite file when it is not a shipped one (default: the folder the
+            ``--prompts`` file's ``.meta.json`` records, else the shipped suites).
     """
     root = Path(run_dir)
     if not (root / METRICS_FILE).is_file():
@@ -86,7 +90,11 @@ def rescore(
             f"the generation rows of {str(root)!r} name no narrative (e.g. {unknown[0]!r}), so they cannot be "
             "labeled; pass --prompts with the suite file the run was evaluated on (its baseline.jsonl)."
         )
-    sce = SCEEvaluation(prompts=records, labeler=SignatureLabeler(), validity_cues_dir=validity_cues_dir)
+    if suites_dir is None and prompts is not None:
+        suites_dir = recorded_suites_dir(prompts)
+    sce = SCEEvaluation(
+        prompts=records, labeler=SignatureLabeler(), validity_cues_dir=validity_cues_dir, suites_dir=suites_dir
+    )
     rows = {int(r["step"]): r for r in read_rows(root / METRICS_FILE) if r.get("family") == family}
     base_answers = [o.get("base_answer") or "" for o in first]
     base = [lab["reproduced"] for lab in sce._label(sce.records, base_answers)]
