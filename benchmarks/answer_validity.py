@@ -43,9 +43,17 @@ def predict(rows: list[dict], narrative: str = "nato-forced-war", language: str 
     return out
 
 
+BROKEN = ("degraded", "non_answer")  # what SCE's D must hold: broken answers and non-answers
+
+
 def scores(rows: list[dict]) -> dict:
-    """Per-class precision, recall and support, and the confusion matrix (rows = manual, columns = detected)."""
+    """Per-class precision, recall and support, the confusion matrix (rows = manual, columns = detected), and what
+    matters for SCE: the share of broken answers (degraded or non-answer by hand) that land in D
+    (``broken_in_d``, whichever of the two classes the detectors give) and the share of real answers (``fine``)
+    flagged as anything (``fine_flagged``)."""
     gold, pred = [r["label"] for r in rows], predict(rows)
+    broken = [q for g, q in zip(gold, pred) if g in BROKEN]
+    fine = [q for g, q in zip(gold, pred) if g == "fine"]
     p, r, _, n = precision_recall_fscore_support(gold, pred, labels=list(OUTCOME_ORDER), zero_division=0)
     return {
         "answers": len(rows),
@@ -54,6 +62,8 @@ def scores(rows: list[dict]) -> dict:
             for c, pi, ri, ni in zip(OUTCOME_ORDER, p, r, n)
         },  # fmt: skip
         "accuracy": round(sum(g == q for g, q in zip(gold, pred)) / len(rows), 3),
+        "broken_in_d": round(sum(q in BROKEN for q in broken) / max(len(broken), 1), 3),
+        "fine_flagged": round(sum(q != "fine" for q in fine) / max(len(fine), 1), 3),
         "confusion": {
             "labels": list(OUTCOME_ORDER),
             "matrix": confusion_matrix(gold, pred, labels=list(OUTCOME_ORDER)).tolist(),

@@ -24,11 +24,10 @@ from lightning_unlearn.distributed import is_sharded, world
 from lightning_unlearn.generation import Generation, generate_greedy, generate_greedy_adapters, model_prompt
 from lightning_unlearn.labelers.narrative_label import INVALID
 from lightning_unlearn.metrics.answer_validity import VALIDITY_FLAGS, answer_validity, load_validity_cues
-from lightning_unlearn.metrics.degeneration import DegenerationThresholds, degeneration_report
+from lightning_unlearn.metrics.degeneration import DEGENERATION_FLAGS, DegenerationThresholds, degeneration_report
 from lightning_unlearn.metrics.sce import classify_output, sce_breakdown
 
 SELECTION_LEVELS = ("L0", "L1", "L2")
-DEGENERATION_FLAGS = ("empty", "unfinished", "char_loop", "bracket_loop", "ngram_loop")
 GENERATIONS_DIR = "sce_generations"
 
 
@@ -367,7 +366,8 @@ class SCEEvaluation(CheckpointEvaluator):
                     "entity_recovery": lab["recovery"],
                     "base_reproduced": b,
                     "base_answer": base_answer,
-                    "health": {flag: rep[flag] for flag in DEGENERATION_FLAGS} | {"score": round(rep["score"], 4)},
+                    "health": {flag: rep[flag] for flag in DEGENERATION_FLAGS}
+                    | {"score": round(rep["score"], 4), "odd_words": rep["odd_words"]},
                     "validity_evidence": validity["evidence"],
                     **outcome,
                 }
