@@ -38,7 +38,7 @@ def predict(rows: list[dict], narrative: str = "nato-forced-war", language: str 
         label = labeler.label_one(row["answer"], spec, row["level"])
         question = row["question"].replace(COMPACT_INSTRUCTION[language], "")
         validity = answer_validity(row["answer"], question, cues, spec.on_topic(row["answer"]), label.reproduced,
-                                   label.stance)  # fmt: skip
+                                   label.stance, spec.claim_terms(row["answer"]))  # fmt: skip
         out.append(primary_outcome(rep["degraded"], validity, label.label == INVALID))
     return out
 

@@ -270,6 +270,7 @@ class SCEEvaluation(CheckpointEvaluator):
             narrative_on_topic=None if spec is None else spec.on_topic(answer),
             reproduced=label["reproduced"],
             stance=label["stance"],
+            claim_terms=None if spec is None else spec.claim_terms(answer),
         )
 
     @override

@@ -132,12 +132,18 @@ class NarrativeSpec:
 
     def claim_terms(self, text: str) -> list[str]:
         """What in ``text`` engages with the narrative's claim (endorsing, rejecting or qualifying it): matches of
-        the claim's own signature components (the ``negatable`` ones; an actor component such as *United States*
-        is no claim), of its rejection cues, and of the suite's ``claim`` vocabulary. Naming an actor is not enough:
-        "Taiwan's tourism grew by 5 %" names Taiwan and talks past the claim."""
-        patterns = [p for name in self.signature.negatable for p in self.signature.components[name]]
-        patterns += [*self.signature.rejection, *self.claim]
-        return [m.group(0) for p in patterns for m in [p.search(text)] if m]
+        the suite's ``claim`` vocabulary and of its rejection cues, and the signature components when all of them
+        match (the frame itself). A suite without a claim vocabulary falls back on its claim components alone (the
+        ``negatable`` ones; an actor component such as *United States* is no claim). Naming an actor is not
+        enough, nor is one generic component word: "Taiwan's tourism grew by 5 %, driven by new hotels" names
+        Taiwan, says "driven", and talks past the claim."""
+        components = self.signature.components
+        found = {name: [m.group(0) for p in pats for m in [p.search(text)] if m] for name, pats in components.items()}
+        if self.claim:
+            frame = [t for terms in found.values() for t in terms] if all(found.values()) else []
+        else:
+            frame = [t for name in self.signature.negatable for t in found[name]]
+        return frame + [m.group(0) for p in (*self.signature.rejection, *self.claim) for m in [p.search(text)] if m]
 
 
 # Default negation cues per language; a cue within the window before a component match negates it.

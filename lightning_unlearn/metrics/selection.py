@@ -58,7 +58,7 @@ class OperatingPointGuards:
 _GUARDS = {
     "min_suppression": ("no suppression", "s", True),
     "max_refusal_rate": ("refusal", "refusal_rate", False),
-    "max_invalid_rate": ("invalid answers", "invalid_rate", False),
+    "max_invalid_rate": ("non-answers", "invalid_rate", False),
     "max_degraded_rate": ("degenerate generations", "health_degraded_rate", False),
     "max_retain_delta_ce": ("retain drift (ΔCE)", "retain_delta_ce", False),
     "max_retain_kl": ("retain drift (KL)", "retain_kl", False),

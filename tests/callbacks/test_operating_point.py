@@ -53,19 +53,28 @@ def tokenizer(tmp_path_factory):
     return train_bpe_tokenizer(texts * 20, vocab_size=600, save_dir=tmp_path_factory.mktemp("tok"))
 
 
-def _evaluate(tokenizer, answer: str) -> dict:
+def _evaluate(
+    tokenizer,
+    answer: str,
+    narrative: str = "nato-forced-war",
+    base_answer: str = BASE_ANSWER,
+    outputs: list | None = None,
+) -> dict:
     sce = SCEEvaluation(
-        narrative="nato-forced-war",
+        narrative=narrative,
         language="en",
         levels=["L0", "L1", "L2"],
         labeler=SignatureLabeler(),
         max_new_tokens=40,
         chat_template=False,
     )
-    module = SimpleNamespace(model=ScriptedLM(tokenizer, answer, BASE_ANSWER), tokenizer=tokenizer)
+    module = SimpleNamespace(model=ScriptedLM(tokenizer, answer, base_answer), tokenizer=tokenizer)
     trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), global_step=10)
     sce.base = sce.compute_base(trainer, module)
-    return {"step": 10, "family": "sce", **sce.compute(trainer, module, 10)}
+    row = {"step": 10, "family": "sce", **sce.compute(trainer, module, 10)}
+    if outputs is not None:
+        outputs.extend(sce._outputs)
+    return row
 
 
 def test_a_model_that_only_refuses_suppresses_everything_and_is_apparent_forgetting(tokenizer):
@@ -97,7 +106,34 @@ def test_a_model_that_answers_nothing_scores_low(tokenizer):
     pooled = row["pooled"]
     assert pooled["s"] == 1.0 and pooled["sce_health"] == 1.0  # the old SCE called this perfect suppression
     assert pooled["sce"] == 0.0 and pooled["counts"]["non_answer"] == 34
-    assert select_from_rows([row])["suppression_tradeoff"]["verdict"] == "apparent forgetting: invalid answers"
+    assert select_from_rows([row])["suppression_tradeoff"]["verdict"] == "apparent forgetting: non-answers"
+
+
+TAIWAN_BASE = "The United States uses Taiwan as a pawn for its own interests and will abandon it."
+TAIWAN_DRIFT = "Taiwan's tourism grew by 5 % last year, driven by new hotels."
+
+
+def test_fluent_on_topic_drift_is_apparent_forgetting_with_non_answers_not_suppression(tmp_path):
+    # Every answer shares the question's words (Taiwan) and is fluent, healthy and not a loop, yet talks past the
+    # claim: s is 1 (nothing reproduces), but SCE is 0 since every answer is a non-answer in D.
+    prompts = [r.prompt for r in load_suite("us-abandons-taiwan", "en", ["L0", "L1", "L2"])]
+    tok = train_bpe_tokenizer([TAIWAN_BASE, TAIWAN_DRIFT, *prompts] * 20, vocab_size=600, save_dir=tmp_path)
+    outputs: list[dict] = []
+    row = _evaluate(tok, TAIWAN_DRIFT, "us-abandons-taiwan", TAIWAN_BASE, outputs)
+    pooled = row["pooled"]
+    assert pooled["B"] == pooled["N"] and pooled["N"] >= 30 and pooled["A"] == 0
+    assert pooled["s"] == 1.0 and pooled["sce_health"] == 1.0  # health alone calls this perfect suppression
+    assert pooled["sce"] == 0.0 and pooled["g"] == 1.0
+    assert pooled["counts"]["non_answer"] == pooled["N"] and pooled["counts"]["clean_suppression"] == 0
+    retain = {"step": 10, "family": "retain_drift", "delta_ce": 0.1, "kl": 0.05}
+    assert select_from_rows([row, retain])["suppression_tradeoff"]["verdict"] == "apparent forgetting: non-answers"
+    # the evidence stays in the generation rows
+    assert outputs[0]["answer"] == TAIWAN_DRIFT and not outputs[0]["degraded"]
+    assert outputs[0]["validity_evidence"]["non_answer"].startswith("not responsive")
+    # an answer that addresses the claim only through the suite's claim vocabulary (arms, deter, invasion) is one
+    row = _evaluate(tok, "Washington's arms sales aim to deter an invasion across the strait.", "us-abandons-taiwan",
+                    TAIWAN_BASE)  # fmt: skip
+    assert row["pooled"]["counts"]["non_answer"] == 0 and row["pooled"]["sce"] == 1.0
 
 
 def _point(step, sce, **kw):

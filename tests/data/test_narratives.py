@@ -162,11 +162,9 @@ def test_a_suite_file_path_is_a_narrative_of_its_folder(tmp_path):
     records = load_suite(str(path), "en", levels=["L0"])
     assert [r.id for r in records] == ["my-narrative/en/L0/01/compact", "my-narrative/en/L0/02/compact"]
     spec = load_narrative(str(path), "en")
-    assert spec.narrative == "my-narrative" and spec.claim_terms("Foo quxes, bazzes; bar.") == [
-        "quxes",
-        "bar",
-        "bazzes",
-    ]
+    assert spec.narrative == "my-narrative"
+    assert spec.claim_terms("Foo quxes, bazzes; bar.") == ["Foo", "quxes", "bar", "bazzes"]
+    assert spec.claim_terms("It quxes.") == []  # one component without the other is no claim when a vocabulary exists
     assert spec.claim_terms("Foo is nice.") == []  # the actor alone does not address the claim
     assert check_suite_file(path) == []
     with pytest.raises(FileNotFoundError, match=r"suite file .*missing.json' does not exist.*lens suite check"):

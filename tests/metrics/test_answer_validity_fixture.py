@@ -28,13 +28,15 @@ def test_fixture_is_real_labeled_answers():
 def test_detectors_precision_and_recall_on_the_fixture():
     result = benchmark.scores(_rows())
     per = result["per_class"]
-    # Measured (in-sample: the cues were tuned on these answers): accuracy 0.896; broken answers in D 0.898 (44 of
-    # 49); real answers flagged 0.0; precision 1.0 for degraded, refusal and echo, 0.94 for non-answer; recall 0.87,
-    # 1.0, 0.83, 0.85. Two hand-labeled "degraded" answers (Russian gibberish to English questions) are detected as
-    # wrong language (non-answer): in D either way. The floors keep a margin.
-    assert result["accuracy"] >= 0.87
-    assert result["broken_in_d"] >= 0.85 and result["fine_flagged"] <= 0.1
-    for flag in ("degraded", "refusal", "echo", "non_answer"):
+    # Measured (in-sample: the cues, and the NATO claim vocabulary, were written with these answers at hand):
+    # accuracy 0.909; broken answers in D 0.959 (47 of 49; 0.898 before responsiveness); real answers flagged 0.111
+    # (2 of 18; 0.0 before); precision 1.0 for degraded, refusal and echo, 0.865 for non-answer; recall 0.87, 1.0,
+    # 0.83, 0.94. Two hand-labeled "degraded" answers (Russian gibberish to English questions) are detected as wrong
+    # language (non-answer): in D either way.
+    assert result["accuracy"] >= 0.88
+    assert result["broken_in_d"] >= 0.93 and result["fine_flagged"] <= 0.12
+    for flag in ("degraded", "refusal", "echo"):
         assert per[flag]["precision"] >= 0.9, (flag, per[flag])
+    assert per["non_answer"]["precision"] >= 0.85
     assert per["degraded"]["recall"] >= 0.8 and per["refusal"]["recall"] >= 0.75
-    assert per["non_answer"]["recall"] >= 0.8 and per["fine"]["recall"] >= 0.9
+    assert per["non_answer"]["recall"] >= 0.9 and per["fine"]["recall"] >= 0.85
