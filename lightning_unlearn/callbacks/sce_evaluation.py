@@ -386,6 +386,7 @@ class SCEEvaluation(CheckpointEvaluator):
         degeneration = {flag: sum(rep[flag] for rep in reports) / n for flag in DEGENERATION_FLAGS}
         degeneration["mean_score"] = sum(rep["score"] for rep in reports) / n
         return outputs, {
+            "narratives": sorted({r["narrative"] for r in self.records if r["narrative"]}),
             "levels": levels,
             "pooled": pooled,
             "degraded_rate": sum(o["degraded_sce"] for o in outputs) / n,

@@ -23,6 +23,7 @@ from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_fig
 from lightning_unlearn.data.records import recorded_suites_dir
 from lightning_unlearn.generation import Generation
 from lightning_unlearn.labelers import SignatureLabeler
+from lightning_unlearn.labelers.calibration import load_validity_calibration
 from lightning_unlearn.metrics.selection import OperatingPointGuards, sce_table, select_from_rows
 
 log = logging.getLogger("lightning_unlearn")
@@ -48,6 +49,8 @@ def rescore(
     guards: OperatingPointGuards | None = None,
     validity_cues_dir: str | None = None,
     suites_dir: str | None = None,
+    validity_calibration: str | None = None,
+    min_validity_recall: float = 0.8,
 ) -> dict:
     """Re-label and re-score every saved checkpoint generation of one run; returns the new selection.
 
@@ -62,7 +65,11 @@ def rescore(
         validity_cues_dir: a folder of per-language answer-validity cue files (default: the shipped ones).
         suites_dir: the folder of the run's suite file when it is not a shipped one (default: the folder the
             ``--prompts`` file's ``.meta.json`` records, else the shipped suites).
+        validity_calibration: a ``lens calibrate --validity_json`` file for this narrative (default: none, so no
+            checkpoint is verified as a useful operating point).
+        min_validity_recall: the share of broken answers D must catch for the detectors to count as verified.
     """
+    calibration = load_validity_calibration(validity_calibration)
     root = Path(run_dir)
     if not (root / METRICS_FILE).is_file():
         raise FileNotFoundError(f"{str(root / METRICS_FILE)!r} does not exist; pass the run's log directory.")
@@ -118,7 +125,15 @@ def rescore(
             metrics["pooled"]["sce_strict"],
         )
     all_rows = merge_rows(root / METRICS_FILE, new_rows)
-    selection = select_from_rows(all_rows, family, collapse_boundary, metric, guards)
+    selection = select_from_rows(
+        all_rows,
+        family,
+        collapse_boundary,
+        metric,
+        guards,
+        validity_calibration=calibration,
+        min_validity_recall=min_validity_recall,
+    )
     write_json(root / SELECTION_FILE, selection)
     fig = sce_heatmap_figure({root.parent.name or "run": sce_table(all_rows, family)}, metric=metric)
     save_figure(fig, root / HEATMAP_FILE)

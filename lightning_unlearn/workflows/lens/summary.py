@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from lightning_unlearn.callbacks.sce_heatmap import write_json
+from lightning_unlearn.labelers.calibration import load_validity_calibration
 from lightning_unlearn.metrics.selection import sce_table, select_from_rows
 from lightning_unlearn.workflows.report import run_rows
 
@@ -45,6 +46,8 @@ def trajectory_summary(
     collapse_boundary: float = 0.5,
     family: str = "sce",
     retain_family: str = "retain_drift",
+    validity_calibration: str | None = None,
+    min_validity_recall: float = 0.8,
 ) -> dict:
     """The selected checkpoints of one run and the per-level numbers at the suppression-tradeoff checkpoint.
 
@@ -54,12 +57,21 @@ def trajectory_summary(
         collapse_boundary: degraded-output rate g that marks collapse.
         family: metric family of the SCE rows.
         retain_family: metric family of the retain-drift rows.
+        validity_calibration: a ``lens calibrate --validity_json`` file for this narrative.
+        min_validity_recall: the share of broken answers D must catch for the detectors to count as verified.
     """
     rows = run_rows(run_dir)
     table = sce_table(rows, family)
     if not table.get("pooled"):
         raise ValueError(f"no pooled {family!r} rows under {str(run_dir)!r}; was the run evaluated with SCEEvaluation?")
-    selection = select_from_rows(rows, family, collapse_boundary, retain_family=retain_family)
+    selection = select_from_rows(
+        rows,
+        family,
+        collapse_boundary,
+        retain_family=retain_family,
+        validity_calibration=load_validity_calibration(validity_calibration),
+        min_validity_recall=min_validity_recall,
+    )
     step = selection["suppression_tradeoff"]["step"]
     levels = {lv: table[lv][step] for lv in LEVEL_ORDER if step in table.get(lv, {})}
     sce_row = next(r for r in rows if r.get("family") == family and int(r["step"]) == step)
@@ -104,6 +116,7 @@ def format_summary(summary: dict) -> str:
         + (
             f"step {sel['guarded']['step']} ({sel['guarded']['verdict']})" if sel["guarded"] else sel["guarded_verdict"]
         ),
+        f"validity detectors: {sel['validity']['reason']}",
         f"{'level':<11}{'B':>4}{'A':>4}{'D':>4}{'N':>4}{'s':>7}{'g':>7}{'SCE':>7}{'health':>7}{'strict':>7}"
         f"{'refus':>6}{'echo':>5}{'nonans':>7}{'clean':>6}",
     ]
@@ -127,7 +140,13 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def summary_command(run_dir: str, baseline: str | None = None, collapse_boundary: float = 0.5) -> str:
+def summary_command(
+    run_dir: str,
+    baseline: str | None = None,
+    collapse_boundary: float = 0.5,
+    validity_calibration: str | None = None,
+    min_validity_recall: float = 0.8,
+) -> str:
     """One LENS trajectory at its selected checkpoint, as a short table.
 
     B, A, D, N, s, g and SCE per level at the suppression-tradeoff checkpoint, entity recovery before and after,
@@ -137,7 +156,16 @@ def summary_command(run_dir: str, baseline: str | None = None, collapse_boundary
         run_dir: the run directory (searched recursively for ``checkpoint_metrics.jsonl``).
         baseline: labeled ``lens baseline`` JSONL, for entity recovery before unlearning.
         collapse_boundary: degraded-output rate g that marks collapse.
+        validity_calibration: a ``lens calibrate --validity_json`` file for this narrative (without one, no
+            checkpoint is verified as a useful operating point).
+        min_validity_recall: the share of broken answers D must catch for the detectors to count as verified.
     """
-    summary = trajectory_summary(run_dir, baseline, collapse_boundary)
+    summary = trajectory_summary(
+        run_dir,
+        baseline,
+        collapse_boundary,
+        validity_calibration=validity_calibration,
+        min_validity_recall=min_validity_recall,
+    )
     write_json(Path(run_dir) / SUMMARY_FILE, summary)
     return format_summary(summary)
