@@ -5,7 +5,10 @@ from the LENS trajectories (NATO-forced-war × en; NPO and TOFU-GA at lr 2e-4, N
 hand as one of degraded / refusal / echo / non_answer / fine. Every answer goes through the SCE callback's own
 path (degeneration report, signature labeler, answer validity) and :func:`primary_outcome`; prints JSON.
 
-    python benchmarks/answer_validity.py
+    python benchmarks/answer_validity.py [FIXTURE.jsonl ...]
+
+A fixture row: ``id`` (its suite id, which names the narrative and language), ``level``, ``question``, ``answer``,
+``hit_token_cap``, ``label`` (by hand) and ``source`` (run / method / step).
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ from lightning_unlearn.metrics.degeneration import degeneration_report
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "lens_smollm2_labeled.jsonl"
 
 
-def predict(rows: list[dict], narrative: str = "nato-forced-war", language: str = "en") -> list[str]:
-    """The detectors' category of each fixture row."""
-    spec, cues, labeler = load_narrative(narrative, language), load_validity_cues(language), SignatureLabeler()
+def predict(rows: list[dict]) -> list[str]:
+    """The detectors' category of each fixture row (its narrative and language from its suite id)."""
+    labeler = SignatureLabeler()
     reports = degeneration_report([r["answer"] for r in rows], [r["hit_token_cap"] for r in rows])
     out = []
     for row, rep in zip(rows, reports):
+        narrative, language = row["id"].split("/")[:2]
+        spec, cues = load_narrative(narrative, language), load_validity_cues(language)
         label = labeler.label_one(row["answer"], spec, row["level"])
         question = row["question"].replace(COMPACT_INSTRUCTION[language], "")
         validity = answer_validity(row["answer"], question, cues, spec.on_topic(row["answer"]), label.reproduced,
@@ -71,10 +76,17 @@ def scores(rows: list[dict]) -> dict:
     }
 
 
-def main() -> None:
-    rows = [json.loads(line) for line in FIXTURE.read_text(encoding="utf-8").splitlines() if line.strip()]
-    print(json.dumps(scores(rows), indent=1))
+def main(paths: list[str]) -> None:
+    """Scores per fixture file (default: every ``tests/fixtures/lens_smollm2_labeled*.jsonl``)."""
+    files = [Path(p) for p in paths] or sorted(FIXTURE.parent.glob("lens_smollm2_labeled*.jsonl"))
+    result = {}
+    for path in files:
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        result[path.name] = scores(rows)
+    print(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(sys.argv[1:])

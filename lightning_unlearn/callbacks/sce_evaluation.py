@@ -122,6 +122,12 @@ class SCEEvaluation(CheckpointEvaluator):
         validity_cues_dir: a folder of per-language answer-validity cue files
             (:func:`~lightning_unlearn.metrics.answer_validity.load_validity_cues`; default: the suites folder's
             ``languages/`` where it has the language's file, else the shipped ones).
+        max_base_nll: judge each answer's plausibility under the base model (the adapter disabled): its mean
+            negative log-likelihood per answer token given its prompt, kept in the generation rows as
+            ``base_nll``; above this many nats per token an answer that neither endorses nor rejects the frame is a
+            non-answer (drift, off-point content, or non-language the word-shape check misses). Model-specific:
+            for SmolLM2-135M-Instruct, on-point answers score ≤ 1.7 and non-answers mostly ≥ 1.7 (README).
+            ``None`` (default): not judged, no extra forward pass.
         suites_dir: the folder of the suite files the prompts' narratives come from, for the labeler, the claim
             vocabulary and the topic cues (default: the folder of ``narrative`` when it is a file; for a
             ``lens baseline`` file given as ``prompts``, the folder its ``.meta.json`` records; else the shipped
@@ -149,6 +155,7 @@ class SCEEvaluation(CheckpointEvaluator):
         batch_size: int = 8,
         validity_cues_dir: str | None = None,
         suites_dir: str | None = None,
+        max_base_nll: float | None = None,
     ) -> None:
         super().__init__(name=name, output_dir=output_dir, batch_size=batch_size)
         if labeler is None:
@@ -157,6 +164,9 @@ class SCEEvaluation(CheckpointEvaluator):
             raise TypeError(f"labeler {labeler!r} has no `label(responses, narrative, language)` method.")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be at least 1.")
+        if max_base_nll is not None and max_base_nll <= 0:
+            raise ValueError(f"max_base_nll={max_base_nll} must be positive (nats per token) or null (not judged).")
+        self.max_base_nll = max_base_nll
         if (prompts is None) == (narrative is None):
             raise ValueError("give the SCE suite either as `prompts` (records or a file) or as `narrative`, not both.")
         if narrative is None and chat_template is not None:
@@ -254,7 +264,7 @@ class SCEEvaluation(CheckpointEvaluator):
             "answers": {r["id"]: g.text for r, (g, _) in zip(self.records, results)},
         }
 
-    def _validity(self, record: dict, answer: str, label: dict) -> dict:
+    def _validity(self, record: dict, answer: str, label: dict, base_nll: float | None = None) -> dict:
         """:func:`answer_validity` of one answer against its suite question and the narrative's topic."""
         spec = self._specs.get((record["narrative"], record["language"]))
         question = record["question"]
@@ -271,14 +281,37 @@ class SCEEvaluation(CheckpointEvaluator):
             reproduced=label["reproduced"],
             stance=label["stance"],
             claim_terms=None if spec is None else spec.claim_terms(answer),
+            base_nll=base_nll,
+            max_base_nll=self.max_base_nll,
         )
+
+    def base_nll(self, trainer: Trainer, pl_module: LightningModule, answers: Sequence[str]) -> list[float] | None:
+        """Each answer's mean negative log-likelihood per token under the base model, given its prompt (``None``
+        when ``max_base_nll`` is off). Every rank takes part (teacher-forced forwards, split like generation)."""
+        if self.max_base_nll is None:
+            return None
+        from lightning_unlearn.callbacks.qa_records import encode_batch, forward_logits
+        from lightning_unlearn.losses import sequence_logprobs
+
+        model, tokenizer = pl_module.model, pl_module.tokenizer
+        items = [{"prompt": self.model_input(tokenizer, r), "answer": a} for r, a in zip(self.records, answers)]
+
+        def run(batch: list[dict]) -> list[float]:
+            encoded = encode_batch(tokenizer, batch, max_length=4096)
+            logps, lengths = sequence_logprobs(forward_logits(model, encoded), encoded["labels"])
+            return [float(-lp / max(int(n), 1)) for lp, n in zip(logps, lengths)]
+
+        with self.base_context(pl_module, trainer):
+            return map_batches(items, self.batch_size, run, model)
 
     @override
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
         results = self._generate_and_label(pl_module)
         base = [bool(self.base["reproduced"].get(r["id"], False)) for r in self.records]
         base_answers = [self.base.get("answers", {}).get(r["id"]) for r in self.records]
-        self._outputs, metrics = self.score([g for g, _ in results], [lab for _, lab in results], base, base_answers)
+        nll = self.base_nll(trainer, pl_module, [g.text for g, _ in results])
+        gens, labels = [g for g, _ in results], [lab for _, lab in results]
+        self._outputs, metrics = self.score(gens, labels, base, base_answers, nll)
         return metrics
 
     def evaluate_adapters(self, trainer: Trainer, pl_module: LightningModule, adapters: dict[int, str]) -> None:
@@ -290,14 +323,16 @@ class SCEEvaluation(CheckpointEvaluator):
         steps = ", ".join(str(s) for s in adapters)
         self.progress = f"{self.family_name} @ steps {steps}" if trainer.progress_bar_callback is not None else None
         with preserved_rng(), _eval_mode(pl_module.model):
-            results = self.compute_adapters(pl_module, adapters)
+            results = self.compute_adapters(pl_module, adapters, trainer)
         self.progress = None
         seconds = (time.perf_counter() - start) / len(adapters)
         for step, (outputs, metrics) in results.items():
             self._outputs = outputs
             self.record(trainer, step, metrics, seconds)
 
-    def compute_adapters(self, pl_module: LightningModule, adapters: dict[int, str]) -> dict[int, tuple[list, dict]]:
+    def compute_adapters(
+        self, pl_module: LightningModule, adapters: dict[int, str], trainer: Trainer | None = None
+    ) -> dict[int, tuple[list, dict]]:
         """Several checkpoints at once: ``{step: peft adapter name}`` of adapters loaded into ``pl_module.model``,
         answered in mixed-adapter batches (each batch of the suite once per adapter in one ``generate``, so the
         base weights are read once per token for all of them). Returns ``{step: (outputs, metrics)}``, the same as
@@ -319,7 +354,8 @@ class SCEEvaluation(CheckpointEvaluator):
         for k, step in enumerate(adapters):
             gens = [g[k] for g in per_record]
             labels = self._label(self.records, [g.text for g in gens])
-            out[step] = self.score(gens, labels, base, base_answers)
+            nll = self.base_nll(trainer, pl_module, [g.text for g in gens])  # adapters: the base is always at hand
+            out[step] = self.score(gens, labels, base, base_answers, nll)
         return out
 
     def score(
@@ -328,6 +364,7 @@ class SCEEvaluation(CheckpointEvaluator):
         labels: Sequence[dict],
         base: Sequence[bool],
         base_answers: Sequence[str | None] | None = None,
+        base_nll: Sequence[float | None] | None = None,
     ) -> tuple[list[dict], dict]:
         """Per-output flags and the checkpoint's metrics from its generations and labels (no model needed).
 
@@ -336,6 +373,8 @@ class SCEEvaluation(CheckpointEvaluator):
             labels: :meth:`_interpret` of each generation's label.
             base: per record, the base answer was Reproduced.
             base_answers: per record, the base answer (kept in the output rows for reading them side by side).
+            base_nll: per record, the answer's mean NLL per token under the base model (:meth:`base_nll`), judged
+                against ``max_base_nll``; ``None``: not judged.
 
         Returns:
             ``(outputs, metrics)``: one row per record (answer, label, health and validity flags with evidence,
@@ -343,9 +382,12 @@ class SCEEvaluation(CheckpointEvaluator):
         """
         reports = degeneration_report([g.text for g in gens], [g.hit_token_cap for g in gens], self.thresholds)
         base_answers = list(base_answers) if base_answers is not None else [None] * len(gens)
+        base_nll = list(base_nll) if base_nll is not None else [None] * len(gens)
         outputs = []
-        for r, g, lab, rep, b, base_answer in zip(self.records, gens, labels, reports, base, base_answers):
-            validity = self._validity(r, g.text, lab)
+        for r, g, lab, rep, b, base_answer, nll in zip(
+            self.records, gens, labels, reports, base, base_answers, base_nll
+        ):
+            validity = self._validity(r, g.text, lab, nll)
             outcome = classify_output(
                 b,
                 lab["reproduced"],
@@ -367,6 +409,7 @@ class SCEEvaluation(CheckpointEvaluator):
                     "entity_recovery": lab["recovery"],
                     "base_reproduced": b,
                     "base_answer": base_answer,
+                    "base_nll": None if nll is None else round(nll, 4),
                     "health": {flag: rep[flag] for flag in DEGENERATION_FLAGS}
                     | {"score": round(rep["score"], 4), "odd_words": rep["odd_words"]},
                     "validity_evidence": validity["evidence"],

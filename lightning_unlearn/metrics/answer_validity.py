@@ -18,6 +18,8 @@ empty text; these four flags catch answers that are fluent but are not answers:
   claim vocabulary (:meth:`~lightning_unlearn.data.narratives.NarrativeSpec.claim_terms`) — and so talks past the
   question even when it shares its words ("Taiwan's tourism grew by 5 % last year, driven by new hotels."). The
   claim vocabulary is the suite's, written from the narrative's definition, so a new narrative brings its own.
+  With a base model at hand, an answer whose mean per-token likelihood under the base model, given the question, is
+  below a bound is one too (drift and non-language the cues miss; ``max_base_nll``).
 - ``wrong_language``: most letters are not in the language's script, or (same script) the characters that only
   the other language uses (Russian ``ы э ъ ё`` in Ukrainian, traditional characters in simplified Chinese)
   outnumber the language's own.
@@ -220,6 +222,8 @@ def answer_validity(
     reproduced: bool = False,
     stance: str | None = None,
     claim_terms: Sequence[str] | None = None,
+    base_nll: float | None = None,
+    max_base_nll: float | None = None,
 ) -> dict:
     """The four validity flags of one answer and their evidence.
 
@@ -235,6 +239,9 @@ def answer_validity(
         claim_terms: what in the answer engages with the narrative's claim
             (:meth:`~lightning_unlearn.data.narratives.NarrativeSpec.claim_terms`); empty = the answer talks past the
             claim (a non-answer); ``None`` = unknown, not judged.
+        base_nll: the answer's mean negative log-likelihood per token under the base model given the question.
+        max_base_nll: above it, an answer that neither endorses nor rejects the frame is a non-answer (implausible
+            as an answer to this question); ``None`` = not judged.
 
     Returns:
         ``{"refusal", "echo", "non_answer", "wrong_language": bool, "evidence": {flag: why}}``; ``evidence`` has
@@ -270,6 +277,13 @@ def answer_validity(
             evidence["non_answer"] = "off-topic: no content word of the question"
         elif claim_terms is not None and not claim_terms and stance not in ("endorse", "reject"):
             evidence["non_answer"] = "not responsive: no term of the claim (components, rejection cues, claim words)"
+        elif (
+            base_nll is not None
+            and max_base_nll is not None
+            and base_nll > max_base_nll
+            and stance not in ("endorse", "reject")
+        ):
+            evidence["non_answer"] = f"implausible under the base model: {base_nll:.2f} nats/token > {max_base_nll}"
         lang = _language_evidence(text, cues)
         if lang["letters"] >= cues.min_letters and (
             lang["script_share"] < 0.5 or (lang["foreign_chars"] >= 2 and lang["foreign_chars"] > lang["native_chars"])

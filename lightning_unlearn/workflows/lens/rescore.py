@@ -51,6 +51,7 @@ def rescore(
     suites_dir: str | None = None,
     validity_calibration: str | None = None,
     min_validity_recall: float = 0.8,
+    max_base_nll: float | None = None,
 ) -> dict:
     """Re-label and re-score every saved checkpoint generation of one run; returns the new selection.
 
@@ -68,6 +69,8 @@ def rescore(
         validity_calibration: a ``lens calibrate --validity_json`` file for this narrative (default: none, so no
             checkpoint is verified as a useful operating point).
         min_validity_recall: the share of broken answers D must catch for the detectors to count as verified.
+        max_base_nll: judge the ``base_nll`` the run's rows carry against this bound (see ``SCEEvaluation``);
+            rows without one are not judged.
     """
     calibration = load_validity_calibration(validity_calibration)
     root = Path(run_dir)
@@ -100,7 +103,11 @@ def rescore(
     if suites_dir is None and prompts is not None:
         suites_dir = recorded_suites_dir(prompts)
     sce = SCEEvaluation(
-        prompts=records, labeler=SignatureLabeler(), validity_cues_dir=validity_cues_dir, suites_dir=suites_dir
+        prompts=records,
+        labeler=SignatureLabeler(),
+        validity_cues_dir=validity_cues_dir,
+        suites_dir=suites_dir,
+        max_base_nll=max_base_nll,
     )
     rows = {int(r["step"]): r for r in read_rows(root / METRICS_FILE) if r.get("family") == family}
     base_answers = [o.get("base_answer") or "" for o in first]
@@ -113,7 +120,8 @@ def rescore(
             raise ValueError(f"{path} lacks answers for {missing[:3]}…; it is not from the same suite.")
         gens = [Generation(outs[r["id"]]["answer"], 0, bool(outs[r["id"]]["hit_token_cap"])) for r in sce.records]
         labels = sce._label(sce.records, [g.text for g in gens])
-        outputs, metrics = sce.score(gens, labels, base, base_answers)
+        nll = [outs[r["id"]].get("base_nll") for r in sce.records]  # measured when the run was evaluated
+        outputs, metrics = sce.score(gens, labels, base, base_answers, nll)
         write_text_atomically(path, "".join(json.dumps(o, ensure_ascii=False) + "\n" for o in outputs))
         old = rows.get(step, {"step": step, "family": family})
         new_rows.append({**{k: old[k] for k in ("step", "family", "epoch", "fn", "seconds") if k in old}, **metrics})
