@@ -131,3 +131,19 @@ def test_a_suite_file_of_ones_own_runs_baseline_fit_and_summary(tiny_dir, tmp_pa
     out = capsys.readouterr().out
     assert "checkpoints: [1, 2]" in out and "suppression-tradeoff checkpoint: step" in out
     assert json.loads((run / "trajectory_summary.json").read_text())["levels"]["pooled"]["N"] == 4
+
+
+def test_the_third_narrative_runs_from_a_copy_of_its_suite_file(tiny_dir, tmp_path, monkeypatch, capsys):
+    # sanctions-backfire is the narrative held out from every cue and threshold: a user's copy of its file is a
+    # narrative of the user's folder, not of the package
+    from lightning_unlearn.data.narratives import suites_dir
+
+    monkeypatch.chdir(tmp_path)
+    Path("mine").mkdir()
+    Path("mine/sanctions-backfire.json").write_bytes((suites_dir() / "sanctions-backfire.json").read_bytes())
+    lens_main(["suite", "check", "mine/sanctions-backfire.json"])
+    assert "en: L0 10, L1 10, L2 10, L3 10, L3-special 10; 2 actors; 1 claim pattern(s)" in capsys.readouterr().out
+    lens_main(["baseline", "--model", str(tiny_dir), "--narrative", "mine/sanctions-backfire.json", "--language",
+               "en", "--levels", "[L0]", "--max_new_tokens", "4", "--out", "b.jsonl"])  # fmt: skip
+    meta = json.loads(Path("b.meta.json").read_text())
+    assert meta["narrative"] == "sanctions-backfire" and meta["suites_dir"] == str((tmp_path / "mine").resolve())
