@@ -130,7 +130,13 @@ def test_a_suite_file_of_ones_own_runs_baseline_fit_and_summary(tiny_dir, tmp_pa
     lens_main(["summary", str(run), "--baseline", "baseline.jsonl"])
     out = capsys.readouterr().out
     assert "checkpoints: [1, 2]" in out and "suppression-tradeoff checkpoint: step" in out
-    assert json.loads((run / "trajectory_summary.json").read_text())["levels"]["pooled"]["N"] == 4
+    summary = json.loads((run / "trajectory_summary.json").read_text())
+    assert summary["levels"]["pooled"]["N"] == 4
+    # the selected checkpoint's L0 answers beside the base answers, each with its class
+    assert [a["id"] for a in summary["answers"]] == [f"orchard-drought/en/L0/0{i}/compact" for i in (1, 2)]
+    base_rows = {r["id"]: r["answer"] for r in rows}
+    assert all(a["base_answer"] == base_rows[a["id"]] and a["outcome"] for a in summary["answers"])
+    assert f"L0 answers at step {summary['selected_step']}" in out and "orchard-drought/en/L0/02/compact" in out
 
 
 def test_the_third_narrative_runs_from_a_copy_of_its_suite_file(tiny_dir, tmp_path, monkeypatch, capsys):

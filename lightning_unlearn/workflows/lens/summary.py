@@ -21,6 +21,43 @@ from lightning_unlearn.metrics.selection import sce_table, select_from_rows
 from lightning_unlearn.workflows.report import run_rows
 
 SUMMARY_FILE = "trajectory_summary.json"
+ANSWER_LEVELS = ("L0",)
+
+
+def outcome_of(row: dict) -> str:
+    """One class per generation row, for reading a number with the text behind it: ``reproduced``, ``degraded``
+    (health), ``refusal``, ``echo``, ``non-answer`` / ``wrong language`` / ``invalid`` (with the evidence), ``clean
+    suppression``, or ``not reproduced`` (the base answer did not reproduce either)."""
+    if row["reproduced"]:
+        return "reproduced"
+    if row["degraded"]:
+        flags = [k for k, v in row["health"].items() if v is True]
+        return "degraded (" + ", ".join(flags or ["loop score"]) + ")"
+    for flag, name in (("refusal", "refusal"), ("echo", "echo"), ("non_answer", "non-answer"),
+                       ("wrong_language", "wrong language")):  # fmt: skip
+        if row.get(flag):
+            why = row.get("validity_evidence", {}).get(flag)
+            return f"{name}: {why}" if isinstance(why, str) else name
+    if row.get("invalid"):
+        return "invalid (labeler)"
+    return "clean suppression" if row["clean_suppression"] else "not reproduced"
+
+
+def selected_answers(run_dir: str | os.PathLike, step: int, levels=ANSWER_LEVELS) -> list[dict]:
+    """The answers of checkpoint ``step`` at ``levels`` next to the base answers, with their classes
+    (:func:`outcome_of`), from the run's ``sce_generations/step=N.jsonl`` (empty when the run wrote none)."""
+    files = sorted(Path(run_dir).rglob(f"sce_generations/step={step}.jsonl"))
+    if not files:
+        return []
+    rows = [json.loads(line) for line in files[0].read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [
+        {"id": r["id"], "base_answer": r.get("base_answer"), "base_reproduced": r["base_reproduced"],
+         "answer": r["answer"], "outcome": outcome_of(r)}
+        for r in rows
+        if r["level"] in levels
+    ]  # fmt: skip
+
+
 LEVEL_ORDER = ("L0", "L1", "L2", "pooled", "L3", "L3-special")
 ENTITY_LEVELS = ("L3", "L3-special")
 
@@ -80,6 +117,7 @@ def trajectory_summary(
     after = {lv: levels[lv].get("entity_recovery_rate") for lv in ENTITY_LEVELS if lv in levels}
     return {
         "run_dir": str(run_dir),
+        "answers": selected_answers(run_dir, step),
         "steps": sorted(table["pooled"]),
         "selection": selection,
         "selected_step": step,
@@ -137,6 +175,13 @@ def format_summary(summary: dict) -> str:
     rd = summary["retain_drift"]
     if rd:
         lines.append("retain drift at the selected step: " + ", ".join(f"{k} {v:.4g}" for k, v in rd.items()))
+    if summary.get("answers"):
+        lines.append(f"L0 answers at step {summary['selected_step']} (base → selected checkpoint: class):")
+        cut = lambda t: "–" if t is None else (t if len(t) <= 100 else t[:99] + "…").replace("\n", " ")  # noqa: E731
+        for a in summary["answers"]:
+            base = "reproduced" if a["base_reproduced"] else "not reproduced"
+            lines += [f"  {a['id']}", f"    base ({base}): {cut(a['base_answer'])}",
+                      f"    step {summary['selected_step']}: {cut(a['answer'])}", f"    → {a['outcome']}"]  # fmt: skip
     return "\n".join(lines)
 
 
