@@ -40,3 +40,19 @@ def test_detectors_precision_and_recall_on_the_fixture():
     assert per["non_answer"]["precision"] >= 0.85
     assert per["degraded"]["recall"] >= 0.8 and per["refusal"]["recall"] >= 0.75
     assert per["non_answer"]["recall"] >= 0.9 and per["fine"]["recall"] >= 0.85
+
+
+def test_detectors_on_held_out_taiwan_answers():
+    # 62 distinct L0–L2 answers of the us-abandons-taiwan NPO trajectory (steps 10 and 20), labeled by hand before
+    # any detector output on them was read; no cue, claim word or threshold was fitted on them. Measured: broken
+    # answers in D 24 of 40 (0.60) with the lexical detectors, 28 of 40 (0.70) with the base model's NLL at the bound
+    # fitted on NATO; real answers flagged 5 of 21 (0.24) either way. Short of the goal (0.85 / 0.10): the verdict
+    # stays "unverified" until a calibration on the narrative shows recall above the bound.
+    path = benchmark.FIXTURE.with_name("lens_smollm2_labeled_taiwan.jsonl")
+    rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    assert len(rows) >= 60 and len({r["answer"] for r in rows}) == len(rows)
+    assert all(r["source"].startswith("lr2e-4/npo/step=") and r["base_nll"] > 0 for r in rows)
+    lexical, with_nll = benchmark.scores(rows), benchmark.scores(rows, benchmark.MAX_BASE_NLL)
+    assert lexical["broken_in_d"] >= 0.55 and with_nll["broken_in_d"] >= 0.65
+    assert lexical["fine_flagged"] <= 0.3 and with_nll["fine_flagged"] <= 0.3
+    assert with_nll["per_class"]["degraded"]["recall"] == 1.0
