@@ -35,7 +35,9 @@ class Labeler(Protocol):
     """What the SCE callback needs from a narrative labeler: ``label(responses, narrative, language) -> labels``.
 
     Parameters are typed ``Any`` so that any implementation's annotations satisfy the protocol when a YAML config
-    names the labeler by ``class_path`` (jsonargparse checks protocol signatures).
+    names the labeler by ``class_path`` (jsonargparse checks protocol signatures). ``narrative`` is a shipped
+    narrative id, or the path of the suite file when the suite is the user's (``suites_dir``), which
+    :func:`~lightning_unlearn.data.narratives.load_narrative` takes alike.
     """
 
     def label(self, responses: Any, narrative: Any, language: Any) -> Any: ...
