@@ -56,3 +56,17 @@ def test_detectors_on_held_out_taiwan_answers():
     assert lexical["broken_in_d"] >= 0.55 and with_nll["broken_in_d"] >= 0.65
     assert lexical["fine_flagged"] <= 0.3 and with_nll["fine_flagged"] <= 0.3
     assert with_nll["per_class"]["degraded"]["recall"] == 1.0
+
+
+def test_detectors_on_the_third_narrative_used_only_for_the_final_report():
+    # 90 distinct L0–L2 answers of the sanctions-backfire NPO trajectory (steps 10–30), labeled by hand before any
+    # detector output on them was read; the narrative's suite was written before any of its answers existed, and
+    # nothing is fitted on it. Measured: broken answers in D 35 of 64 (0.55) with the base NLL judged at the NATO
+    # bound, 13 of 64 (0.20) without it; real answers flagged 6 of 26 (0.23) and 2 of 26 (0.08).
+    path = benchmark.FIXTURE.with_name("lens_smollm2_labeled_sanctions.jsonl")
+    rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    assert len(rows) >= 60 and len({r["answer"] for r in rows}) == len(rows)
+    assert {r["id"].split("/")[0] for r in rows} == {"sanctions-backfire"}
+    lexical, with_nll = benchmark.scores(rows), benchmark.scores(rows, benchmark.MAX_BASE_NLL)
+    assert with_nll["broken_in_d"] >= 0.5 and lexical["broken_in_d"] >= 0.15
+    assert with_nll["fine_flagged"] <= 0.3 and lexical["fine_flagged"] <= 0.12

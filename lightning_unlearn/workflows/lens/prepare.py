@@ -86,6 +86,7 @@ EXPORT_COLUMNS = (
     "label",
     "validity",
     "notes",
+    "base_nll",
 )
 GENERATION_LEVELS = ("L0", "L1", "L2")
 
@@ -361,7 +362,9 @@ def export_command(
 
     Fill ``label`` with Target-Dominant, Target-Included, Target-Rejected or Invalid (for ``lens import --labels``
     and ``lens calibrate``), and ``validity`` with answer, degraded, non_answer, refusal, echo or wrong_language
-    (for ``lens calibrate --validity_json``). Judge each answer by reading it: the CSV shows no detector's output.
+    (for ``lens calibrate --validity_json``). Judge each answer by reading it: the CSV shows no detector's output
+    (the last column, ``base_nll``, is the base model's likelihood that ``lens calibrate --max_base_nll`` judges;
+    leave it unread).
 
     Args:
         out: output CSV.
@@ -556,6 +559,7 @@ def calibrate_command(
     margin: float = NLI_MARGIN,
     suites_dir: str | None = None,
     validity_json: str | None = None,
+    max_base_nll: float | None = None,
 ) -> str:
     """Calibrate weak labels against manual ones: the narrative labeler (LENS Table 8) and the validity detectors.
 
@@ -579,6 +583,8 @@ def calibrate_command(
         margin: NLI separation margin.
         suites_dir: a folder of suite files (default: the shipped suites).
         validity_json: write the validity calibration here (needs the ``validity`` column).
+        max_base_nll: the run's ``SCEEvaluation(max_base_nll=…)``, judged on the rows' ``base_nll`` column (which
+            ``lens export --generations`` copies from the run), so the detectors are calibrated as the run used them.
     """
     rows = _read_rows(labels, need=())
     has_validity = any((r.get("validity") or "").strip() for r in rows)
@@ -612,7 +618,7 @@ def calibrate_command(
         annotated = [r for r in rows if (r.get("validity") or "").strip()]
         _check_suite_columns(annotated, labels, (*SUITE_COLUMNS, "question"))
         detector = _labeler(labeler or "signature", nli_path, entail_threshold, margin, suites_dir)
-        detected = detect_validity(annotated, detector, suites_dir)
+        detected = detect_validity(annotated, detector, suites_dir, max_base_nll)
         report = validity_calibration_report([r["validity"] for r in annotated], detected)
         report = {
             "kind": "lens-validity-calibration",
@@ -620,6 +626,7 @@ def calibrate_command(
             "languages": sorted({r["language"] for r in annotated}),
             "labels": str(labels),
             "labeler": labeler or "signature",
+            "max_base_nll": max_base_nll,
             "created": _now(),
             **report,
         }
@@ -629,10 +636,12 @@ def calibrate_command(
     return "\n\n".join(out)
 
 
-def detect_validity(rows: Sequence[dict], labeler, suites_dir: str | None = None) -> list[dict]:
+def detect_validity(
+    rows: Sequence[dict], labeler, suites_dir: str | None = None, max_base_nll: float | None = None
+) -> list[dict]:
     """The SCE callback's per-answer flags (health, validity, ``degraded_sce``) of annotated answers, without a
     model: rows need ``id``, ``level``, ``narrative``, ``language``, ``question``, ``answer`` and optionally
-    ``hit_token_cap`` and ``step``."""
+    ``hit_token_cap``, ``step`` and ``base_nll`` (judged against ``max_base_nll``)."""
     from lightning_unlearn.callbacks.sce_evaluation import SCEEvaluation
     from lightning_unlearn.generation import Generation
 
@@ -641,11 +650,12 @@ def detect_validity(rows: Sequence[dict], labeler, suites_dir: str | None = None
          "level": r["level"], "narrative": r["narrative"], "language": r["language"]}
         for i, r in enumerate(rows)
     ]  # fmt: skip
-    sce = SCEEvaluation(prompts=records, labeler=labeler, suites_dir=suites_dir)
+    sce = SCEEvaluation(prompts=records, labeler=labeler, suites_dir=suites_dir, max_base_nll=max_base_nll)
     capped = [str(r.get("hit_token_cap", "")).strip().lower() in ("true", "1") for r in rows]
     gens = [Generation(r["answer"], 0, cap) for r, cap in zip(rows, capped)]
     labels = sce._label(sce.records, [g.text for g in gens])
-    outputs, _ = sce.score(gens, labels, [False] * len(rows))
+    nll = [float(r["base_nll"]) if str(r.get("base_nll") or "").strip() else None for r in rows]
+    outputs, _ = sce.score(gens, labels, [False] * len(rows), base_nll=nll)
     return outputs
 
 
