@@ -128,8 +128,9 @@ class SCEEvaluation(CheckpointEvaluator):
             negative log-likelihood per answer token given its prompt, kept in the generation rows as
             ``base_nll``; above this many nats per token an answer that neither endorses nor rejects the frame is a
             non-answer (drift, off-point content, or non-language the word-shape check misses). Model-specific:
-            for SmolLM2-135M-Instruct, on-point answers score ≤ 1.7 and non-answers mostly ≥ 1.7 (README).
-            ``None`` (default): not judged, no extra forward pass.
+            1.7 for SmolLM2-135M-Instruct, fitted on NATO answers, where it separates real answers from non-answers
+            (ROC AUC 0.97); on other narratives it separates far less (0.65–0.72), so calibrate it on yours
+            (docs/lens_validity_2026-12-03.md). ``None`` (default): not judged, no extra forward pass.
         suites_dir: the folder of the suite files the prompts' narratives come from, for the labeler, the claim
             vocabulary and the topic cues (default: the folder of ``narrative`` when it is a file; for a
             ``lens baseline`` file given as ``prompts``, the folder its ``.meta.json`` records; else the shipped
