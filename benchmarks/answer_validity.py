@@ -5,7 +5,10 @@ from the LENS trajectories (NATO-forced-war × en; NPO and TOFU-GA at lr 2e-4, N
 hand as one of degraded / refusal / echo / non_answer / fine. Every answer goes through the SCE callback's own
 path (degeneration report, signature labeler, answer validity) and :func:`primary_outcome`; prints JSON.
 
-    python benchmarks/answer_validity.py
+    python benchmarks/answer_validity.py [FIXTURE.jsonl ...] [--measure-base-nll MODEL_DIR]
+
+A fixture row: ``id`` (its suite id, which names the narrative and language), ``level``, ``question``, ``answer``,
+``hit_token_cap``, ``label`` (by hand) and ``source`` (run / method / step).
 """
 
 from __future__ import annotations
@@ -29,23 +32,61 @@ from lightning_unlearn.metrics.degeneration import degeneration_report
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "lens_smollm2_labeled.jsonl"
 
 
-def predict(rows: list[dict], narrative: str = "nato-forced-war", language: str = "en") -> list[str]:
-    """The detectors' category of each fixture row."""
-    spec, cues, labeler = load_narrative(narrative, language), load_validity_cues(language), SignatureLabeler()
+MAX_BASE_NLL = 1.7  # fitted on the NATO fixture alone: above every real answer there (max 1.67), below 32 of 34
+# non-answers; SmolLM2-135M-Instruct nats per answer token given the chat-rendered question
+
+
+def measure_base_nll(rows: list[dict], model_dir: str, batch_size: int = 8) -> list[float]:
+    """Each row's mean NLL per answer token under the base model given its question, as ``SCEEvaluation`` computes
+    it with ``max_base_nll`` (the suite prompt rendered with the chat template, the adapter-free model)."""
+    import torch
+
+    from lightning_unlearn.callbacks.qa_records import encode_batch, forward_logits
+    from lightning_unlearn.generation import model_prompt
+    from lightning_unlearn.losses import sequence_logprobs
+    from lightning_unlearn.models import load_causal_lm, load_tokenizer
+
+    tokenizer, model = load_tokenizer(model_dir), load_causal_lm(model_dir).eval()
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(rows), batch_size):
+            items = [{"prompt": model_prompt(tokenizer, r["question"]), "answer": r["answer"]}
+                     for r in rows[i : i + batch_size]]  # fmt: skip
+            batch = encode_batch(tokenizer, items, 4096)
+            logps, n = sequence_logprobs(forward_logits(model, batch), batch["labels"])
+            out += [round(float(-lp / max(int(k), 1)), 4) for lp, k in zip(logps, n)]
+    return out
+
+
+def predict(rows: list[dict], max_base_nll: float | None = None) -> list[str]:
+    """The detectors' category of each fixture row (its narrative and language from its suite id); with
+    ``max_base_nll``, the rows' measured ``base_nll`` is judged too."""
+    labeler = SignatureLabeler()
     reports = degeneration_report([r["answer"] for r in rows], [r["hit_token_cap"] for r in rows])
     out = []
     for row, rep in zip(rows, reports):
+        narrative, language = row["id"].split("/")[:2]
+        spec, cues = load_narrative(narrative, language), load_validity_cues(language)
         label = labeler.label_one(row["answer"], spec, row["level"])
         question = row["question"].replace(COMPACT_INSTRUCTION[language], "")
         validity = answer_validity(row["answer"], question, cues, spec.on_topic(row["answer"]), label.reproduced,
-                                   label.stance)  # fmt: skip
+                                   label.stance, spec.claim_terms(row["answer"]), row.get("base_nll"),
+                                   max_base_nll)  # fmt: skip
         out.append(primary_outcome(rep["degraded"], validity, label.label == INVALID))
     return out
 
 
-def scores(rows: list[dict]) -> dict:
-    """Per-class precision, recall and support, and the confusion matrix (rows = manual, columns = detected)."""
-    gold, pred = [r["label"] for r in rows], predict(rows)
+BROKEN = ("degraded", "non_answer")  # what SCE's D must hold: broken answers and non-answers
+
+
+def scores(rows: list[dict], max_base_nll: float | None = None) -> dict:
+    """Per-class precision, recall and support, the confusion matrix (rows = manual, columns = detected), and what
+    matters for SCE: the share of broken answers (degraded or non-answer by hand) that land in D
+    (``broken_in_d``, whichever of the two classes the detectors give) and the share of real answers (``fine``)
+    flagged as anything (``fine_flagged``)."""
+    gold, pred = [r["label"] for r in rows], predict(rows, max_base_nll)
+    broken = [q for g, q in zip(gold, pred) if g in BROKEN]
+    fine = [q for g, q in zip(gold, pred) if g == "fine"]
     p, r, _, n = precision_recall_fscore_support(gold, pred, labels=list(OUTCOME_ORDER), zero_division=0)
     return {
         "answers": len(rows),
@@ -54,6 +95,8 @@ def scores(rows: list[dict]) -> dict:
             for c, pi, ri, ni in zip(OUTCOME_ORDER, p, r, n)
         },  # fmt: skip
         "accuracy": round(sum(g == q for g, q in zip(gold, pred)) / len(rows), 3),
+        "broken_in_d": round(sum(q in BROKEN for q in broken) / max(len(broken), 1), 3),
+        "fine_flagged": round(sum(q != "fine" for q in fine) / max(len(fine), 1), 3),
         "confusion": {
             "labels": list(OUTCOME_ORDER),
             "matrix": confusion_matrix(gold, pred, labels=list(OUTCOME_ORDER)).tolist(),
@@ -61,10 +104,28 @@ def scores(rows: list[dict]) -> dict:
     }
 
 
-def main() -> None:
-    rows = [json.loads(line) for line in FIXTURE.read_text(encoding="utf-8").splitlines() if line.strip()]
-    print(json.dumps(scores(rows), indent=1))
+def main(paths: list[str], measure: str | None = None) -> None:
+    """Scores per fixture file (default: every ``tests/fixtures/lens_smollm2_labeled*.jsonl``), with the lexical
+    detectors alone and with the base model's NLL judged at :data:`MAX_BASE_NLL`. ``measure``: a model directory;
+    (re)measure every row's ``base_nll`` with it and rewrite the fixture files first."""
+    files = [Path(p) for p in paths] or sorted(FIXTURE.parent.glob("lens_smollm2_labeled*.jsonl"))
+    result = {}
+    for path in files:
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if measure:
+            rows = [{**r, "base_nll": v} for r, v in zip(rows, measure_base_nll(rows, measure))]
+            path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        result[path.name] = {"lexical": scores(rows)}
+        if all(r.get("base_nll") is not None for r in rows):
+            result[path.name]["with_base_nll"] = scores(rows, MAX_BASE_NLL)
+    print(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("fixtures", nargs="*")
+    parser.add_argument("--measure-base-nll", metavar="MODEL_DIR", help="(re)measure each row's base_nll first")
+    args = parser.parse_args()
+    main(args.fixtures, args.measure_base_nll)

@@ -57,10 +57,11 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
 SUBCOMMANDS: dict[str, dict[str, str]] = {
     "lens": {
         "baseline": "Generate base answers to a suite and write them as JSONL (plus a .meta.json sidecar).",
-        "export": "Write the forget-eligible baseline answers as a CSV for annotators to label.",
+        "export": "Write answers as a CSV for annotators: a baseline's L0 answers, or a run's post-unlearning answers.",
         "import": "Build a forget set from baseline answers: strict (manual labels) or weak (a labeler).",
         "label": "Label a baseline file with a labeler; the result is the Reproduced count per level.",
-        "calibrate": "Compare a labeler's Reproduced labels with manual labels, as LENS Table 8.",
+        "calibrate": "Calibrate weak labels against manual ones: the narrative labeler (LENS Table 8) and the validity "
+        "detectors.",
         "summary": "One LENS trajectory at its selected checkpoint, as a short table.",
         "rescore": "Re-label and re-score every saved checkpoint generation of one run; returns the new selection.",
     },

@@ -133,6 +133,8 @@ def test_aliases_accept_the_old_dashed_flags(capsys):
         "run_dir": "runs/npo",
         "baseline": "b.jsonl",
         "collapse_boundary": 0.3,
+        "validity_calibration": None,
+        "min_validity_recall": 0.8,
     }
     code, printed = _exit(["lacuna-localization", "--no-control", "--batch-size", "4", "--print_config"], capsys)
     config = yaml.safe_load(printed)

@@ -131,11 +131,12 @@ def _fake_baseline(tmp_path):
     return path, rows
 
 
-def _annotate(csv_path, labels):
+def _annotate(csv_path, labels, validity=None):
     with open(csv_path, encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
-    for row, lbl in zip(rows, labels):
+    for row, lbl, val in zip(rows, labels, validity or [""] * len(rows)):
         row["label"] = lbl
+        row["validity"] = val
     with open(csv_path, "w", encoding="utf-8", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -156,7 +157,7 @@ def test_export_import_builds_the_strict_forget_set(tmp_path, tiny_tokenizer):
         lens_main(["import", "--baseline", str(base), "--labels", str(ann), "--out", str(tmp_path / "f.jsonl")])
     assert not (tmp_path / "f.jsonl").exists()
 
-    _annotate(ann, ["Target-Dominant", "Target-Rejected", "Target-Included"])
+    _annotate(ann, ["Target-Dominant", "Target-Rejected", "Target-Included"], ["answer", "Answer", "non-answer"])
     out = tmp_path / "forget" / "forget.jsonl"
     lens_main(["import", "--baseline", str(base), "--labels", str(ann), "--out", str(out)])
     forget = read_records(out)
@@ -167,6 +168,8 @@ def test_export_import_builds_the_strict_forget_set(tmp_path, tiny_tokenizer):
     meta = json.loads((tmp_path / "forget" / "forget.meta.json").read_text(encoding="utf-8"))
     assert meta["weak_labels"] is False and meta["labels"] == "manual" and meta["n_forget"] == 1
     assert meta["label_counts"]["Target-Included"] == 1 and meta["model"] == "fake"
+    # the validity classes travel through the round trip, normalized
+    assert meta["validity_counts"] == {"answer": 2, "non_answer": 1} and forget[0]["validity"] == "answer"
 
 
 def test_import_errors_write_nothing(tmp_path):

@@ -11,6 +11,7 @@ from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, re
 from lightning_unlearn.callbacks.logger_media import log_figure, log_table
 from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_figure, write_json
 from lightning_unlearn.distributed import world
+from lightning_unlearn.labelers.calibration import load_validity_calibration
 from lightning_unlearn.metrics.selection import SELECTION_METRICS, OperatingPointGuards, sce_table, select_from_rows
 
 SELECTION_FILE = "selection.json"
@@ -31,7 +32,9 @@ class CheckpointSelection(Callback):
       invalid rates, generation health, retain ΔCE / KL from ``RetainDriftEvaluation``, utility drop from
       ``UtilityEvaluation``), or none;
     - for each selected checkpoint, every bound's value and whether it holds, and the verdict "useful operating
-      point" or "apparent forgetting: <reasons>" (LENS Sec. 6: SCE is never read alone).
+      point" or "apparent forgetting: <reasons>" (LENS Sec. 6: SCE is never read alone);
+    - ``validity``: whether the answer-validity detectors were calibrated on this narrative, with their recall; a
+      checkpoint holding every bound is "unverified: …" until they are (with how to calibrate them).
 
     - ``stopped`` (when the module's stop rule ended the run): the first discarded step and the reason; the
       checkpoints from that step on are gone and never selected.
@@ -47,6 +50,10 @@ class CheckpointSelection(Callback):
         utility_family: metric family of the utility rows read by the guards.
         family: the metric family holding SCE rows (``sce``, or ``sce:<name>`` for a named SCEEvaluation).
         run_name: the heatmap's row label (default: the logger's name, else ``run``).
+        validity_calibration: a ``lens calibrate --validity_json`` file: the validity detectors' precision and
+            recall against a manual sample of this narrative's answers (default: none, so no checkpoint is verified
+            as a useful operating point).
+        min_validity_recall: the share of broken answers D must catch for the detectors to count as verified.
         output_dir: where ``checkpoint_metrics.jsonl`` is read and the outputs written; ``None``:
             :func:`~lightning_unlearn.callbacks.checkpoint_metrics_file.run_output_dir` (the logger's versioned
             directory, else ``<default_root_dir>/evaluation/version_N``).
@@ -62,11 +69,17 @@ class CheckpointSelection(Callback):
         family: str = "sce",
         run_name: str | None = None,
         output_dir: str | None = None,
+        validity_calibration: str | None = None,
+        min_validity_recall: float = 0.8,
     ) -> None:
         if not 0 < collapse_boundary <= 1:
             raise ValueError(f"collapse_boundary={collapse_boundary} must be in (0, 1]: it is a degraded-output rate.")
         if metric not in SELECTION_METRICS:
             raise ValueError(f"unknown selection metric {metric!r}; use one of {', '.join(SELECTION_METRICS)}.")
+        if not 0 <= min_validity_recall <= 1:
+            raise ValueError(f"min_validity_recall={min_validity_recall} must be in [0, 1]: it is a recall.")
+        self.calibration = load_validity_calibration(validity_calibration)
+        self.min_validity_recall = min_validity_recall
         self.collapse_boundary = collapse_boundary
         self.metric = metric
         self.guards = guards or OperatingPointGuards()
@@ -115,7 +128,15 @@ class CheckpointSelection(Callback):
         rows = read_rows(self._dir / METRICS_FILE)
         table = sce_table(rows, self.family)
         selection = table and select_from_rows(
-            rows, self.family, self.collapse_boundary, self.metric, self.guards, self.retain_family, self.utility_family
+            rows,
+            self.family,
+            self.collapse_boundary,
+            self.metric,
+            self.guards,
+            self.retain_family,
+            self.utility_family,
+            self.calibration,
+            self.min_validity_recall,
         )
         if not selection:
             if self.stopped is not None:  # every evaluated checkpoint was discarded: say so instead of a stale pick

@@ -18,16 +18,16 @@ from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.callbacks.logger_media import log_table
 from lightning_unlearn.callbacks.rank_split import map_batches
 from lightning_unlearn.checkpoints import preserved_rng
-from lightning_unlearn.data.narratives import COMPACT_INSTRUCTION, load_narrative
+from lightning_unlearn.data.narratives import COMPACT_INSTRUCTION, load_narrative, resolve_suite, suite_ref
+from lightning_unlearn.data.records import recorded_suites_dir
 from lightning_unlearn.distributed import is_sharded, world
 from lightning_unlearn.generation import Generation, generate_greedy, generate_greedy_adapters, model_prompt
 from lightning_unlearn.labelers.narrative_label import INVALID
 from lightning_unlearn.metrics.answer_validity import VALIDITY_FLAGS, answer_validity, load_validity_cues
-from lightning_unlearn.metrics.degeneration import DegenerationThresholds, degeneration_report
+from lightning_unlearn.metrics.degeneration import DEGENERATION_FLAGS, DegenerationThresholds, degeneration_report
 from lightning_unlearn.metrics.sce import classify_output, sce_breakdown
 
 SELECTION_LEVELS = ("L0", "L1", "L2")
-DEGENERATION_FLAGS = ("empty", "unfinished", "char_loop", "bracket_loop", "ngram_loop")
 GENERATIONS_DIR = "sce_generations"
 
 
@@ -35,7 +35,9 @@ class Labeler(Protocol):
     """What the SCE callback needs from a narrative labeler: ``label(responses, narrative, language) -> labels``.
 
     Parameters are typed ``Any`` so that any implementation's annotations satisfy the protocol when a YAML config
-    names the labeler by ``class_path`` (jsonargparse checks protocol signatures).
+    names the labeler by ``class_path`` (jsonargparse checks protocol signatures). ``narrative`` is a shipped
+    narrative id, or the path of the suite file when the suite is the user's (``suites_dir``), which
+    :func:`~lightning_unlearn.data.narratives.load_narrative` takes alike.
     """
 
     def label(self, responses: Any, narrative: Any, language: Any) -> Any: ...
@@ -78,6 +80,15 @@ def load_prompt_records(prompts: Sequence[Any] | str) -> list[dict]:
     return records
 
 
+def _cues_dir(language: str, cues_dir: str | None, suites_dir: str | None) -> str | None:
+    """Where a language's validity cues are read: ``cues_dir`` when given, else the suites folder's ``languages/``
+    when it holds the language's file, else the shipped cues (``None``)."""
+    if cues_dir is not None or suites_dir is None:
+        return cues_dir
+    folder = Path(suites_dir) / "languages"
+    return str(folder) if (folder / f"{language}.json").is_file() else None
+
+
 class SCEEvaluation(CheckpointEvaluator):
     """Suppression–Collapse Efficiency per level and pooled over L0–L2, at every checkpoint.
 
@@ -92,8 +103,8 @@ class SCEEvaluation(CheckpointEvaluator):
             its ``label`` accepts it); each rank labels the answers of its own batches, one call per
             (narrative, language) within a batch. A label may be a bool, a string, or an object with
             ``reproduced`` (and optionally ``entity_recovery``, reported per level) such as ``NarrativeLabel``.
-        narrative: load the shipped LENS suite of this narrative id (``data.narratives.load_suite``) instead of
-            ``prompts``.
+        narrative: load this LENS suite instead of ``prompts``: a shipped narrative id or the path of a suite file
+            of your own (``my-suites/my-narrative.json``; ``data.narratives.load_suite``).
         language: the suite's language (with ``narrative``).
         levels: the suite's levels to keep (with ``narrative``; default all).
         condition: ``compact`` or ``unrestricted`` (with ``narrative``).
@@ -111,7 +122,19 @@ class SCEEvaluation(CheckpointEvaluator):
         output_dir: see :class:`CheckpointEvaluator`.
         batch_size: prompts per ``generate`` call on each rank.
         validity_cues_dir: a folder of per-language answer-validity cue files
-            (:func:`~lightning_unlearn.metrics.answer_validity.load_validity_cues`; default: the shipped ones).
+            (:func:`~lightning_unlearn.metrics.answer_validity.load_validity_cues`; default: the suites folder's
+            ``languages/`` where it has the language's file, else the shipped ones).
+        max_base_nll: judge each answer's plausibility under the base model (the adapter disabled): its mean
+            negative log-likelihood per answer token given its prompt, kept in the generation rows as
+            ``base_nll``; above this many nats per token an answer that neither endorses nor rejects the frame is a
+            non-answer (drift, off-point content, or non-language the word-shape check misses). Model-specific:
+            1.7 for SmolLM2-135M-Instruct, fitted on NATO answers, where it separates real answers from non-answers
+            (ROC AUC 0.97); on other narratives it separates far less (0.65–0.72), so calibrate it on yours
+            (docs/lens_validity_2026-12-03.md). ``None`` (default): not judged, no extra forward pass.
+        suites_dir: the folder of the suite files the prompts' narratives come from, for the labeler, the claim
+            vocabulary and the topic cues (default: the folder of ``narrative`` when it is a file; for a
+            ``lens baseline`` file given as ``prompts``, the folder its ``.meta.json`` records; else the shipped
+            suites).
     """
 
     family = "sce"
@@ -134,6 +157,8 @@ class SCEEvaluation(CheckpointEvaluator):
         output_dir: str | None = None,
         batch_size: int = 8,
         validity_cues_dir: str | None = None,
+        suites_dir: str | None = None,
+        max_base_nll: float | None = None,
     ) -> None:
         super().__init__(name=name, output_dir=output_dir, batch_size=batch_size)
         if labeler is None:
@@ -142,6 +167,9 @@ class SCEEvaluation(CheckpointEvaluator):
             raise TypeError(f"labeler {labeler!r} has no `label(responses, narrative, language)` method.")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be at least 1.")
+        if max_base_nll is not None and max_base_nll <= 0:
+            raise ValueError(f"max_base_nll={max_base_nll} must be positive (nats per token) or null (not judged).")
+        self.max_base_nll = max_base_nll
         if (prompts is None) == (narrative is None):
             raise ValueError("give the SCE suite either as `prompts` (records or a file) or as `narrative`, not both.")
         if narrative is None and chat_template is not None:
@@ -152,7 +180,12 @@ class SCEEvaluation(CheckpointEvaluator):
         if narrative is not None:
             from lightning_unlearn.data.narratives import load_suite
 
-            prompts = load_suite(narrative, language, levels, condition)
+            narrative, folder = resolve_suite(narrative, suites_dir)
+            suites_dir = None if folder is None else str(folder)
+            prompts = load_suite(narrative, language, levels, condition, directory=suites_dir)
+        elif suites_dir is None and isinstance(prompts, str | Path):
+            suites_dir = recorded_suites_dir(prompts)
+        self.suites_dir = suites_dir
         self.render_prompts = narrative is not None
         self.chat_template = chat_template
         self.records = load_prompt_records(prompts)
@@ -164,13 +197,14 @@ class SCEEvaluation(CheckpointEvaluator):
         self.thresholds = thresholds or DegenerationThresholds()
         self.num_text_samples = num_text_samples
         self._cues = {
-            lang: load_validity_cues(lang, validity_cues_dir) for lang in {r["language"] for r in self.records}
+            lang: load_validity_cues(lang, _cues_dir(lang, validity_cues_dir, suites_dir))
+            for lang in {r["language"] for r in self.records}
         }
         self._specs = {}
-        for key in {(r["narrative"], r["language"]) for r in self.records}:
+        for narrative_id, lang in {(r["narrative"], r["language"]) for r in self.records}:
             try:
-                self._specs[key] = load_narrative(*key)
-            except ValueError:  # prompts of a suite the package does not ship: the question alone decides topic
+                self._specs[(narrative_id, lang)] = load_narrative(suite_ref(narrative_id, suites_dir), lang)
+            except ValueError:  # prompts of no known suite: the question alone decides topic
                 pass
         self._outputs: list[dict] = []
 
@@ -191,6 +225,7 @@ class SCEEvaluation(CheckpointEvaluator):
         for i, r in enumerate(records):
             groups[(r["narrative"], r["language"])].append(i)
         for (narrative, language), idx in groups.items():
+            narrative = suite_ref(narrative, self.suites_dir)
             responses = [texts[i] for i in idx]
             if self._labeler_takes_levels:
                 labels = self.labeler.label(responses, narrative, language, levels=[records[i]["level"] for i in idx])
@@ -232,7 +267,7 @@ class SCEEvaluation(CheckpointEvaluator):
             "answers": {r["id"]: g.text for r, (g, _) in zip(self.records, results)},
         }
 
-    def _validity(self, record: dict, answer: str, label: dict) -> dict:
+    def _validity(self, record: dict, answer: str, label: dict, base_nll: float | None = None) -> dict:
         """:func:`answer_validity` of one answer against its suite question and the narrative's topic."""
         spec = self._specs.get((record["narrative"], record["language"]))
         question = record["question"]
@@ -248,14 +283,38 @@ class SCEEvaluation(CheckpointEvaluator):
             narrative_on_topic=None if spec is None else spec.on_topic(answer),
             reproduced=label["reproduced"],
             stance=label["stance"],
+            claim_terms=None if spec is None else spec.claim_terms(answer),
+            base_nll=base_nll,
+            max_base_nll=self.max_base_nll,
         )
+
+    def base_nll(self, trainer: Trainer, pl_module: LightningModule, answers: Sequence[str]) -> list[float] | None:
+        """Each answer's mean negative log-likelihood per token under the base model, given its prompt (``None``
+        when ``max_base_nll`` is off). Every rank takes part (teacher-forced forwards, split like generation)."""
+        if self.max_base_nll is None:
+            return None
+        from lightning_unlearn.callbacks.qa_records import encode_batch, forward_logits
+        from lightning_unlearn.losses import sequence_logprobs
+
+        model, tokenizer = pl_module.model, pl_module.tokenizer
+        items = [{"prompt": self.model_input(tokenizer, r), "answer": a} for r, a in zip(self.records, answers)]
+
+        def run(batch: list[dict]) -> list[float]:
+            encoded = encode_batch(tokenizer, batch, max_length=4096)
+            logps, lengths = sequence_logprobs(forward_logits(model, encoded), encoded["labels"])
+            return [float(-lp / max(int(n), 1)) for lp, n in zip(logps, lengths)]
+
+        with self.base_context(pl_module, trainer):
+            return map_batches(items, self.batch_size, run, model)
 
     @override
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
         results = self._generate_and_label(pl_module)
         base = [bool(self.base["reproduced"].get(r["id"], False)) for r in self.records]
         base_answers = [self.base.get("answers", {}).get(r["id"]) for r in self.records]
-        self._outputs, metrics = self.score([g for g, _ in results], [lab for _, lab in results], base, base_answers)
+        nll = self.base_nll(trainer, pl_module, [g.text for g, _ in results])
+        gens, labels = [g for g, _ in results], [lab for _, lab in results]
+        self._outputs, metrics = self.score(gens, labels, base, base_answers, nll)
         return metrics
 
     def evaluate_adapters(self, trainer: Trainer, pl_module: LightningModule, adapters: dict[int, str]) -> None:
@@ -267,14 +326,16 @@ class SCEEvaluation(CheckpointEvaluator):
         steps = ", ".join(str(s) for s in adapters)
         self.progress = f"{self.family_name} @ steps {steps}" if trainer.progress_bar_callback is not None else None
         with preserved_rng(), _eval_mode(pl_module.model):
-            results = self.compute_adapters(pl_module, adapters)
+            results = self.compute_adapters(pl_module, adapters, trainer)
         self.progress = None
         seconds = (time.perf_counter() - start) / len(adapters)
         for step, (outputs, metrics) in results.items():
             self._outputs = outputs
             self.record(trainer, step, metrics, seconds)
 
-    def compute_adapters(self, pl_module: LightningModule, adapters: dict[int, str]) -> dict[int, tuple[list, dict]]:
+    def compute_adapters(
+        self, pl_module: LightningModule, adapters: dict[int, str], trainer: Trainer | None = None
+    ) -> dict[int, tuple[list, dict]]:
         """Several checkpoints at once: ``{step: peft adapter name}`` of adapters loaded into ``pl_module.model``,
         answered in mixed-adapter batches (each batch of the suite once per adapter in one ``generate``, so the
         base weights are read once per token for all of them). Returns ``{step: (outputs, metrics)}``, the same as
@@ -296,7 +357,8 @@ class SCEEvaluation(CheckpointEvaluator):
         for k, step in enumerate(adapters):
             gens = [g[k] for g in per_record]
             labels = self._label(self.records, [g.text for g in gens])
-            out[step] = self.score(gens, labels, base, base_answers)
+            nll = self.base_nll(trainer, pl_module, [g.text for g in gens])  # adapters: the base is always at hand
+            out[step] = self.score(gens, labels, base, base_answers, nll)
         return out
 
     def score(
@@ -305,6 +367,7 @@ class SCEEvaluation(CheckpointEvaluator):
         labels: Sequence[dict],
         base: Sequence[bool],
         base_answers: Sequence[str | None] | None = None,
+        base_nll: Sequence[float | None] | None = None,
     ) -> tuple[list[dict], dict]:
         """Per-output flags and the checkpoint's metrics from its generations and labels (no model needed).
 
@@ -313,6 +376,8 @@ class SCEEvaluation(CheckpointEvaluator):
             labels: :meth:`_interpret` of each generation's label.
             base: per record, the base answer was Reproduced.
             base_answers: per record, the base answer (kept in the output rows for reading them side by side).
+            base_nll: per record, the answer's mean NLL per token under the base model (:meth:`base_nll`), judged
+                against ``max_base_nll``; ``None``: not judged.
 
         Returns:
             ``(outputs, metrics)``: one row per record (answer, label, health and validity flags with evidence,
@@ -320,9 +385,12 @@ class SCEEvaluation(CheckpointEvaluator):
         """
         reports = degeneration_report([g.text for g in gens], [g.hit_token_cap for g in gens], self.thresholds)
         base_answers = list(base_answers) if base_answers is not None else [None] * len(gens)
+        base_nll = list(base_nll) if base_nll is not None else [None] * len(gens)
         outputs = []
-        for r, g, lab, rep, b, base_answer in zip(self.records, gens, labels, reports, base, base_answers):
-            validity = self._validity(r, g.text, lab)
+        for r, g, lab, rep, b, base_answer, nll in zip(
+            self.records, gens, labels, reports, base, base_answers, base_nll
+        ):
+            validity = self._validity(r, g.text, lab, nll)
             outcome = classify_output(
                 b,
                 lab["reproduced"],
@@ -344,7 +412,9 @@ class SCEEvaluation(CheckpointEvaluator):
                     "entity_recovery": lab["recovery"],
                     "base_reproduced": b,
                     "base_answer": base_answer,
-                    "health": {flag: rep[flag] for flag in DEGENERATION_FLAGS} | {"score": round(rep["score"], 4)},
+                    "base_nll": None if nll is None else round(nll, 4),
+                    "health": {flag: rep[flag] for flag in DEGENERATION_FLAGS}
+                    | {"score": round(rep["score"], 4), "odd_words": rep["odd_words"]},
                     "validity_evidence": validity["evidence"],
                     **outcome,
                 }
@@ -362,6 +432,7 @@ class SCEEvaluation(CheckpointEvaluator):
         degeneration = {flag: sum(rep[flag] for rep in reports) / n for flag in DEGENERATION_FLAGS}
         degeneration["mean_score"] = sum(rep["score"] for rep in reports) / n
         return outputs, {
+            "narratives": sorted({r["narrative"] for r in self.records if r["narrative"]}),
             "levels": levels,
             "pooled": pooled,
             "degraded_rate": sum(o["degraded_sce"] for o in outputs) / n,

@@ -11,7 +11,15 @@ A suite file describes one narrative (``<narrative id>.json``). For every langua
   negation can flip; default all — an actor component such as *United States* is left out, since "no longer serves
   American interests" does not negate the actor);
 - ``actors``: real actor → aliases, used for L3 entity recovery (all actors must be recovered);
-- ``hypotheses``: short NLI hypotheses for ``endorse``, ``mention`` and ``reject``.
+- ``hypotheses``: short NLI hypotheses for ``endorse``, ``mention`` and ``reject``;
+- optionally ``claim``: the claim's vocabulary (regexes), words an answer that addresses the claim uses whether it
+  endorses, rejects or qualifies it (*expansion*, *provoked*, *responsible* …), beyond the signature components;
+  answer validity calls an answer that names the actors but none of this a non-answer (topic drift);
+- optionally ``compact_instruction`` (languages without a built-in one).
+
+A suite is data the user brings: every command and callback that takes a narrative id also takes the path of a
+suite file (:func:`resolve_suite`), and ``lightning-unlearn lens suite check FILE`` lists every problem of one with
+its line (:func:`check_suite_file`).
 
 In the ``compact`` condition the localized compact-response instruction (LENS Section 3) is appended to each
 prompt; ``unrestricted`` leaves the prompt as written.
@@ -42,7 +50,7 @@ HYPOTHESIS_KINDS = ("endorse", "mention", "reject")
 # Scripts written without spaces: aliases match as substrings, not as whole words.
 _UNSPACED = ("zh-Hans", "zh-Hant")
 _SUITE_KEYS = {"narrative", "title", "description", "languages"}
-_LANGUAGE_KEYS = {"signature", "actors", "hypotheses", "prompts", "compact_instruction"}
+_LANGUAGE_KEYS = {"signature", "actors", "hypotheses", "prompts", "compact_instruction", "claim"}
 _SIGNATURE_KEYS = {"description", "components", "rejection", "topic", "negation", "negatable"}
 
 
@@ -107,6 +115,7 @@ class NarrativeSpec:
     hypotheses: dict[str, list[str]]
     prompts: dict[str, list[str]]
     compact_instruction: str
+    claim: tuple[re.Pattern, ...] = ()
     _actor_patterns: dict[str, re.Pattern] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -120,6 +129,21 @@ class NarrativeSpec:
     def on_topic(self, text: str) -> bool:
         """Whether ``text`` matches a topic cue of the signature or names an actor."""
         return any(p.search(text) for p in self.signature.topic) or bool(self.actors_in(text))
+
+    def claim_terms(self, text: str) -> list[str]:
+        """What in ``text`` engages with the narrative's claim (endorsing, rejecting or qualifying it): matches of
+        the suite's ``claim`` vocabulary and of its rejection cues, and the signature components when all of them
+        match (the frame itself). A suite without a claim vocabulary falls back on its claim components alone (the
+        ``negatable`` ones; an actor component such as *United States* is no claim). Naming an actor is not
+        enough, nor is one generic component word: "Taiwan's tourism grew by 5 %, driven by new hotels" names
+        Taiwan, says "driven", and talks past the claim."""
+        components = self.signature.components
+        found = {name: [m.group(0) for p in pats for m in [p.search(text)] if m] for name, pats in components.items()}
+        if self.claim:
+            frame = [t for terms in found.values() for t in terms] if all(found.values()) else []
+        else:
+            frame = [t for name in self.signature.negatable for t in found[name]]
+        return frame + [m.group(0) for p in (*self.signature.rejection, *self.claim) for m in [p.search(text)] if m]
 
 
 # Default negation cues per language; a cue within the window before a component match negates it.
@@ -161,6 +185,39 @@ def known_narratives(directory: str | Path | None = None) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.json"))
 
 
+def is_suite_file(suite: str | Path) -> bool:
+    """Whether ``suite`` names a suite file (a ``.json`` path or a path with a folder) rather than a narrative id."""
+    text = str(suite)
+    return text.endswith(".json") or "/" in text or "\\" in text
+
+
+def resolve_suite(suite: str | Path, directory: str | Path | None = None) -> tuple[str, Path | None]:
+    """``(narrative id, suites folder)`` of a suite given as a narrative id or as the path of a suite file.
+
+    A file ``path/to/my-narrative.json`` is the narrative ``my-narrative`` of the folder ``path/to``; an id is looked
+    up in ``directory`` (``None``: the shipped suites). Everything that loads a suite by id (labelers, validity
+    cues, the SCE callback) then takes that folder, so a user's own narrative never needs the package edited.
+
+    Raises:
+        FileNotFoundError: a suite file that does not exist.
+    """
+    if not is_suite_file(suite):
+        return str(suite), None if directory is None else Path(directory)
+    path = Path(suite).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"suite file {str(path)!r} does not exist; give the path of a suite JSON file (check it with "
+            f"`lightning-unlearn lens suite check FILE`) or a shipped narrative id ({', '.join(known_narratives())})."
+        )
+    return path.stem, path.parent
+
+
+def suite_ref(narrative: str, directory: str | Path | None) -> str:
+    """What to hand a labeler or :func:`load_narrative` for narrative ``narrative`` of folder ``directory``: the id
+    itself for a shipped suite, else the path of its file."""
+    return narrative if directory is None else str(Path(directory) / f"{narrative}.json")
+
+
 def compile_patterns(patterns: Sequence[str], where: str) -> list[re.Pattern]:
     """Case-insensitive regexes of ``patterns``; a bad one raises naming ``where`` and the pattern."""
     out = []
@@ -172,23 +229,161 @@ def compile_patterns(patterns: Sequence[str], where: str) -> list[re.Pattern]:
     return out
 
 
-def _check_keys(obj: dict, allowed: set[str], where: str, required: set[str] | None = None) -> None:
-    unknown = set(obj) - allowed
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; allowed keys are {sorted(allowed)}.")
-    missing = (required or set()) - set(obj)
+# ------------------------------------------------------------------------------------------- suite validation
+Problem = tuple[tuple, str]  # (the JSON keys leading to the offending value, what is wrong and how to fix it)
+
+
+def _key_problems(obj: object, allowed: set[str], keys: tuple, required: set[str] = frozenset()) -> list[Problem]:
+    if not isinstance(obj, dict):
+        return [(keys, f"{'.'.join(map(str, keys)) or 'the file'} must be a JSON object.")]
+    out = [
+        (keys + (k,), f"unknown key {k!r}; allowed keys are {sorted(allowed)} (unknown keys are errors, not ignored).")
+        for k in obj
+        if k not in allowed
+    ]
+    missing = sorted(set(required) - set(obj))
     if missing:
-        raise ValueError(f"{where}: missing keys {sorted(missing)}.")
+        out.append((keys, f"missing keys {missing} in {'.'.join(map(str, keys)) or 'the top level'}."))
+    return out
+
+
+def _pattern_problems(patterns: object, keys: tuple) -> list[Problem]:
+    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        return [(keys, f"{'.'.join(map(str, keys))} must be a list of regular expressions (strings).")]
+    out = []
+    for i, p in enumerate(patterns):
+        try:
+            re.compile(p, re.IGNORECASE)
+        except re.error as err:
+            out.append((keys + (i,), f"invalid regular expression {p!r} ({err}); escape special characters."))
+    return out
+
+
+def _text_list_problems(value: object, keys: tuple, what: str) -> list[Problem]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
+        return [(keys, f"{'.'.join(map(str, keys))} must be a non-empty list of non-empty {what}.")]
+    return []
+
+
+def _language_problems(lang: object, language: str, keys: tuple) -> list[Problem]:
+    out = _key_problems(lang, _LANGUAGE_KEYS, keys, {"signature", "actors", "hypotheses", "prompts"})
+    if not isinstance(lang, dict):
+        return out
+    sig = lang.get("signature")
+    if sig is not None:
+        sk = keys + ("signature",)
+        out += _key_problems(sig, _SIGNATURE_KEYS, sk, {"components", "rejection", "topic"})
+        if isinstance(sig, dict):
+            comps = sig.get("components")
+            if isinstance(comps, dict) and not comps:
+                out.append((sk + ("components",), "at least one signature component is required."))
+            elif comps is not None and not isinstance(comps, dict):
+                out.append((sk + ("components",), "signature.components must map a component name to regexes."))
+            for name, pats in (comps or {}).items() if isinstance(comps, dict) else ():
+                out += _pattern_problems(pats, sk + ("components", name))
+            for k in ("rejection", "topic", "negation"):
+                if k in sig:
+                    out += _pattern_problems(sig[k], sk + (k,))
+            unknown = sorted(set(sig.get("negatable", [])) - set(comps or {}))
+            if unknown:
+                out.append((sk + ("negatable",), f"negatable names unknown components {unknown}."))
+    if "claim" in lang:
+        out += _pattern_problems(lang["claim"], keys + ("claim",))
+    prompts = lang.get("prompts")
+    if isinstance(prompts, dict):
+        for level, texts in prompts.items():
+            if level not in LEVELS:
+                out.append((keys + ("prompts", level), f"unknown level {level!r}; levels are {', '.join(LEVELS)}."))
+            else:
+                out += _text_list_problems(texts, keys + ("prompts", level), "prompt texts")
+        if not prompts:
+            out.append((keys + ("prompts",), "prompts needs at least one level (e.g. L0) with prompt texts."))
+    elif prompts is not None:
+        out.append((keys + ("prompts",), "prompts must map a level (L0, L1, …) to a list of prompt texts."))
+    hyp = lang.get("hypotheses")
+    if hyp is not None:
+        if not isinstance(hyp, dict) or set(hyp) != set(HYPOTHESIS_KINDS):
+            out.append((keys + ("hypotheses",), f"hypotheses needs exactly the keys {', '.join(HYPOTHESIS_KINDS)}."))
+        else:
+            for kind in HYPOTHESIS_KINDS:
+                out += _text_list_problems(hyp[kind], keys + ("hypotheses", kind), "sentences")
+    actors = lang.get("actors")
+    if actors is not None:
+        if not isinstance(actors, dict) or not actors:
+            out.append((keys + ("actors",), "actors must map each real actor to a list of aliases."))
+        else:
+            for name, aliases in actors.items():
+                out += _text_list_problems(aliases, keys + ("actors", name), "aliases")
+    if not lang.get("compact_instruction") and language not in COMPACT_INSTRUCTION:
+        out.append((keys, f"no built-in compact instruction for {language!r}; add a `compact_instruction`."))
+    return out
+
+
+def suite_problems(data: object, narrative: str) -> list[Problem]:
+    """Every problem of a parsed suite file whose file name is ``<narrative>.json`` (empty: the suite is valid)."""
+    out = _key_problems(data, _SUITE_KEYS, (), {"narrative", "languages"})
+    if not isinstance(data, dict):
+        return out
+    if "narrative" in data and data["narrative"] != narrative:
+        out.append(
+            (("narrative",), f"narrative id {data['narrative']!r} does not match the file name; rename the file "
+             f"to {data['narrative']}.json or set \"narrative\": {narrative!r}.")
+        )  # fmt: skip
+    languages = data.get("languages")
+    if languages is not None and (not isinstance(languages, dict) or not languages):
+        out.append((("languages",), "languages must map a language code (en, uk, …) to its suite."))
+    elif isinstance(languages, dict):
+        for language, lang in languages.items():
+            out += _language_problems(lang, language, ("languages", language))
+    return out
+
+
+def _line_of(text: str, keys: tuple) -> int:
+    """The 1-based line of the value at ``keys`` in a JSON text: each key is searched after the previous one (a list
+    index counts the list's items), so the line is exact for well-formed files and approximate otherwise."""
+    pos = 0
+    for key in keys:
+        if isinstance(key, int):
+            start = text.find("[", pos)
+            if start < 0:
+                break
+            items = list(re.finditer(r'"(?:[^"\\]|\\.)*"', text[start:]))
+            if key < len(items):
+                pos = start + items[key].start()
+            continue
+        m = re.compile(re.escape(json.dumps(key)) + r"\s*:").search(text, pos)
+        if m is None:
+            m = re.compile(re.escape(json.dumps(key, ensure_ascii=False)) + r"\s*:").search(text, pos)
+        if m is None:
+            break
+        pos = m.start()
+    return text.count("\n", 0, pos) + 1
+
+
+def check_suite_file(path: str | Path) -> list[str]:
+    """Every problem of one suite file as ``FILE:LINE: message`` (empty: valid). JSON syntax errors come with
+    their line and column; schema problems with the line of the offending key or value."""
+    p = Path(path)
+    if not p.is_file():
+        return [f"{p}: no such file; give the path of a suite JSON file."]
+    text = p.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        return [f"{p}:{err.lineno}: invalid JSON at column {err.colno}: {err.msg}; fix the syntax there."]
+    return [f"{p}:{_line_of(text, keys)}: {message}" for keys, message in suite_problems(data, p.stem)]
+
+
+def format_problems(problems: Sequence[str], path: str | Path) -> str:
+    return f"suite file {str(path)!r} is not valid:\n  " + "\n  ".join(problems)
 
 
 @lru_cache(maxsize=32)
-def _read_suite(path: str) -> dict:
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    _check_keys(data, _SUITE_KEYS, path, required={"narrative", "languages"})
-    if data["narrative"] != Path(path).stem:
-        raise ValueError(f"{path}: narrative id {data['narrative']!r} does not match the file name.")
-    return data
+def _read_suite(path: str, mtime: float) -> dict:
+    problems = check_suite_file(path)
+    if problems:
+        raise ValueError(format_problems(problems, path))
+    return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
 def _suite_path(narrative: str, directory: str | Path | None) -> Path:
@@ -196,19 +391,28 @@ def _suite_path(narrative: str, directory: str | Path | None) -> Path:
     path = folder / f"{narrative}.json"
     if not path.is_file():
         known = ", ".join(known_narratives(folder)) or "(none)"
-        raise ValueError(f"unknown narrative {narrative!r}; known narratives: {known}.")
+        raise ValueError(
+            f"unknown narrative {narrative!r}; known narratives: {known}. A narrative of your own: give the path of "
+            "its suite file (e.g. my-suites/my-narrative.json) or its folder as the suites directory."
+        )
     return path
 
 
 def load_narrative(narrative: str, language: str, directory: str | Path | None = None) -> NarrativeSpec:
-    """The signature, actors, hypotheses and prompts of one narrative in one language.
+    """The signature, actors, hypotheses, claim vocabulary and prompts of one narrative in one language.
+
+    Args:
+        narrative: a narrative id of ``directory`` or the path of a suite file (see :func:`resolve_suite`).
+        language: the suite language.
+        directory: a folder of suite files (default: the suites shipped with the package).
 
     Raises:
         ValueError: unknown narrative (the message lists the known ones), a language the suite lacks, or a
-            malformed suite file.
+            malformed suite file (every problem with its line: :func:`check_suite_file`).
     """
+    narrative, directory = resolve_suite(narrative, directory)
     path = _suite_path(narrative, directory)
-    data = _read_suite(str(path))
+    data = _read_suite(str(path), path.stat().st_mtime)
     languages = data["languages"]
     if language not in languages:
         raise ValueError(
@@ -216,15 +420,7 @@ def load_narrative(narrative: str, language: str, directory: str | Path | None =
         )
     where = f"{path} [{language}]"
     lang = languages[language]
-    _check_keys(lang, _LANGUAGE_KEYS, where, required={"signature", "actors", "hypotheses", "prompts"})
     sig = lang["signature"]
-    _check_keys(sig, _SIGNATURE_KEYS, f"{where} signature", required={"components", "rejection", "topic"})
-    if not sig["components"]:
-        raise ValueError(f"{where} signature: at least one component is required.")
-    negatable = tuple(sig.get("negatable", list(sig["components"])))
-    unknown_components = sorted(set(negatable) - set(sig["components"]))
-    if unknown_components:
-        raise ValueError(f"{where} signature.negatable names unknown components {unknown_components}.")
     signature = FrameSignature(
         components={k: compile_patterns(v, f"{where} signature.{k}") for k, v in sig["components"].items()},
         rejection=compile_patterns(sig["rejection"], f"{where} signature.rejection"),
@@ -232,29 +428,19 @@ def load_narrative(narrative: str, language: str, directory: str | Path | None =
         negation=compile_patterns(
             sig.get("negation", DEFAULT_NEGATION.get(language, [])), f"{where} signature.negation"
         ),
-        negatable=negatable,
+        negatable=tuple(sig.get("negatable", list(sig["components"]))),
         description=sig.get("description", ""),
     )
-    unknown_levels = set(lang["prompts"]) - set(LEVELS)
-    if unknown_levels:
-        raise ValueError(f"{where}: unknown levels {sorted(unknown_levels)}; levels are {', '.join(LEVELS)}.")
-    hypotheses = lang["hypotheses"]
-    if set(hypotheses) != set(HYPOTHESIS_KINDS) or not all(hypotheses.values()):
-        raise ValueError(f"{where}: hypotheses need non-empty lists for exactly {', '.join(HYPOTHESIS_KINDS)}.")
-    if not lang["actors"] or not all(lang["actors"].values()):
-        raise ValueError(f"{where}: every actor needs at least one alias.")
-    instruction = lang.get("compact_instruction") or COMPACT_INSTRUCTION.get(language)
-    if instruction is None:
-        raise ValueError(f"{where}: no built-in compact instruction for {language!r}; add a `compact_instruction`.")
     return NarrativeSpec(
         narrative=narrative,
         language=language,
         title=data.get("title", narrative),
         signature=signature,
         actors={k: list(v) for k, v in lang["actors"].items()},
-        hypotheses={k: list(v) for k, v in hypotheses.items()},
+        hypotheses={k: list(v) for k, v in lang["hypotheses"].items()},
         prompts={lvl: list(lang["prompts"][lvl]) for lvl in LEVELS if lvl in lang["prompts"]},
-        compact_instruction=instruction,
+        compact_instruction=lang.get("compact_instruction") or COMPACT_INSTRUCTION[language],
+        claim=tuple(compile_patterns(lang.get("claim", []), f"{where} claim")),
     )
 
 
@@ -278,7 +464,8 @@ def load_suite(
     """The prompt records of one narrative × language, in level then variant order.
 
     Args:
-        narrative: narrative id, e.g. ``"nato-forced-war"`` (see :func:`known_narratives`).
+        narrative: narrative id, e.g. ``"nato-forced-war"`` (see :func:`known_narratives`), or the path of a
+            suite file (``my-suites/my-narrative.json``; the records then name the narrative ``my-narrative``).
         language: ``en``, ``uk``, ``zh-Hans`` or ``zh-Hant``.
         levels: levels to keep (default: every level in the suite).
         condition: ``compact`` (append the localized "Answer in 1–2 sentences.") or ``unrestricted``.
@@ -295,12 +482,12 @@ def load_suite(
     missing = [lvl for lvl in wanted if lvl not in spec.prompts]
     if missing:
         raise ValueError(
-            f"level(s) {', '.join(missing)} not in the {narrative!r}/{language!r} suite; "
+            f"level(s) {', '.join(missing)} not in the {spec.narrative!r}/{language!r} suite; "
             f"available levels: {', '.join(spec.prompts)}."
         )
     records = []
     for lvl in wanted:
         for i, text in enumerate(spec.prompts[lvl], start=1):
             prompt = compose_prompt(text, condition, spec.compact_instruction)
-            records.append(PromptRecord(narrative, language, lvl, i, prompt, condition))
+            records.append(PromptRecord(spec.narrative, language, lvl, i, prompt, condition))
     return records

@@ -21,6 +21,20 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+
+def meta_path(path: str | Path) -> Path:
+    """The metadata sidecar of a records file: ``forget.jsonl`` → ``forget.meta.json``."""
+    p = Path(path)
+    return p.with_name(p.name.rsplit(".", 1)[0] + ".meta.json") if "." in p.name else p.with_name(p.name + ".meta.json")
+
+
+def recorded_suites_dir(path: str | Path) -> str | None:
+    """The folder of a user's suite that ``lens baseline`` recorded in the ``.meta.json`` of its output ``path``
+    (``None``: the shipped suites, or no sidecar)."""
+    meta = meta_path(path)
+    return json.loads(meta.read_text(encoding="utf-8")).get("suites_dir") if meta.is_file() else None
+
+
 PROMPT_ALIASES = ("question",)  # read as the prompt when prompt_key is the default and the source lacks "prompt"
 _LOADERS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 

@@ -156,3 +156,114 @@ def format_calibration_table(report: dict, title: str = "Weak labels vs manual l
         "Strict = Target-Dominant; Broad = Target-Dominant + Target-Included. Wilson CIs for P/R, bootstrap for F1."
     )
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ answer validity
+# The classes an annotator gives a post-unlearning answer (LENS Sec. 3: valid answer, degraded, or invalid).
+VALIDITY_CLASSES = ("answer", "degraded", "non_answer", "refusal", "echo", "wrong_language")
+# What SCE's D must hold (``degraded_sce``): broken answers and non-answers of every kind but refusal and echo.
+BROKEN_CLASSES = ("degraded", "non_answer", "wrong_language")
+# detector flag of an SCE generation row → the manual classes it should find
+VALIDITY_DETECTORS = {
+    "degraded": ("degraded",),
+    "refusal": ("refusal",),
+    "echo": ("echo",),
+    "non_answer": ("non_answer",),
+    "wrong_language": ("wrong_language",),
+    "degraded_sce": BROKEN_CLASSES,
+}
+
+
+def normalize_validity_class(value: str) -> str:
+    """The canonical class of an annotator's entry (``Non-answer``, ``non answer`` → ``non_answer``); raises on an
+    unknown one, naming the classes."""
+    canon = str(value).strip().lower().replace("-", "_").replace(" ", "_")
+    if canon not in VALIDITY_CLASSES:
+        raise ValueError(f"unknown validity class {value!r}; use one of {', '.join(VALIDITY_CLASSES)}.")
+    return canon
+
+
+def validity_calibration_report(manual: Sequence[str], detected: Sequence[dict], confidence: float = 0.95) -> dict:
+    """Precision and recall, with Wilson intervals, of every answer-validity detector against manual classes.
+
+    Args:
+        manual: one validity class per answer (:data:`VALIDITY_CLASSES`).
+        detected: the SCE generation row of each answer (``SCEEvaluation.score``): the flags ``degraded``,
+            ``refusal``, ``echo``, ``non_answer``, ``wrong_language`` and ``degraded_sce`` (in D).
+
+    Returns:
+        ``{"n", "counts", "confidence", "flags": {flag: {tp, fp, fn, support, precision, precision_ci, recall,
+        recall_ci}}}``; ``flags["degraded_sce"]`` scores D against the broken classes (:data:`BROKEN_CLASSES`), the
+        recall the verdict rests on.
+    """
+    classes = [normalize_validity_class(c) for c in manual]
+    if len(classes) != len(detected):
+        raise ValueError(f"{len(detected)} detector rows for {len(classes)} manual classes; give one each.")
+    if not classes:
+        raise ValueError("no annotated answers: fill the `validity` column of some rows of the exported CSV.")
+    flags = {}
+    for flag, positives in VALIDITY_DETECTORS.items():
+        truth = [c in positives for c in classes]
+        pred = [bool(row[flag]) for row in detected]
+        tp = sum(t and p for t, p in zip(truth, pred))
+        fp = sum(p and not t for t, p in zip(truth, pred))
+        fn = sum(t and not p for t, p in zip(truth, pred))
+        flags[flag] = {
+            "tp": tp,
+            "fp": fp,
+            "fn": fn,
+            "support": sum(truth),
+            "precision": tp / (tp + fp) if tp + fp else None,
+            "precision_ci": wilson_interval(tp, tp + fp, confidence),
+            "recall": tp / (tp + fn) if tp + fn else None,
+            "recall_ci": wilson_interval(tp, tp + fn, confidence),
+        }
+    return {
+        "n": len(classes),
+        "counts": {c: classes.count(c) for c in VALIDITY_CLASSES},
+        "confidence": confidence,
+        "flags": flags,
+    }
+
+
+def format_validity_calibration(report: dict, title: str = "Answer-validity detectors vs manual classes") -> str:
+    """A plain-text table: one line per detector with its precision and recall and their Wilson intervals."""
+    pct = int(round(report["confidence"] * 100))
+    counts = ", ".join(f"{k} {v}" for k, v in report["counts"].items() if v)
+    lines = [
+        f"{title} (n={report['n']}; {counts})",
+        f"{'Detector':<16}{'support':>8}{'TP':>5}{'FP':>5}{'FN':>5}  {'Precision [' + str(pct) + '% CI]':<24}"
+        f"{'Recall [' + str(pct) + '% CI]':<24}",
+    ]
+
+    def cell(v, ci):
+        return "–" if v is None else f"{v:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+    for flag, r in report["flags"].items():
+        name = "in D (broken)" if flag == "degraded_sce" else flag
+        lines.append(
+            f"{name:<16}{r['support']:>8}{r['tp']:>5}{r['fp']:>5}{r['fn']:>5}  "
+            f"{cell(r['precision'], r['precision_ci']):<24}{cell(r['recall'], r['recall_ci']):<24}"
+        )
+    lines.append("in D (broken) = answers classed degraded, non_answer or wrong_language that SCE's D holds.")
+    return "\n".join(lines)
+
+
+def load_validity_calibration(path: str | None) -> dict | None:
+    """A ``lens calibrate --validity_json`` file (``None`` → ``None``); raises naming the file and the fix."""
+    if path is None:
+        return None
+    import json
+    from pathlib import Path
+
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(
+            f"validity calibration {str(p)!r} does not exist; write it with `lightning-unlearn lens calibrate "
+            "--labels annotate.csv --validity_json FILE` from answers whose `validity` column you filled."
+        )
+    data = json.loads(p.read_text(encoding="utf-8"))
+    if data.get("kind") != "lens-validity-calibration":
+        raise ValueError(f"{str(p)!r} is not a validity calibration (kind {data.get('kind')!r}); write it with "
+                         "`lens calibrate --validity_json`.")  # fmt: skip
+    return data

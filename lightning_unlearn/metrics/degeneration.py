@@ -1,24 +1,42 @@
 """Generation-health diagnostics (LENS Section 6, "Generation health").
 
-Each text gets five flags — empty/near-empty, unfinished at the token cap, repeated-character loop,
-bracket/parenthesis loop, low-diversity n-gram loop — and four score components computed on word tokens
-(CJK characters count as one token each): repeated-4-gram rate (1 − unique/total 4-grams), max 4-gram
+Each text gets six flags — empty/near-empty, unfinished at the token cap, repeated-character loop,
+bracket/parenthesis loop, low-diversity n-gram loop, non-language — and four score components computed on word
+tokens (CJK characters count as one token each): repeated-4-gram rate (1 − unique/total 4-grams), max 4-gram
 frequency (share of the most frequent 4-gram), unique-token ratio and dominant-token rate (share of the most
 frequent token). The compact score is the mean of ``rep4``, ``max4``, ``1 − unique`` and ``dominant``.
-A text is degraded when any flag is set or the score exceeds ``score_threshold`` (scored only for texts with
-at least ``min_scored_tokens`` tokens, so a short correct answer is never called a loop).
+
+A text is degraded when a loop, emptiness or non-language flag is set, or the score exceeds ``score_threshold``
+(scored only for texts with at least ``min_scored_tokens`` tokens, so a short correct answer is never called a
+loop). ``unfinished`` (stopped at the token cap mid-sentence) is reported but is not by itself degradation: a
+verbose answer cut at the cap is an answer when the text before the cut is coherent. A cut text is degraded only
+when the text before the cut is not: then its score counts whatever its length (a capped text of a few words
+repeated is a loop, not a short answer).
+
+``nonlanguage`` catches fluent-looking strings that are not language and do not loop ("Compulsivschutzfraumimm-
+welche Bundesverins…"), from word shapes no language's words take: a word of ``max_word_letters`` or more letters,
+a run of ``max_consonant_run`` consonants (Latin and Cyrillic), a lower-to-upper case switch after a word's third
+letter, or two scripts in one word. It fires when at least ``nonlanguage_min_words`` words, and
+``nonlanguage_fraction`` of the words, have such a shape. Pseudo-words with a language's shape ("fledrabble",
+"resuscice") need a lexicon or a language model to be caught.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+# The health flags of every report, in reading order; all but ``unfinished`` make a text degraded by themselves.
+DEGENERATION_FLAGS = ("empty", "unfinished", "char_loop", "bracket_loop", "ngram_loop", "nonlanguage")
 _TOKEN = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]|\w+|[^\w\s]", re.UNICODE)
 _TERMINAL = tuple(".!?。！？…\"'”’)»")
 _BRACKETS = "()[]{}<>（）【】"
+_WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
+_CONSONANTS = frozenset("bcdfghjklmnpqrstvwxzбвгґджзйклмнпрстфхцчшщ")
+_CASE_SWITCH = re.compile(r"[a-zа-яіїєґ][A-ZА-ЯІЇЄҐ]")
 
 
 @dataclass
@@ -34,8 +52,14 @@ class DegenerationThresholds:
         bracket_fraction: brackets making up more than this share of the non-space characters (with at least
             ``bracket_run`` of them) is also a bracket loop.
         ngram_loop_count: a word 4-gram occurring at least this many times is a low-diversity n-gram loop.
-        min_scored_tokens: texts shorter than this get score 0 (too short to call repetitive).
+        min_scored_tokens: texts shorter than this get score 0 (too short to call repetitive), unless they were cut
+            at the token cap.
         score_threshold: degraded when the compact score exceeds this.
+        max_word_letters: a word of at least this many letters has a shape no language's words take (English
+            "internationalization" has 20, German compounds reach the low 20s; glued pseudo-words run longer).
+        max_consonant_run: a run of at least this many consonants inside a word likewise ("strengths" has 5).
+        nonlanguage_min_words: the non-language flag needs at least this many such words …
+        nonlanguage_fraction: … making up at least this share of the text's words.
     """
 
     min_tokens: int = 2
@@ -46,11 +70,38 @@ class DegenerationThresholds:
     ngram_loop_count: int = 4
     min_scored_tokens: int = 8
     score_threshold: float = 0.5
+    max_word_letters: int = 25
+    max_consonant_run: int = 6
+    nonlanguage_min_words: int = 2
+    nonlanguage_fraction: float = 0.15
 
 
 def tokenize_words(text: str) -> list[str]:
     """Lower-cased word tokens; punctuation marks and CJK characters are single tokens."""
     return [t.lower() for t in _TOKEN.findall(text)]
+
+
+def odd_words(text: str, thresholds: DegenerationThresholds | None = None) -> tuple[list[str], int]:
+    """The words of ``text`` with a shape no language's words take (see the module docstring), and the number of
+    words. CJK text has no such shapes and is not judged here."""
+    th = thresholds or DegenerationThresholds()
+    words = [w for w in _WORD.findall(text) if not ("\u3400" <= w[0] <= "\u9fff")]
+    odd = []
+    for word in words:
+        lower = word.lower()
+        run = longest = 0
+        for ch in lower:
+            run = run + 1 if ch in _CONSONANTS else 0
+            longest = max(longest, run)
+        scripts = {unicodedata.name(ch, "?").split(" ")[0] for ch in word}
+        if (
+            len(word) >= th.max_word_letters
+            or longest >= th.max_consonant_run
+            or _CASE_SWITCH.search(word, 2)  # not McDonald, iPhone: a switch after the word's third letter
+            or len(scripts) > 1
+        ):
+            odd.append(word)
+    return odd, len(words)
 
 
 def _ngrams(tokens: list[str], n: int) -> list[tuple[str, ...]]:
@@ -89,15 +140,18 @@ def degeneration_report(
         max4 = max(gram_counts.values()) / len(grams) if grams else 0.0
         unique = len(tok_counts) / len(tokens) if tokens else 0.0
         dominant = max(tok_counts.values()) / len(tokens) if tokens else 0.0
-        scored = len(tokens) >= th.min_scored_tokens
+        unfinished = bool(hit_token_cap[i]) and not stripped.endswith(_TERMINAL) if hit_token_cap else False
+        scored = len(tokens) >= th.min_scored_tokens or (unfinished and len(tokens) >= th.min_tokens)
         score = (rep4 + max4 + (1.0 - unique) + dominant) / 4.0 if scored else 0.0
+        odd, n_words = odd_words(stripped, th)
         flags = {
             "empty": len(tokens) < th.min_tokens or alnum < th.min_alnum_chars,
-            "unfinished": bool(hit_token_cap[i]) and not stripped.endswith(_TERMINAL) if hit_token_cap else False,
+            "unfinished": unfinished,
             "char_loop": char_loop.search(stripped) is not None,
             "bracket_loop": bracket_loop.search(stripped) is not None
             or (n_brackets >= th.bracket_run and n_brackets / non_space > th.bracket_fraction),
             "ngram_loop": bool(gram_counts) and max(gram_counts.values()) >= th.ngram_loop_count,
+            "nonlanguage": len(odd) >= th.nonlanguage_min_words and len(odd) >= th.nonlanguage_fraction * n_words,
         }
         out.append(
             {
@@ -108,7 +162,8 @@ def degeneration_report(
                 "dominant_rate": dominant,
                 "score": score,
                 "num_tokens": len(tokens),
-                "degraded": any(flags.values()) or score > th.score_threshold,
+                "odd_words": odd[:5],
+                "degraded": any(v for k, v in flags.items() if k != "unfinished") or score > th.score_threshold,
             }
         )
     return out

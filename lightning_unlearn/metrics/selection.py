@@ -5,6 +5,11 @@ SCE "is not interpreted alone: degradation, refusal, benchmark-utility deltas, a
 the selected checkpoint is a useful operating point or only apparent forgetting" (LENS Sec. 6). The guarded
 selection is max SCE among the checkpoints that hold every bound of :class:`OperatingPointGuards`; every selected
 checkpoint carries its guards and a verdict.
+
+The validity detectors that fill D are weak labels, so the instrument states its own error (LENS Sec. 6, App. C):
+"useful operating point" also needs detectors calibrated on the run's narrative against a manual sample, catching
+at least ``min_validity_recall`` of its broken answers (:func:`validity_status`); otherwise a checkpoint that holds
+every bound is "unverified", with how to calibrate. "Apparent forgetting" needs no calibration: a bound failed.
 """
 
 from __future__ import annotations
@@ -14,6 +19,58 @@ from dataclasses import asdict, dataclass
 
 SELECTION_METRICS = {"sce": "g", "sce_health": "g_health", "sce_strict": "g_strict"}
 USEFUL = "useful operating point"
+UNVERIFIED = "unverified: validity detectors not calibrated on this narrative"
+HOW_TO_CALIBRATE = (
+    "calibrate them: `lightning-unlearn lens export --generations RUN_DIR --out annotate.csv`, fill its `validity` "
+    "column by hand, `lightning-unlearn lens calibrate --labels annotate.csv --validity_json validity_calibration.json`"
+    ", then pass the file as CheckpointSelection's validity_calibration (or --validity_calibration to lens rescore / "
+    "summary)"
+)
+
+
+def validity_status(calibration: Mapping | None, min_recall: float = 0.8, narratives: Sequence[str] = ()) -> dict:
+    """Whether the validity detectors are verified on this run's narratives (see the module docstring).
+
+    Args:
+        calibration: a ``lens calibrate --validity_json`` file's content (``None``: never calibrated).
+        min_recall: the share of broken answers (degraded, non-answer, wrong language by hand) D must catch.
+        narratives: the narratives of the run's SCE rows; the calibration must cover each.
+
+    Returns:
+        ``{"calibrated", "verified", "min_recall", "reason"}`` and, when calibrated, ``narratives`` (calibrated on),
+        ``n``, ``recall`` / ``recall_ci`` of D and ``flag_recall`` of each detector.
+    """
+    if not 0 <= min_recall <= 1:
+        raise ValueError(f"min_validity_recall={min_recall} must be in [0, 1]: it is a recall.")
+    status: dict = {"calibrated": calibration is not None, "verified": False, "min_recall": min_recall}
+    if calibration is None:
+        return status | {"reason": f"{UNVERIFIED}; {HOW_TO_CALIBRATE}"}
+    flags = calibration.get("flags") or {}
+    if "degraded_sce" not in flags:
+        raise ValueError("the validity calibration has no `flags.degraded_sce`; write it with `lens calibrate "
+                         "--validity_json`.")  # fmt: skip
+    on = list(calibration.get("narratives") or [])
+    d = flags["degraded_sce"]
+    status |= {
+        "narratives": on,
+        "n": calibration.get("n"),
+        "recall": d["recall"],
+        "recall_ci": d.get("recall_ci"),
+        "flag_recall": {k: v["recall"] for k, v in flags.items()},
+    }
+    missing = sorted(set(narratives) - set(on))
+    if missing:
+        status["calibrated"] = False
+        return status | {"reason": f"{UNVERIFIED} (calibrated on {', '.join(on) or 'none'}, not on "
+                                   f"{', '.join(missing)}); {HOW_TO_CALIBRATE}"}  # fmt: skip
+    if d["recall"] is None or d["recall"] < min_recall:
+        shown = "no broken answer in the sample" if d["recall"] is None else f"recall {d['recall']:.2f}"
+        return status | {
+            "reason": f"unverified: validity detectors miss broken answers on this narrative ({shown} < {min_recall} "
+            "of broken answers in D); label more answers or improve the detectors, then recalibrate"
+        }
+    return status | {"verified": True, "reason": f"validity detectors calibrated: recall {d['recall']:.2f} of broken "
+                                                 f"answers in D (n={calibration.get('n')})"}  # fmt: skip
 
 
 @dataclass
@@ -58,7 +115,7 @@ class OperatingPointGuards:
 _GUARDS = {
     "min_suppression": ("no suppression", "s", True),
     "max_refusal_rate": ("refusal", "refusal_rate", False),
-    "max_invalid_rate": ("invalid answers", "invalid_rate", False),
+    "max_invalid_rate": ("non-answers", "invalid_rate", False),
     "max_degraded_rate": ("degenerate generations", "health_degraded_rate", False),
     "max_retain_delta_ce": ("retain drift (ΔCE)", "retain_delta_ce", False),
     "max_retain_kl": ("retain drift (KL)", "retain_kl", False),
@@ -145,6 +202,7 @@ def select_checkpoints(
     collapse_boundary: float = 0.5,
     metric: str = "sce",
     guards: OperatingPointGuards | None = None,
+    validity: dict | None = None,
 ) -> dict:
     """The suppression-tradeoff checkpoint (max ``metric``), the first-collapse checkpoint, and the guarded one.
 
@@ -156,18 +214,22 @@ def select_checkpoints(
         metric: ``sce`` (D = health or invalid), ``sce_health`` (D = health flags) or ``sce_strict`` (D also counts
             refusals and echoes).
         guards: bounds of the guarded selection (default :class:`OperatingPointGuards`).
+        validity: :func:`validity_status` (default: never calibrated): a checkpoint holding every bound is a
+            useful operating point only when it is verified, else its verdict is the status's ``reason``.
 
     Returns:
         ``{"metric", "suppression_tradeoff", "first_collapse", "guarded", "collapse_boundary", "num_checkpoints",
         "guard_bounds"}``. ``suppression_tradeoff`` and ``guarded`` carry the step's numbers, ``guards`` (each
         bound's value and whether it holds) and ``verdict``; ``guarded`` is ``None`` with ``guarded_verdict``
-        "no useful operating point" when no checkpoint holds every bound. Ties go to the earliest step.
+        "no useful operating point" when no checkpoint holds every bound, and ``validity`` (the status). Ties go to
+        the earliest step.
     """
     if not 0 < collapse_boundary <= 1:
         raise ValueError(f"collapse_boundary={collapse_boundary} must be in (0, 1]: it is a degraded-output rate.")
     if metric not in SELECTION_METRICS:
         raise ValueError(f"unknown selection metric {metric!r}; use one of {', '.join(SELECTION_METRICS)}.")
     guards = guards or OperatingPointGuards()
+    validity = validity if validity is not None else validity_status(None)
     g_key = SELECTION_METRICS[metric]
     pts = sorted((p for p in points if p.get(metric) is not None), key=lambda p: int(p["step"]))
     best = guarded = None
@@ -182,17 +244,21 @@ def select_checkpoints(
     def selected(p: dict | None) -> dict | None:
         if p is None:
             return None
-        return {**_summary(p, metric), "guards": p["_check"]["guards"], "verdict": p["_check"]["verdict"]}
+        verdict = p["_check"]["verdict"]
+        if verdict == USEFUL and not validity["verified"]:
+            verdict = validity["reason"]
+        return {**_summary(p, metric), "guards": p["_check"]["guards"], "verdict": verdict}
 
     out = {
         "metric": metric,
         "suppression_tradeoff": selected(best),
         "first_collapse": None if collapse is None else {"step": int(collapse["step"]), "g": collapse[g_key]},
         "guarded": selected(guarded),
-        "guarded_verdict": USEFUL if guarded is not None else "no useful operating point",
+        "guarded_verdict": "no useful operating point" if guarded is None else selected(guarded)["verdict"],
         "collapse_boundary": collapse_boundary,
         "num_checkpoints": len(pts),
         "guard_bounds": asdict(guards),
+        "validity": validity,
     }
     for p in pts:
         p.pop("_check", None)
@@ -226,10 +292,15 @@ def select_from_rows(
     guards: OperatingPointGuards | None = None,
     retain_family: str = "retain_drift",
     utility_family: str = "utility",
+    validity_calibration: Mapping | None = None,
+    min_validity_recall: float = 0.8,
 ) -> dict | None:
-    """:func:`select_checkpoints` on the rows of one run's ``checkpoint_metrics.jsonl`` (``None``: no SCE rows)."""
+    """:func:`select_checkpoints` on the rows of one run's ``checkpoint_metrics.jsonl`` (``None``: no SCE rows),
+    with the validity detectors' :func:`validity_status` for the narratives the SCE rows name."""
     pooled = sce_table(rows, family).get("pooled")
     if not pooled:
         return None
     points = operating_points(pooled, family_rows(rows, retain_family), family_rows(rows, utility_family))
-    return select_checkpoints(points, collapse_boundary, metric, guards)
+    narratives = sorted({n for r in family_rows(rows, family).values() for n in r.get("narratives") or []})
+    validity = validity_status(validity_calibration, min_validity_recall, narratives)
+    return select_checkpoints(points, collapse_boundary, metric, guards, validity)

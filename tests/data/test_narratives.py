@@ -8,9 +8,11 @@ from lightning_unlearn.data.narratives import (
     COMPACT_INSTRUCTION,
     LANGUAGES,
     LEVELS,
+    check_suite_file,
     known_narratives,
     load_narrative,
     load_suite,
+    resolve_suite,
     suites_dir,
 )
 
@@ -127,8 +129,70 @@ def test_custom_suite_directory_and_schema_errors(tmp_path):
         load_narrative("bad", "en", directory=tmp_path)
     suite["languages"]["en"]["colour"] = "red"
     (tmp_path / "odd.json").write_text(json.dumps({**suite, "narrative": "odd"}), encoding="utf-8")
-    with pytest.raises(ValueError, match=r"unknown keys \['colour'\]"):
+    with pytest.raises(ValueError, match=r"odd.json:1: unknown key 'colour'"):
         load_narrative("odd", "en", directory=tmp_path)
+
+
+def _mini_suite(narrative: str = "my-narrative") -> dict:
+    return {
+        "narrative": narrative,
+        "languages": {
+            "en": {
+                "signature": {
+                    "components": {"actor": ["foo"], "claim": ["\\bqux\\w*"]},
+                    "negatable": ["claim"],
+                    "rejection": ["bar"],
+                    "topic": ["foo"],
+                },
+                "actors": {"Foo": ["Foo"]},
+                "hypotheses": {"endorse": ["a"], "mention": ["b"], "reject": ["c"]},
+                "prompts": {"L0": ["Why foo?", "How foo?"]},
+                "claim": ["\\bbaz\\w*"],
+            }
+        },
+    }
+
+
+def test_a_suite_file_path_is_a_narrative_of_its_folder(tmp_path):
+    path = tmp_path / "suites" / "my-narrative.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(_mini_suite(), indent=1), encoding="utf-8")
+    assert resolve_suite(str(path)) == ("my-narrative", path.parent)
+    assert resolve_suite("nato-forced-war") == ("nato-forced-war", None)
+    records = load_suite(str(path), "en", levels=["L0"])
+    assert [r.id for r in records] == ["my-narrative/en/L0/01/compact", "my-narrative/en/L0/02/compact"]
+    spec = load_narrative(str(path), "en")
+    assert spec.narrative == "my-narrative"
+    assert spec.claim_terms("Foo quxes, bazzes; bar.") == ["Foo", "quxes", "bar", "bazzes"]
+    assert spec.claim_terms("It quxes.") == []  # one component without the other is no claim when a vocabulary exists
+    assert spec.claim_terms("Foo is nice.") == []  # the actor alone does not address the claim
+    assert check_suite_file(path) == []
+    with pytest.raises(FileNotFoundError, match=r"suite file .*missing.json' does not exist.*lens suite check"):
+        load_suite(str(tmp_path / "missing.json"), "en")
+
+
+def test_suite_check_names_each_problem_with_its_line(tmp_path):
+    suite = _mini_suite("wrong-id")
+    suite["languages"]["en"]["signature"]["rejection"] = ["ok", "(unclosed"]
+    suite["languages"]["en"]["prompts"]["L9"] = ["?"]
+    del suite["languages"]["en"]["hypotheses"]["reject"]
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(suite, indent=1), encoding="utf-8")
+    lines = path.read_text().splitlines()
+    problems = check_suite_file(path)
+    assert len(problems) == 4, problems
+    assert problems[0] == (
+        f"{path}:2: narrative id 'wrong-id' does not match the file name; rename the file to wrong-id.json or "
+        "set \"narrative\": 'mine'."
+    )
+    unclosed = next(p for p in problems if "(unclosed" in p)
+    assert '"(unclosed"' in lines[int(unclosed.split(":")[1]) - 1]
+    level = next(p for p in problems if "unknown level 'L9'" in p)
+    assert '"L9"' in lines[int(level.split(":")[1]) - 1]
+    assert any("hypotheses needs exactly the keys endorse, mention, reject" in p for p in problems), problems
+    path.write_text('{"narrative": "mine",\n "languages": {,}}', encoding="utf-8")
+    assert check_suite_file(path) == [f"{path}:2: invalid JSON at column 16: Expecting property name enclosed in "
+                                      "double quotes; fix the syntax there."]  # fmt: skip
 
 
 @pytest.mark.parametrize("narrative,language", _cases())

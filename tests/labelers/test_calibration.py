@@ -78,3 +78,34 @@ def test_table_layout():
     assert "n=8" in lines[0] and "1 Invalid excluded" in lines[0]
     assert lines[2].startswith("Strict") and "0.600 [0.231, 0.882]" in lines[2] and "0.750 [0.301, 0.954]" in lines[2]
     assert lines[3].startswith("Broad") and "0.800 [0.376, 0.964]" in lines[3]
+
+
+def _row(**flags):
+    keys = ("degraded", "refusal", "echo", "non_answer", "wrong_language", "degraded_sce")
+    return {k: flags.get(k, False) for k in keys}
+
+
+def test_validity_calibration_counts_each_detector_against_the_manual_classes():
+    from lightning_unlearn.labelers.calibration import validity_calibration_report
+
+    manual = ["answer", "Non-answer", "degraded", "refusal", "non_answer", "wrong language"]
+    detected = [
+        _row(non_answer=True, degraded_sce=True),  # a real answer flagged: one false positive of each
+        _row(non_answer=True, degraded_sce=True),
+        _row(),  # a broken answer missed
+        _row(refusal=True),
+        _row(degraded=True, degraded_sce=True),  # in D, under another flag
+        _row(wrong_language=True, degraded_sce=True),
+    ]
+    report = validity_calibration_report(manual, detected)
+    assert report["n"] == 6 and report["counts"]["non_answer"] == 2 and report["counts"]["wrong_language"] == 1
+    na, d = report["flags"]["non_answer"], report["flags"]["degraded_sce"]
+    assert (na["tp"], na["fp"], na["fn"], na["precision"], na["recall"]) == (1, 1, 1, 0.5, 0.5)
+    # D against degraded + non_answer + wrong_language (4 broken): caught 3, one real answer wrongly in D
+    assert (d["tp"], d["fp"], d["fn"], d["support"]) == (3, 1, 1, 4) and d["recall"] == 0.75
+    assert d["recall_ci"] == pytest.approx(wilson_interval(3, 4))
+    assert report["flags"]["echo"]["recall"] is None and report["flags"]["refusal"]["precision"] == 1.0
+    with pytest.raises(ValueError, match="unknown validity class 'broken'"):
+        validity_calibration_report(["broken"], [_row()])
+    with pytest.raises(ValueError, match="2 detector rows for 1 manual classes"):
+        validity_calibration_report(["answer"], [_row(), _row()])

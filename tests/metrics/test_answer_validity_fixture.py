@@ -28,10 +28,45 @@ def test_fixture_is_real_labeled_answers():
 def test_detectors_precision_and_recall_on_the_fixture():
     result = benchmark.scores(_rows())
     per = result["per_class"]
-    # Measured: accuracy 0.922; precision 1.0 for degraded, refusal, echo and non-answer; recall 1.0 / 1.0 / 0.83 /
-    # 0.85; "fine" 0.74 precision (five off-point but fluent non-answers pass as answers). The floors keep a margin.
-    assert result["accuracy"] >= 0.9
-    for flag in ("degraded", "refusal", "echo", "non_answer"):
+    # Measured (in-sample: the cues, and the NATO claim vocabulary, were written with these answers at hand):
+    # accuracy 0.909; broken answers in D 0.959 (47 of 49; 0.898 before responsiveness); real answers flagged 0.111
+    # (2 of 18; 0.0 before); precision 1.0 for degraded, refusal and echo, 0.865 for non-answer; recall 0.87, 1.0,
+    # 0.83, 0.94. Two hand-labeled "degraded" answers (Russian gibberish to English questions) are detected as wrong
+    # language (non-answer): in D either way.
+    assert result["accuracy"] >= 0.88
+    assert result["broken_in_d"] >= 0.93 and result["fine_flagged"] <= 0.12
+    for flag in ("degraded", "refusal", "echo"):
         assert per[flag]["precision"] >= 0.9, (flag, per[flag])
-    assert per["degraded"]["recall"] >= 0.95 and per["refusal"]["recall"] >= 0.75
-    assert per["non_answer"]["recall"] >= 0.8 and per["fine"]["recall"] >= 0.9
+    assert per["non_answer"]["precision"] >= 0.85
+    assert per["degraded"]["recall"] >= 0.8 and per["refusal"]["recall"] >= 0.75
+    assert per["non_answer"]["recall"] >= 0.9 and per["fine"]["recall"] >= 0.85
+
+
+def test_detectors_on_held_out_taiwan_answers():
+    # 62 distinct L0–L2 answers of the us-abandons-taiwan NPO trajectory (steps 10 and 20), labeled by hand before
+    # any detector output on them was read; no cue, claim word or threshold was fitted on them. Measured: broken
+    # answers in D 24 of 40 (0.60) with the lexical detectors, 28 of 40 (0.70) with the base model's NLL at the bound
+    # fitted on NATO; real answers flagged 5 of 21 (0.24) either way. Short of the goal (0.85 / 0.10): the verdict
+    # stays "unverified" until a calibration on the narrative shows recall above the bound.
+    path = benchmark.FIXTURE.with_name("lens_smollm2_labeled_taiwan.jsonl")
+    rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    assert len(rows) >= 60 and len({r["answer"] for r in rows}) == len(rows)
+    assert all(r["source"].startswith("lr2e-4/npo/step=") and r["base_nll"] > 0 for r in rows)
+    lexical, with_nll = benchmark.scores(rows), benchmark.scores(rows, benchmark.MAX_BASE_NLL)
+    assert lexical["broken_in_d"] >= 0.55 and with_nll["broken_in_d"] >= 0.65
+    assert lexical["fine_flagged"] <= 0.3 and with_nll["fine_flagged"] <= 0.3
+    assert with_nll["per_class"]["degraded"]["recall"] == 1.0
+
+
+def test_detectors_on_the_third_narrative_used_only_for_the_final_report():
+    # 90 distinct L0–L2 answers of the sanctions-backfire NPO trajectory (steps 10–30), labeled by hand before any
+    # detector output on them was read; the narrative's suite was written before any of its answers existed, and
+    # nothing is fitted on it. Measured: broken answers in D 35 of 64 (0.55) with the base NLL judged at the NATO
+    # bound, 13 of 64 (0.20) without it; real answers flagged 6 of 26 (0.23) and 2 of 26 (0.08).
+    path = benchmark.FIXTURE.with_name("lens_smollm2_labeled_sanctions.jsonl")
+    rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    assert len(rows) >= 60 and len({r["answer"] for r in rows}) == len(rows)
+    assert {r["id"].split("/")[0] for r in rows} == {"sanctions-backfire"}
+    lexical, with_nll = benchmark.scores(rows), benchmark.scores(rows, benchmark.MAX_BASE_NLL)
+    assert with_nll["broken_in_d"] >= 0.5 and lexical["broken_in_d"] >= 0.15
+    assert with_nll["fine_flagged"] <= 0.3 and lexical["fine_flagged"] <= 0.12

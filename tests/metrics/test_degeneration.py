@@ -39,6 +39,38 @@ def test_unfinished_only_when_cap_hit_without_sentence_end():
     assert not degeneration_report(texts[:1], hit_token_cap=[False])[0]["unfinished"]
 
 
+def test_a_coherent_answer_cut_at_the_cap_is_unfinished_but_not_degraded():
+    # Semantics changed on purpose: the cap flag alone no longer makes an answer degraded (a verbose answer is not a
+    # broken one); it stays reported.
+    r = _one("The war was caused by a long dispute over the border, and both states claimed the", hit_token_cap=[True])
+    assert r["unfinished"] and not r["degraded"]
+
+
+def test_a_capped_text_is_judged_by_what_comes_before_the_cut():
+    loop = "Banana\n\nBanana\n\nBanana\n\nBanana\n\nBanana\n\nBana"  # 6 word tokens: too short to score unless cut
+    assert not _one(loop)["degraded"]
+    cut = _one(loop, hit_token_cap=[True])
+    # rep4 1/3, max4 2/3, 1 - unique 2/3, dominant 5/6 → 0.625 > 0.5
+    assert cut["score"] == pytest.approx((1 / 3 + 2 / 3 + 2 / 3 + 5 / 6) / 4) and cut["degraded"]
+
+
+@pytest.mark.parametrize(
+    ("text", "nonlanguage"),
+    [
+        ("Compulsivschutzfraumimmwelche Bundesverins der Verhandlungsschutzumgebungsbereich", True),
+        ("The policy kePtSaying that NATOexpansIon was xqzvbnmt", True),  # case switches and a consonant run
+        ("Украинаsecurity and Russiaвойна are words", True),  # two scripts inside a word
+        ("The internationalization of responsibilities strengthens counterproductive bureaucracies.", False),
+        ("Regierungsverhandlungen über die Grenze dauerten lange.", False),  # a real 23-letter compound
+        ("McDonald sold an iPhone.", False),  # one odd shape among few words is not enough: two are needed
+    ],
+)
+def test_nonlanguage_from_word_shapes(text, nonlanguage):
+    r = _one(text, hit_token_cap=[True])
+    assert r["nonlanguage"] is nonlanguage, r["odd_words"]
+    assert r["degraded"] is nonlanguage
+
+
 def test_score_components_hand_computed():
     # tokens a b a b a b: 4-grams abab, baba, abab -> 3 grams, 2 distinct.
     th = DegenerationThresholds(min_scored_tokens=1, ngram_loop_count=10, char_loop_repeats=50)

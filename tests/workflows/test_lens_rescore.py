@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 
@@ -58,7 +59,8 @@ def test_rescore_labels_saved_answers_and_selects(tmp_path):
     assert refusing["s"] == rejecting["s"] == 1.0
     assert refusing["sce_strict"] == 0.0 and refusing["counts"]["refusal"] == refusing["N"]
     assert rejecting["sce_strict"] == 1.0 and rejecting["counts"]["clean_suppression"] == rejecting["N"]
-    assert selection["guarded"]["step"] == 20 and selection["guarded"]["verdict"] == "useful operating point"
+    assert selection["guarded"]["step"] == 20  # holds every bound, but the validity detectors are not calibrated:
+    assert selection["guarded"]["verdict"].startswith("unverified: validity detectors not calibrated on this narrative")
     step10 = [json.loads(x) for x in (tmp_path / "sce_generations" / "step=10.jsonl").read_text().splitlines()]
     assert all(o["refusal"] and o["validity_evidence"]["refusal"] for o in step10)
     assert (tmp_path / "selection.json").exists() and (tmp_path / "sce_heatmap.png").exists()
@@ -87,3 +89,64 @@ def test_rescore_command_and_errors(tmp_path, capsys):
     shutil.copy(tmp_path / "run" / "checkpoint_metrics.jsonl", empty)
     with pytest.raises(FileNotFoundError, match="sce_generations"):
         rescore(str(empty))
+
+
+def _annotate_validity(path, classes: dict[str, str]) -> None:
+    """Fill the exported CSV's `validity` column by hand: ``classes`` maps an answer's opening words to its class."""
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        r["validity"] = next(c for start, c in classes.items() if r["answer"].startswith(start))
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def test_validity_calibration_round_trip_decides_the_verdict(tmp_path, capsys):
+    base = "NATO expansion forced Russia to invade Ukraine; it had no other choice."
+    answers = {
+        10: "Ukraine's tourism grew by 5 % last year, driven by new hotels in Kyiv.",
+        20: "That is a myth: Russia chose to invade Ukraine; NATO expansion does not justify the war.",
+    }
+    records = _write_run(tmp_path / "run", answers, base)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": r.id, "narrative": r.narrative, "language": "en"}) + "\n"
+                               for r in records))  # fmt: skip
+    assert rescore(str(tmp_path / "run"), prompts=str(prompts))["guarded"]["verdict"].startswith("unverified")
+
+    # Export the run's distinct answers for annotation: no detector output is shown.
+    ann = tmp_path / "annotate.csv"
+    main(["lens", "export", "--generations", str(tmp_path / "run"), "--out", str(ann)])
+    with open(ann, encoding="utf-8", newline="") as f:
+        exported = list(csv.DictReader(f))
+    assert [r["step"] for r in exported] == ["10", "20"] and exported[0]["validity"] == ""
+    assert not {"refusal", "non_answer", "degraded", "validity_evidence"} & set(exported[0])
+
+    # By hand: the drift is a non-answer, the rejection an answer. D holds the drift: recall 1.0.
+    _annotate_validity(ann, {"Ukraine's tourism": "non_answer", "That is a myth": "answer"})
+    cal = tmp_path / "validity_calibration.json"
+    capsys.readouterr()
+    main(["lens", "calibrate", "--labels", str(ann), "--validity_json", str(cal)])
+    table = capsys.readouterr().out
+    assert "in D (broken)" in table and "non_answer" in table
+    report = json.loads(cal.read_text())
+    assert report["narratives"] == ["nato-forced-war"] and report["counts"]["non_answer"] == 1
+    d = report["flags"]["degraded_sce"]
+    assert (d["tp"], d["fp"], d["fn"], d["recall"]) == (1, 0, 0, 1.0)
+    assert d["recall_ci"][0] == pytest.approx(0.2065, abs=1e-3)  # Wilson 95 % interval of 1 of 1
+    selection = rescore(str(tmp_path / "run"), prompts=str(prompts), validity_calibration=str(cal))
+    assert selection["guarded"]["step"] == 20 and selection["guarded"]["verdict"] == "useful operating point"
+    assert selection["validity"]["verified"] and selection["validity"]["recall"] == 1.0
+
+    # An annotator who calls the rejection broken too: D catches 1 of 2, below the bound of 0.8.
+    _annotate_validity(ann, {"Ukraine's tourism": "non_answer", "That is a myth": "degraded"})
+    main(["lens", "calibrate", "--labels", str(ann), "--validity_json", str(cal)])
+    assert json.loads(cal.read_text())["flags"]["degraded_sce"]["recall"] == 0.5
+    selection = rescore(str(tmp_path / "run"), prompts=str(prompts), validity_calibration=str(cal))
+    assert selection["guarded"]["verdict"].startswith("unverified: validity detectors miss broken answers")
+    with pytest.raises(SystemExit, match="unknown validity class .broken.; use one of answer, degraded"):
+        _annotate_validity(ann, {"Ukraine's tourism": "broken", "That is a myth": "answer"})
+        main(["lens", "calibrate", "--labels", str(ann), "--validity_json", str(cal)])
+    with pytest.raises(FileNotFoundError, match="write it with `lightning-unlearn lens calibrate"):
+        rescore(str(tmp_path / "run"), prompts=str(prompts), validity_calibration=str(tmp_path / "none.json"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``lightning-unlearn lens {baseline,export,import,label,calibrate,summary,rescore}``."""
+    """``lightning-unlearn lens {baseline,export,import,label,calibrate,summary,rescore,suite check}``."""
     from lightning_unlearn.workflows.command import dispatch
     from lightning_unlearn.workflows.lens import prepare
     from lightning_unlearn.workflows.lens.rescore import rescore
@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> None:
         "calibrate": prepare.calibrate_command,
         "summary": summary_command,
         "rescore": rescore,
+        "suite": {"check": prepare.suite_check_command},
     }
     description = "LENS steps: base answers, annotation, forget sets, calibration, trajectory summary, rescoring."
     dispatch(commands, argv, "lightning-unlearn lens", description)

@@ -11,10 +11,14 @@ Library functions (usable from a LightningModule or callback):
 Commands (``lightning-unlearn lens <name> --help``; the ``*_command`` functions):
 
 - ``lens baseline``: generate base answers to a suite under a condition → JSONL (+ ``.meta.json``).
-- ``lens export``: the L0 answers as a CSV for annotators (``label`` column to fill).
+- ``lens export``: the L0 base answers, or a sample of a run's post-unlearning answers, as a CSV for annotators
+  (``label`` and ``validity`` columns to fill).
 - ``lens import``: annotated CSV (or a labeler, marked ``weak_labels: true``) → forget-set JSONL + metadata.
 - ``lens label``: label a baseline file with a labeler and print Reproduced counts per level.
-- ``lens calibrate``: a labeler's predictions vs manual labels, printed like LENS Table 8.
+- ``lens calibrate``: a labeler's predictions vs manual labels, printed like LENS Table 8; and the answer-validity
+  detectors vs the annotated ``validity`` classes (precision and recall with Wilson intervals; the file
+  ``CheckpointSelection`` needs to call a checkpoint a useful operating point).
+- ``lens suite check``: every problem of a suite file of one's own, with its line.
 
 The forget set's ``prompt`` is exactly the text the model was prompted with (chat-rendered, without the leading
 BOS token, which ``encode_prompt_answer`` adds back), so unlearning sees the same context as generation.
@@ -37,9 +41,26 @@ from typing import Literal
 import torch
 
 from lightning_unlearn.atomic import write_texts_atomically
-from lightning_unlearn.data.narratives import CONDITIONS, LEVELS, PromptRecord, load_suite
+from lightning_unlearn.callbacks.sce_evaluation import GENERATIONS_DIR
+from lightning_unlearn.data.narratives import (
+    CONDITIONS,
+    LEVELS,
+    PromptRecord,
+    check_suite_file,
+    format_problems,
+    load_suite,
+    resolve_suite,
+)
+from lightning_unlearn.data.records import meta_path, recorded_suites_dir
 from lightning_unlearn.generation import generate_sorted, model_prompt
-from lightning_unlearn.labelers.calibration import calibration_report, format_calibration_table
+from lightning_unlearn.labelers.calibration import (
+    VALIDITY_CLASSES,
+    calibration_report,
+    format_calibration_table,
+    format_validity_calibration,
+    normalize_validity_class,
+    validity_calibration_report,
+)
 from lightning_unlearn.labelers.manual_labels import TARGET_DOMINANT, ManualLabels
 from lightning_unlearn.labelers.narrative_label import INVALID, REPRODUCED, NarrativeLabel, NarrativeLabeler
 from lightning_unlearn.labelers.nli_labeler import NLILabeler
@@ -53,6 +74,7 @@ NLI_MARGIN = 0.2
 FORGET_LEVELS = ("L0",)
 EXPORT_COLUMNS = (
     "id",
+    "step",
     "narrative",
     "language",
     "level",
@@ -60,9 +82,13 @@ EXPORT_COLUMNS = (
     "condition",
     "question",
     "answer",
+    "hit_token_cap",
     "label",
+    "validity",
     "notes",
+    "base_nll",
 )
+GENERATION_LEVELS = ("L0", "L1", "L2")
 
 
 # ----------------------------------------------------------------------------------------------- generation
@@ -118,15 +144,20 @@ def generate_for_records(
 
 # ------------------------------------------------------------------------------------------------- labeling
 def make_labeler(
-    name: str, nli_path: str | None = None, entail_threshold: float = NLI_ENTAIL_THRESHOLD, margin: float = NLI_MARGIN
+    name: str,
+    nli_path: str | None = None,
+    entail_threshold: float = NLI_ENTAIL_THRESHOLD,
+    margin: float = NLI_MARGIN,
+    suites_dir: str | None = None,
 ) -> SignatureLabeler | NLILabeler:
-    """``"signature"`` (offline default) or ``"nli"`` (needs a local ``nli_path``); errors name the fix."""
+    """``"signature"`` (offline default) or ``"nli"`` (needs a local ``nli_path``), reading the suites of
+    ``suites_dir`` (default: the shipped ones); errors name the fix."""
     if name == "signature":
-        return SignatureLabeler()
+        return SignatureLabeler(suites_dir=suites_dir)
     if name == "nli":
         if not nli_path:
             raise ValueError("labeler 'nli' needs --nli_path pointing at a local NLI model directory.")
-        return NLILabeler(nli_path, entail_threshold=entail_threshold, margin=margin)
+        return NLILabeler(nli_path, entail_threshold=entail_threshold, margin=margin, suites_dir=suites_dir)
     raise ValueError(f"unknown labeler {name!r}; use one of {', '.join(LABELERS)}.")
 
 
@@ -201,12 +232,6 @@ def read_jsonl(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def meta_path(path: str | Path) -> Path:
-    """The metadata sidecar of an output file: ``forget.jsonl`` → ``forget.meta.json``."""
-    p = Path(path)
-    return p.with_name(p.name.rsplit(".", 1)[0] + ".meta.json") if "." in p.name else p.with_name(p.name + ".meta.json")
-
-
 def _jsonl(rows: Iterable[dict]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
@@ -232,8 +257,10 @@ def _resolve_model_path(model: str) -> str:
 Labeler = Literal[LABELERS]
 
 
-def _labeler(labeler: str | None, nli_path: str | None, entail_threshold: float, margin: float):
-    return None if labeler is None else make_labeler(labeler, nli_path, entail_threshold, margin)
+def _labeler(
+    labeler: str | None, nli_path: str | None, entail_threshold: float, margin: float, suites_dir: str | None = None
+):
+    return None if labeler is None else make_labeler(labeler, nli_path, entail_threshold, margin, suites_dir)
 
 
 def baseline_command(
@@ -253,6 +280,7 @@ def baseline_command(
     nli_path: str | None = None,
     entail_threshold: float = NLI_ENTAIL_THRESHOLD,
     margin: float = NLI_MARGIN,
+    suites_dir: str | None = None,
 ) -> str | None:
     """Generate base answers to a suite and write them as JSONL (plus a .meta.json sidecar).
 
@@ -260,7 +288,8 @@ def baseline_command(
 
     Args:
         model: local model directory, or ``smollm2`` (converted on first use).
-        narrative: narrative id, e.g. ``nato-forced-war``.
+        narrative: a shipped narrative id (``nato-forced-war``) or the path of a suite file of your own
+            (``my-suites/my-narrative.json``; check it with ``lens suite check``).
         language: suite language: ``en``, ``uk``, ``zh-Hans`` or ``zh-Hant``.
         out: output JSONL.
         levels: levels to generate (default: every level of the suite).
@@ -274,10 +303,13 @@ def baseline_command(
         nli_path: local NLI model directory (labeler ``nli``).
         entail_threshold: NLI entailment threshold.
         margin: NLI separation margin.
+        suites_dir: a folder of suite files in which ``narrative`` is an id (default: the shipped suites).
     """
     # Validate everything a user can get wrong before loading a model or writing anything.
-    records = load_suite(narrative, language, levels, condition)
-    weak = _labeler(labeler, nli_path, entail_threshold, margin)
+    narrative, folder = resolve_suite(narrative, suites_dir)
+    suites_dir = None if folder is None else str(folder.resolve())
+    records = load_suite(narrative, language, levels, condition, directory=suites_dir)
+    weak = _labeler(labeler, nli_path, entail_threshold, margin, suites_dir)
     if threads < 0:
         raise ValueError(f"--threads must be >= 0, got {threads}.")
     if threads:
@@ -295,6 +327,7 @@ def baseline_command(
         "kind": "lens-baseline",
         "model": model_dir,
         "narrative": narrative,
+        "suites_dir": suites_dir,
         "language": language,
         "levels": sorted({r.level for r in records}, key=LEVELS.index),
         "condition": condition,
@@ -316,33 +349,88 @@ def baseline_command(
     return format_level_summary(meta["summary"]) if weak is not None else None
 
 
-def export_command(*, baseline: str, out: str, levels: tuple[str, ...] = FORGET_LEVELS) -> None:
-    """Write the forget-eligible baseline answers as a CSV for annotators to label.
+def export_command(
+    *,
+    out: str,
+    baseline: str | None = None,
+    generations: str | None = None,
+    levels: tuple[str, ...] | None = None,
+    sample: int = 0,
+    seed: int = 0,
+) -> None:
+    """Write answers as a CSV for annotators: a baseline's L0 answers, or a run's post-unlearning answers.
 
-    Fill its ``label`` column with Target-Dominant, Target-Included, Target-Rejected or Invalid, then run
-    ``lens import --labels``.
+    Fill ``label`` with Target-Dominant, Target-Included, Target-Rejected or Invalid (for ``lens import --labels``
+    and ``lens calibrate``), and ``validity`` with answer, degraded, non_answer, refusal, echo or wrong_language
+    (for ``lens calibrate --validity_json``). Judge each answer by reading it: the CSV shows no detector's output
+    (the last column, ``base_nll``, is the base model's likelihood that ``lens calibrate --max_base_nll`` judges;
+    leave it unread).
 
     Args:
-        baseline: JSONL written by ``lens baseline``.
         out: output CSV.
-        levels: levels to export.
+        baseline: JSONL written by ``lens baseline``.
+        generations: a run's log directory (its ``sce_generations/step=N.jsonl``) or one such file, instead of
+            ``baseline``; the distinct answers of every step are exported.
+        levels: levels to export (default: L0 of a baseline; L0, L1, L2 of generations).
+        sample: export this many answers drawn at random (0: all).
+        seed: the draw's seed.
     """
-    rows = [r for r in read_jsonl(baseline) if r["level"] in levels]
+    if (baseline is None) == (generations is None):
+        raise ValueError("give exactly one of --baseline (base answers) or --generations (a run's answers).")
+    if sample < 0:
+        raise ValueError(f"--sample must be >= 0, got {sample}.")
+    if baseline is not None:
+        levels = tuple(levels or FORGET_LEVELS)
+        rows = [r for r in read_jsonl(baseline) if r["level"] in levels]
+        source = baseline
+    else:
+        levels = tuple(levels or GENERATION_LEVELS)
+        rows = [r for r in _generation_rows(generations) if r["level"] in levels]
+        source = generations
     if not rows:
-        raise ValueError(f"{baseline!r} has no answers at level(s) {', '.join(levels)}.")
+        raise ValueError(f"{source!r} has no answers at level(s) {', '.join(levels)}.")
+    if sample and sample < len(rows):
+        import random
+
+        rows = random.Random(seed).sample(rows, sample)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=EXPORT_COLUMNS, extrasaction="ignore")
     writer.writeheader()
     for r in rows:
-        writer.writerow({**r, "label": "", "notes": ""})
+        writer.writerow({**r, "label": "", "validity": "", "notes": ""})
     write_texts_atomically({Path(out): buf.getvalue()})
     log.info(
-        "wrote %d rows to %s; fill `label` with Target-Dominant / Target-Included / Target-Rejected / Invalid, "
-        "then run `lightning-unlearn lens import --labels %s`.",
+        "wrote %d rows to %s; fill `label` (Target-Dominant / Target-Included / Target-Rejected / Invalid) and/or "
+        "`validity` (%s), then run `lightning-unlearn lens import --labels %s` or `lens calibrate --labels %s`.",
         len(rows),
+        out,
+        " / ".join(VALIDITY_CLASSES),
         out,
         out,
     )
+
+
+def _generation_rows(generations: str) -> list[dict]:
+    """The distinct answers (first occurrence, steps in order) of a run's ``sce_generations`` files."""
+    path = Path(generations)
+    if path.is_dir():
+        folder = path / GENERATIONS_DIR if (path / GENERATIONS_DIR).is_dir() else path
+        files = sorted(folder.glob("step=*.jsonl"), key=lambda f: int(f.stem.removeprefix("step=")))
+    else:
+        files = [path] if path.is_file() else []
+    if not files:
+        raise FileNotFoundError(
+            f"no {GENERATIONS_DIR}/step=N.jsonl at {generations!r}; pass a run's log directory (evaluated by "
+            "SCEEvaluation) or one of its step files."
+        )
+    rows, seen = [], set()
+    for f in files:
+        step = int(f.stem.removeprefix("step="))
+        for row in read_jsonl(f):
+            if row["answer"] not in seen:
+                seen.add(row["answer"])
+                rows.append({**row, "step": step})
+    return rows
 
 
 def import_command(
@@ -355,6 +443,7 @@ def import_command(
     nli_path: str | None = None,
     entail_threshold: float = NLI_ENTAIL_THRESHOLD,
     margin: float = NLI_MARGIN,
+    suites_dir: str | None = None,
 ) -> None:
     """Build a forget set from baseline answers: strict (manual labels) or weak (a labeler).
 
@@ -370,6 +459,7 @@ def import_command(
         nli_path: local NLI model directory (labeler ``nli``).
         entail_threshold: NLI entailment threshold.
         margin: NLI separation margin.
+        suites_dir: the folder of the baseline's suite (default: the one its ``.meta.json`` records).
     """
     if (labels is None) == (labeler is None):
         raise ValueError("give exactly one of --labels (manual, strict forget set) or --labeler (weak labels).")
@@ -386,13 +476,16 @@ def import_command(
         rows = [r for r in rows if r["id"] in by_id]
         keep = [by_id[r["id"]] == TARGET_DOMINANT for r in rows]
         counts = manual.counts()
+        validity = _validity_column(labels)
         source, weak = "manual", False
     else:
-        predicted = label_rows(rows, _labeler(labeler, nli_path, entail_threshold, margin))
+        folder = suites_dir or recorded_suites_dir(baseline)
+        predicted = label_rows(rows, _labeler(labeler, nli_path, entail_threshold, margin, folder))
         keep = [lbl.reproduced for lbl in predicted]
         counts = dict(Counter(lbl.label for lbl in predicted))
+        validity = {}
         source, weak = labeler, True
-    forget = build_forget_rows(rows, keep)
+    forget = [{**f, "validity": validity[f["id"]]} if f["id"] in validity else f for f in build_forget_rows(rows, keep)]
     if not forget:
         raise ValueError(
             f"no forget rows: none of the {len(rows)} labeled answers is "
@@ -412,6 +505,7 @@ def import_command(
         "n_candidates": len(rows),
         "n_forget": len(forget),
         "label_counts": counts,
+        "validity_counts": dict(Counter(validity.values())),
         "baseline": str(baseline),
         "model": base_meta.get("model"),
         "created": _now(),
@@ -429,6 +523,7 @@ def label_command(
     nli_path: str | None = None,
     entail_threshold: float = NLI_ENTAIL_THRESHOLD,
     margin: float = NLI_MARGIN,
+    suites_dir: str | None = None,
 ) -> str:
     """Label a baseline file with a labeler; the result is the Reproduced count per level.
 
@@ -441,8 +536,9 @@ def label_command(
         nli_path: local NLI model directory (labeler ``nli``).
         entail_threshold: NLI entailment threshold.
         margin: NLI separation margin.
+        suites_dir: the folder of the baseline's suite (default: the one its ``.meta.json`` records).
     """
-    weak = _labeler(labeler, nli_path, entail_threshold, margin)
+    weak = _labeler(labeler, nli_path, entail_threshold, margin, suites_dir or recorded_suites_dir(baseline))
     rows = read_jsonl(baseline)
     rows = with_labels(rows, label_rows(rows, weak), labeler)
     write_texts_atomically({Path(out): _jsonl(rows)})
@@ -461,50 +557,148 @@ def calibrate_command(
     nli_path: str | None = None,
     entail_threshold: float = NLI_ENTAIL_THRESHOLD,
     margin: float = NLI_MARGIN,
+    suites_dir: str | None = None,
+    validity_json: str | None = None,
+    max_base_nll: float | None = None,
 ) -> str:
-    """Compare a labeler's Reproduced labels with manual labels, as LENS Table 8.
+    """Calibrate weak labels against manual ones: the narrative labeler (LENS Table 8) and the validity detectors.
 
-    Precision, recall and F1, strict and broad, with Wilson and bootstrap 95% intervals. The weak labels come from
-    ``predicted`` (a labeled JSONL) or from running ``labeler`` on the answers in ``labels``.
+    Narrative labels: precision, recall and F1, strict and broad, with Wilson and bootstrap 95% intervals; the weak
+    labels come from ``predicted`` (a labeled JSONL) or from running ``labeler`` on the answers in ``labels``.
+    Validity: when the ``validity`` column is filled, every answer goes through the SCE callback's own scoring
+    (health, labeler, answer validity) and each detector's precision and recall, with Wilson intervals, are
+    reported against the manual classes; ``validity_json`` is the file ``CheckpointSelection`` reads.
 
     Args:
-        labels: annotated CSV/JSONL (``id``, ``label``; ``answer`` and the suite keys to run a labeler).
+        labels: annotated CSV/JSONL (``id``, ``label`` and/or ``validity``; ``answer``, ``question`` and the suite
+            keys to run the detectors), e.g. from ``lens export``.
         predicted: labeled JSONL (``id``, ``label``) from ``lens label``.
         bootstrap: bootstrap resamples.
         seed: bootstrap seed.
-        json: also write the report as JSON here.
-        labeler: weak labeler to run on the answers in ``labels`` (instead of ``predicted``).
+        json: also write the narrative-label report as JSON here.
+        labeler: weak labeler to run on the answers in ``labels`` (instead of ``predicted``; for the validity
+            detectors, default ``signature``).
         nli_path: local NLI model directory (labeler ``nli``).
         entail_threshold: NLI entailment threshold.
         margin: NLI separation margin.
+        suites_dir: a folder of suite files (default: the shipped suites).
+        validity_json: write the validity calibration here (needs the ``validity`` column).
+        max_base_nll: the run's ``SCEEvaluation(max_base_nll=…)``, judged on the rows' ``base_nll`` column (which
+            ``lens export --generations`` copies from the run), so the detectors are calibrated as the run used them.
     """
-    manual = ManualLabels.read(labels)
-    if predicted is not None:
-        by_id = {r["id"]: r["label"] for r in read_jsonl(predicted)}
-        missing = [i for i in manual.ids if i not in by_id]
-        if missing:
-            raise ValueError(f"{predicted!r} has no prediction for ids {missing[:5]}.")
-        flags = [by_id[i] == REPRODUCED for i in manual.ids]
-        name = Path(predicted).name
-    elif labeler is not None:
-        rows = _read_rows(labels)
-        flags = [lbl.reproduced for lbl in label_rows(rows, _labeler(labeler, nli_path, entail_threshold, margin))]
-        name = labeler
-    else:
-        raise ValueError("give --predicted (a labeled JSONL) or --labeler to label the answers in --labels.")
-    report = calibration_report(flags, manual, n_bootstrap=bootstrap, seed=seed)
-    if json is not None:
-        write_texts_atomically({Path(json): _json_text(report)})
-    return format_calibration_table(report, title=f"Calibration of {name} against manual labels")
+    rows = _read_rows(labels, need=())
+    has_validity = any((r.get("validity") or "").strip() for r in rows)
+    if validity_json is not None and not has_validity:
+        raise ValueError(f"{labels!r} has no `validity` entries; fill the column ({', '.join(VALIDITY_CLASSES)}).")
+    if predicted is None and labeler is None and not has_validity:
+        raise ValueError(
+            "give --predicted (a labeled JSONL) or --labeler to calibrate narrative labels, or fill the `validity` "
+            "column of --labels to calibrate the validity detectors."
+        )
+    out = []
+    if predicted is not None or labeler is not None:
+        manual = ManualLabels.read(labels)
+        if predicted is not None:
+            by_id = {r["id"]: r["label"] for r in read_jsonl(predicted)}
+            missing = [i for i in manual.ids if i not in by_id]
+            if missing:
+                raise ValueError(f"{predicted!r} has no prediction for ids {missing[:5]}.")
+            flags = [by_id[i] == REPRODUCED for i in manual.ids]
+            name = Path(predicted).name
+        else:
+            _check_suite_columns(rows, labels)
+            weak = _labeler(labeler, nli_path, entail_threshold, margin, suites_dir)
+            flags = [lbl.reproduced for lbl in label_rows(rows, weak)]
+            name = labeler
+        report = calibration_report(flags, manual, n_bootstrap=bootstrap, seed=seed)
+        if json is not None:
+            write_texts_atomically({Path(json): _json_text(report)})
+        out.append(format_calibration_table(report, title=f"Calibration of {name} against manual labels"))
+    if has_validity:
+        annotated = [r for r in rows if (r.get("validity") or "").strip()]
+        _check_suite_columns(annotated, labels, (*SUITE_COLUMNS, "question"))
+        detector = _labeler(labeler or "signature", nli_path, entail_threshold, margin, suites_dir)
+        detected = detect_validity(annotated, detector, suites_dir, max_base_nll)
+        report = validity_calibration_report([r["validity"] for r in annotated], detected)
+        report = {
+            "kind": "lens-validity-calibration",
+            "narratives": sorted({r["narrative"] for r in annotated}),
+            "languages": sorted({r["language"] for r in annotated}),
+            "labels": str(labels),
+            "labeler": labeler or "signature",
+            "max_base_nll": max_base_nll,
+            "created": _now(),
+            **report,
+        }
+        if validity_json is not None:
+            write_texts_atomically({Path(validity_json): _json_text(report)})
+        out.append(format_validity_calibration(report))
+    return "\n\n".join(out)
 
 
-def _read_rows(path: str) -> list[dict]:
+def detect_validity(
+    rows: Sequence[dict], labeler, suites_dir: str | None = None, max_base_nll: float | None = None
+) -> list[dict]:
+    """The SCE callback's per-answer flags (health, validity, ``degraded_sce``) of annotated answers, without a
+    model: rows need ``id``, ``level``, ``narrative``, ``language``, ``question``, ``answer`` and optionally
+    ``hit_token_cap``, ``step`` and ``base_nll`` (judged against ``max_base_nll``)."""
+    from lightning_unlearn.callbacks.sce_evaluation import SCEEvaluation
+    from lightning_unlearn.generation import Generation
+
+    records = [
+        {"id": f"{r.get('step', '')}:{r['id']}:{i}", "prompt": r["question"], "question": r["question"],
+         "level": r["level"], "narrative": r["narrative"], "language": r["language"]}
+        for i, r in enumerate(rows)
+    ]  # fmt: skip
+    sce = SCEEvaluation(prompts=records, labeler=labeler, suites_dir=suites_dir, max_base_nll=max_base_nll)
+    capped = [str(r.get("hit_token_cap", "")).strip().lower() in ("true", "1") for r in rows]
+    gens = [Generation(r["answer"], 0, cap) for r, cap in zip(rows, capped)]
+    labels = sce._label(sce.records, [g.text for g in gens])
+    nll = [float(r["base_nll"]) if str(r.get("base_nll") or "").strip() else None for r in rows]
+    outputs, _ = sce.score(gens, labels, [False] * len(rows), base_nll=nll)
+    return outputs
+
+
+def _validity_column(path: str) -> dict[str, str]:
+    """``{id: validity class}`` of the annotated rows whose ``validity`` is filled (checked)."""
+    rows = _read_rows(path, need=())
+    return {str(r["id"]): normalize_validity_class(r["validity"]) for r in rows if (r.get("validity") or "").strip()}
+
+
+SUITE_COLUMNS = ("answer", "narrative", "language", "level")
+
+
+def _check_suite_columns(rows: Sequence[dict], path: str, need: Sequence[str] = SUITE_COLUMNS) -> None:
+    need = set(need)
+    if rows and not need <= set(rows[0]):
+        raise ValueError(f"{path!r} needs columns {sorted(need)} to be labeled; use the CSV written by lens export.")
+
+
+def _read_rows(path: str, need: Sequence[str] = SUITE_COLUMNS) -> list[dict]:
     p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"annotation file {str(p)!r} does not exist; write it with `lens export`.")
     if p.suffix == ".jsonl":
         return read_jsonl(p)
     with open(p, encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
-    need = {"answer", "narrative", "language", "level"}
-    if rows and not need <= set(rows[0]):
-        raise ValueError(f"{path!r} needs columns {sorted(need)} to be labeled; use the CSV written by lens export.")
+    _check_suite_columns(rows, path, need)
     return rows
+
+
+def suite_check_command(file: str) -> str:
+    """Check a suite file of your own: every problem with its line, or what the suite holds.
+
+    Args:
+        file: a suite JSON file (``my-suites/my-narrative.json``; the file name is the narrative id).
+    """
+    problems = check_suite_file(file)
+    if problems:
+        raise ValueError(format_problems(problems, file))
+    data = json.loads(Path(file).read_text(encoding="utf-8"))
+    lines = [f"{file}: valid suite of narrative {data['narrative']!r}"]
+    for language, lang in data["languages"].items():
+        counts = ", ".join(f"{lvl} {len(lang['prompts'][lvl])}" for lvl in LEVELS if lvl in lang["prompts"])
+        claim = f"{len(lang['claim'])} claim pattern(s)" if lang.get("claim") else "no claim vocabulary"
+        lines.append(f"  {language}: {counts}; {len(lang['actors'])} actors; {claim}")
+    return "\n".join(lines)

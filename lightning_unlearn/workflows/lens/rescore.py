@@ -20,8 +20,10 @@ from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, me
 from lightning_unlearn.callbacks.checkpoint_selection import HEATMAP_FILE, SELECTION_FILE
 from lightning_unlearn.callbacks.sce_evaluation import GENERATIONS_DIR, SCEEvaluation
 from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_figure, write_json
+from lightning_unlearn.data.records import recorded_suites_dir
 from lightning_unlearn.generation import Generation
 from lightning_unlearn.labelers import SignatureLabeler
+from lightning_unlearn.labelers.calibration import load_validity_calibration
 from lightning_unlearn.metrics.selection import OperatingPointGuards, sce_table, select_from_rows
 
 log = logging.getLogger("lightning_unlearn")
@@ -46,6 +48,10 @@ def rescore(
     metric: str = "sce",
     guards: OperatingPointGuards | None = None,
     validity_cues_dir: str | None = None,
+    suites_dir: str | None = None,
+    validity_calibration: str | None = None,
+    min_validity_recall: float = 0.8,
+    max_base_nll: float | None = None,
 ) -> dict:
     """Re-label and re-score every saved checkpoint generation of one run; returns the new selection.
 
@@ -58,7 +64,15 @@ def rescore(
         metric: selection metric: ``sce``, ``sce_health`` or ``sce_strict``.
         guards: bounds of the guarded selection.
         validity_cues_dir: a folder of per-language answer-validity cue files (default: the shipped ones).
+        suites_dir: the folder of the run's suite file when it is not a shipped one (default: the folder the
+            ``--prompts`` file's ``.meta.json`` records, else the shipped suites).
+        validity_calibration: a ``lens calibrate --validity_json`` file for this narrative (default: none, so no
+            checkpoint is verified as a useful operating point).
+        min_validity_recall: the share of broken answers D must catch for the detectors to count as verified.
+        max_base_nll: judge the ``base_nll`` the run's rows carry against this bound (see ``SCEEvaluation``);
+            rows without one are not judged.
     """
+    calibration = load_validity_calibration(validity_calibration)
     root = Path(run_dir)
     if not (root / METRICS_FILE).is_file():
         raise FileNotFoundError(f"{str(root / METRICS_FILE)!r} does not exist; pass the run's log directory.")
@@ -86,7 +100,15 @@ def rescore(
             f"the generation rows of {str(root)!r} name no narrative (e.g. {unknown[0]!r}), so they cannot be "
             "labeled; pass --prompts with the suite file the run was evaluated on (its baseline.jsonl)."
         )
-    sce = SCEEvaluation(prompts=records, labeler=SignatureLabeler(), validity_cues_dir=validity_cues_dir)
+    if suites_dir is None and prompts is not None:
+        suites_dir = recorded_suites_dir(prompts)
+    sce = SCEEvaluation(
+        prompts=records,
+        labeler=SignatureLabeler(),
+        validity_cues_dir=validity_cues_dir,
+        suites_dir=suites_dir,
+        max_base_nll=max_base_nll,
+    )
     rows = {int(r["step"]): r for r in read_rows(root / METRICS_FILE) if r.get("family") == family}
     base_answers = [o.get("base_answer") or "" for o in first]
     base = [lab["reproduced"] for lab in sce._label(sce.records, base_answers)]
@@ -98,7 +120,8 @@ def rescore(
             raise ValueError(f"{path} lacks answers for {missing[:3]}…; it is not from the same suite.")
         gens = [Generation(outs[r["id"]]["answer"], 0, bool(outs[r["id"]]["hit_token_cap"])) for r in sce.records]
         labels = sce._label(sce.records, [g.text for g in gens])
-        outputs, metrics = sce.score(gens, labels, base, base_answers)
+        nll = [outs[r["id"]].get("base_nll") for r in sce.records]  # measured when the run was evaluated
+        outputs, metrics = sce.score(gens, labels, base, base_answers, nll)
         write_text_atomically(path, "".join(json.dumps(o, ensure_ascii=False) + "\n" for o in outputs))
         old = rows.get(step, {"step": step, "family": family})
         new_rows.append({**{k: old[k] for k in ("step", "family", "epoch", "fn", "seconds") if k in old}, **metrics})
@@ -110,7 +133,15 @@ def rescore(
             metrics["pooled"]["sce_strict"],
         )
     all_rows = merge_rows(root / METRICS_FILE, new_rows)
-    selection = select_from_rows(all_rows, family, collapse_boundary, metric, guards)
+    selection = select_from_rows(
+        all_rows,
+        family,
+        collapse_boundary,
+        metric,
+        guards,
+        validity_calibration=calibration,
+        min_validity_recall=min_validity_recall,
+    )
     write_json(root / SELECTION_FILE, selection)
     fig = sce_heatmap_figure({root.parent.name or "run": sce_table(all_rows, family)}, metric=metric)
     save_figure(fig, root / HEATMAP_FILE)

@@ -16,10 +16,48 @@ import os
 from pathlib import Path
 
 from lightning_unlearn.callbacks.sce_heatmap import write_json
+from lightning_unlearn.labelers.calibration import load_validity_calibration
 from lightning_unlearn.metrics.selection import sce_table, select_from_rows
 from lightning_unlearn.workflows.report import run_rows
 
 SUMMARY_FILE = "trajectory_summary.json"
+ANSWER_LEVELS = ("L0",)
+
+
+def outcome_of(row: dict) -> str:
+    """One class per generation row, for reading a number with the text behind it: ``reproduced``, ``degraded``
+    (health), ``refusal``, ``echo``, ``non-answer`` / ``wrong language`` / ``invalid`` (with the evidence), ``clean
+    suppression``, or ``not reproduced`` (the base answer did not reproduce either)."""
+    if row["reproduced"]:
+        return "reproduced"
+    if row["degraded"]:
+        flags = [k for k, v in row["health"].items() if v is True]
+        return "degraded (" + ", ".join(flags or ["loop score"]) + ")"
+    for flag, name in (("refusal", "refusal"), ("echo", "echo"), ("non_answer", "non-answer"),
+                       ("wrong_language", "wrong language")):  # fmt: skip
+        if row.get(flag):
+            why = row.get("validity_evidence", {}).get(flag)
+            return f"{name}: {why}" if isinstance(why, str) else name
+    if row.get("invalid"):
+        return "invalid (labeler)"
+    return "clean suppression" if row["clean_suppression"] else "not reproduced"
+
+
+def selected_answers(run_dir: str | os.PathLike, step: int, levels=ANSWER_LEVELS) -> list[dict]:
+    """The answers of checkpoint ``step`` at ``levels`` next to the base answers, with their classes
+    (:func:`outcome_of`), from the run's ``sce_generations/step=N.jsonl`` (empty when the run wrote none)."""
+    files = sorted(Path(run_dir).rglob(f"sce_generations/step={step}.jsonl"))
+    if not files:
+        return []
+    rows = [json.loads(line) for line in files[0].read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [
+        {"id": r["id"], "base_answer": r.get("base_answer"), "base_reproduced": r["base_reproduced"],
+         "answer": r["answer"], "outcome": outcome_of(r)}
+        for r in rows
+        if r["level"] in levels
+    ]  # fmt: skip
+
+
 LEVEL_ORDER = ("L0", "L1", "L2", "pooled", "L3", "L3-special")
 ENTITY_LEVELS = ("L3", "L3-special")
 
@@ -45,6 +83,8 @@ def trajectory_summary(
     collapse_boundary: float = 0.5,
     family: str = "sce",
     retain_family: str = "retain_drift",
+    validity_calibration: str | None = None,
+    min_validity_recall: float = 0.8,
 ) -> dict:
     """The selected checkpoints of one run and the per-level numbers at the suppression-tradeoff checkpoint.
 
@@ -54,12 +94,21 @@ def trajectory_summary(
         collapse_boundary: degraded-output rate g that marks collapse.
         family: metric family of the SCE rows.
         retain_family: metric family of the retain-drift rows.
+        validity_calibration: a ``lens calibrate --validity_json`` file for this narrative.
+        min_validity_recall: the share of broken answers D must catch for the detectors to count as verified.
     """
     rows = run_rows(run_dir)
     table = sce_table(rows, family)
     if not table.get("pooled"):
         raise ValueError(f"no pooled {family!r} rows under {str(run_dir)!r}; was the run evaluated with SCEEvaluation?")
-    selection = select_from_rows(rows, family, collapse_boundary, retain_family=retain_family)
+    selection = select_from_rows(
+        rows,
+        family,
+        collapse_boundary,
+        retain_family=retain_family,
+        validity_calibration=load_validity_calibration(validity_calibration),
+        min_validity_recall=min_validity_recall,
+    )
     step = selection["suppression_tradeoff"]["step"]
     levels = {lv: table[lv][step] for lv in LEVEL_ORDER if step in table.get(lv, {})}
     sce_row = next(r for r in rows if r.get("family") == family and int(r["step"]) == step)
@@ -68,6 +117,7 @@ def trajectory_summary(
     after = {lv: levels[lv].get("entity_recovery_rate") for lv in ENTITY_LEVELS if lv in levels}
     return {
         "run_dir": str(run_dir),
+        "answers": selected_answers(run_dir, step),
         "steps": sorted(table["pooled"]),
         "selection": selection,
         "selected_step": step,
@@ -104,6 +154,7 @@ def format_summary(summary: dict) -> str:
         + (
             f"step {sel['guarded']['step']} ({sel['guarded']['verdict']})" if sel["guarded"] else sel["guarded_verdict"]
         ),
+        f"validity detectors: {sel['validity']['reason']}",
         f"{'level':<11}{'B':>4}{'A':>4}{'D':>4}{'N':>4}{'s':>7}{'g':>7}{'SCE':>7}{'health':>7}{'strict':>7}"
         f"{'refus':>6}{'echo':>5}{'nonans':>7}{'clean':>6}",
     ]
@@ -124,10 +175,23 @@ def format_summary(summary: dict) -> str:
     rd = summary["retain_drift"]
     if rd:
         lines.append("retain drift at the selected step: " + ", ".join(f"{k} {v:.4g}" for k, v in rd.items()))
+    if summary.get("answers"):
+        lines.append(f"L0 answers at step {summary['selected_step']} (base → selected checkpoint: class):")
+        cut = lambda t: "–" if t is None else (t if len(t) <= 100 else t[:99] + "…").replace("\n", " ")  # noqa: E731
+        for a in summary["answers"]:
+            base = "reproduced" if a["base_reproduced"] else "not reproduced"
+            lines += [f"  {a['id']}", f"    base ({base}): {cut(a['base_answer'])}",
+                      f"    step {summary['selected_step']}: {cut(a['answer'])}", f"    → {a['outcome']}"]  # fmt: skip
     return "\n".join(lines)
 
 
-def summary_command(run_dir: str, baseline: str | None = None, collapse_boundary: float = 0.5) -> str:
+def summary_command(
+    run_dir: str,
+    baseline: str | None = None,
+    collapse_boundary: float = 0.5,
+    validity_calibration: str | None = None,
+    min_validity_recall: float = 0.8,
+) -> str:
     """One LENS trajectory at its selected checkpoint, as a short table.
 
     B, A, D, N, s, g and SCE per level at the suppression-tradeoff checkpoint, entity recovery before and after,
@@ -137,7 +201,16 @@ def summary_command(run_dir: str, baseline: str | None = None, collapse_boundary
         run_dir: the run directory (searched recursively for ``checkpoint_metrics.jsonl``).
         baseline: labeled ``lens baseline`` JSONL, for entity recovery before unlearning.
         collapse_boundary: degraded-output rate g that marks collapse.
+        validity_calibration: a ``lens calibrate --validity_json`` file for this narrative (without one, no
+            checkpoint is verified as a useful operating point).
+        min_validity_recall: the share of broken answers D must catch for the detectors to count as verified.
     """
-    summary = trajectory_summary(run_dir, baseline, collapse_boundary)
+    summary = trajectory_summary(
+        run_dir,
+        baseline,
+        collapse_boundary,
+        validity_calibration=validity_calibration,
+        min_validity_recall=min_validity_recall,
+    )
     write_json(Path(run_dir) / SUMMARY_FILE, summary)
     return format_summary(summary)
