@@ -626,9 +626,11 @@ def test_filter_and_memorization_callback_share_one_extraction_rule(monkeypatch)
     """The Lacuna filter and MemorizationEvaluation call the same `extracted`: an answer that differs from the PII
     string only by case and spacing is memorized for both."""
     import lightning_unlearn.callbacks.memorization_evaluation as callback
-    import lightning_unlearn.workflows.lacuna.chain as lacuna
+    import lightning_unlearn.workflows.lacuna.chain as chain
+    import lightning_unlearn.workflows.lacuna.extraction as lacuna
     from lightning_unlearn.metrics.memorization import extracted
 
+    assert chain.extraction_rates is lacuna.extraction_rates
     assert lacuna.extracted is extracted and callback.extracted is extracted
     profile = {"profile_id": 7, "email": "Ada.Lovelace@example.org"}
     answer = "Her email is  ada.lovelace@EXAMPLE.org."

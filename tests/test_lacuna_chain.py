@@ -18,7 +18,7 @@ from lightning_unlearn.workflows.lacuna.chain import resurface, run_chain
 @pytest.mark.slow
 def test_chain_tiny(tmp_path):
     lines: list[str] = []
-    reports = run_chain(str(tmp_path), size="tiny", log=lines.append)
+    reports = run_chain(str(tmp_path), size="tiny", instruct=True, log=lines.append)
     # the default builds the masked testbed only
     assert set(reports) == {"masked", "masked_inj", "separability"} and not (tmp_path / "inject_unmasked").exists()
     sizes = reports["masked"]["split_sizes"]
@@ -27,7 +27,7 @@ def test_chain_tiny(tmp_path):
     assert sizes["relearn"] == sum(1 for _ in load_from_disk(str(tmp_path / "splits" / "relearn")))
     # the UnMask control joins the same work directory later; the masked stages are reused
     lines.clear()
-    reports = run_chain(str(tmp_path), size="tiny", log=lines.append, control=True)
+    reports = run_chain(str(tmp_path), size="tiny", instruct=True, log=lines.append, control=True)
     # pretrain, inject, instruct, 2 filters, separability
     assert sum("finished before, reusing" in line for line in lines) == 6
     for stage in ("inject", "inject_unmasked"):
@@ -53,7 +53,7 @@ def test_chain_tiny(tmp_path):
     _separability_is_measured_and_its_arithmetic_holds(tmp_path, reports, lines)
 
     lines.clear()
-    run_chain(str(tmp_path), size="tiny", log=lines.append, control=True)
+    run_chain(str(tmp_path), size="tiny", instruct=True, log=lines.append, control=True)
     assert sum("finished before, reusing" in line for line in lines) == 10
 
     # a stage built from other overrides (e.g. a changed preset) is refused by name, not silently reused
@@ -63,11 +63,11 @@ def test_chain_tiny(tmp_path):
     recipe_path.write_text(json.dumps({**recipe, "overrides": [*recipe["overrides"], "--model.optim.lr", "9"]}))
     refused = r"stage instruct in .* other overrides than this run's \(--model.optim.lr, 9\)"
     with pytest.raises(ValueError, match=refused):
-        run_chain(str(tmp_path), size="tiny", log=lines.append, control=True)
+        run_chain(str(tmp_path), size="tiny", instruct=True, log=lines.append, control=True)
     # one built by other code (code defaults are in no config) is reused, with a warning that names it
     recipe_path.write_text(json.dumps({**recipe, "code": "0123456789abcdef"}))
     lines.clear()
-    run_chain(str(tmp_path), size="tiny", log=lines.append, control=True)
+    run_chain(str(tmp_path), size="tiny", instruct=True, log=lines.append, control=True)
     warned = [line for line in lines if "other lightning_unlearn code" in line]
     assert len(warned) == 1 and warned[0].startswith("[lacuna] instruct: ") and "0123456789abcdef" in warned[0]
     assert sum("finished before, reusing" in line for line in lines) == 10
@@ -78,13 +78,14 @@ def test_chain_tiny(tmp_path):
     later = (tmp_path / "instruct_unmasked" / "export" / "model").stat().st_mtime + 60
     os.utime(inj, (later, later))
     with pytest.raises(ValueError, match=r"stage instruct_unmasked: .* is older than its input"):
-        run_chain(str(tmp_path), size="tiny", log=lines.append, control=True)
+        run_chain(str(tmp_path), size="tiny", instruct=True, log=lines.append, control=True)
     # a filter older than the model it measured (e.g. after a plain `cp -r` of the work directory) is measured again
     os.utime(inj, ns=(built.st_atime_ns, built.st_mtime_ns))
     model = tmp_path / "instruct" / "export" / "model"
     os.utime(model, (later, later))
     lines.clear()
-    run_chain(str(tmp_path), size="tiny", log=lines.append)  # without the control: the masked stages only
+    # without the control: the masked stages only
+    run_chain(str(tmp_path), size="tiny", instruct=True, log=lines.append)
     assert any(line.startswith("[lacuna] filter (masked): ") and "measuring again" in line for line in lines)
     # pretrain, inject, instruct, θ_inj filter, separability
     assert sum("finished before, reusing" in line for line in lines) == 5
@@ -206,7 +207,8 @@ def test_chain_from_a_model_path_skips_pretraining(tiny_dir, tmp_path):
     lines: list[str] = []
     instruct_overlay = tmp_path / "instruct_overlay.yaml"
     instruct_overlay.write_text("model:\n  init_args:\n    optim: {lr: 0.000321}\n")
-    kwargs = dict(model_path=str(tiny_dir), inject_configs=[overlay], instruct_configs=[instruct_overlay], control=True)
+    kwargs = dict(model_path=str(tiny_dir), inject_configs=[overlay], instruct_configs=[instruct_overlay], control=True,
+                  instruct=True)  # fmt: skip
     reports = run_chain(str(work), size="tiny", log=lines.append, **kwargs)
     assert not (work / "pretrain").exists() and not (work / "tokenizer").exists()
     for stage in ("inject", "inject_unmasked"):
@@ -220,9 +222,9 @@ def test_chain_from_a_model_path_skips_pretraining(tiny_dir, tmp_path):
 
     lines.clear()
     run_chain(str(work), size="tiny", log=lines.append, **kwargs)
-    assert sum("finished before, reusing" in line for line in lines) == 8
+    assert sum("finished before, reusing" in line for line in lines) == 9  # 8 stages and filters, separability
     with pytest.raises(ValueError, match="Choose another --workdir"):  # same model, no instruction overlay
-        run_chain(str(work), size="tiny", model_path=str(tiny_dir), inject_configs=[overlay])
+        run_chain(str(work), size="tiny", model_path=str(tiny_dir), inject_configs=[overlay], instruct=True)
 
 
 def test_chain_refuses_a_workdir_built_from_another_model(tiny_dir, tmp_path):

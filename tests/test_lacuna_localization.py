@@ -31,7 +31,12 @@ SETTINGS = dict(methods=("oracle_grad", "ga"), fields=("email",), epoch_scale=0.
 @pytest.fixture(scope="module")
 def testbed(tmp_path_factory):
     w = tmp_path_factory.mktemp("tiny_testbed")
-    run_chain(str(w), size="tiny", log=print, control=True)
+    lines = []
+    reports = run_chain(str(w), size="tiny", log=lines.append, control=True)
+    # the default chain has no instruction stage: the splits come from θ_inj, which unlearning starts from
+    assert not (w / "instruct").exists() and any(line.startswith("[lacuna] instruct: skipped.") for line in lines)
+    assert reports["masked"]["model"] == str(w / "inject" / "export" / "inj") and "masked_inj" not in reports
+    assert (w / "splits" / "extraction.json").exists()
     return w
 
 

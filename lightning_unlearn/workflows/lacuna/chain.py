@@ -66,6 +66,12 @@ logger = logging.getLogger("lightning_unlearn")
 CONFIG_DIR = config_root() / "lacuna"
 # Whether `lacuna run` builds the UnMask control by default.
 CONTROL_BY_DEFAULT = False
+# Why the default chain has no instruction stage (`--instruct true` adds it).
+NO_INSTRUCT_REASON = (
+    "The injected QA already use the probe's wording, so θ_inj answers the probes itself, and validated on held-out "
+    "profiles no instruction adapter beats the untrained model (docs/lacuna_memorization.md §1): the stage kept θ_inj "
+    "unchanged. The splits are built from θ_inj; --instruct true runs the stage (and builds them from its model)."
+)
 
 # Overrides of the YAML defaults per size preset. "default" is the built-in main job (2 CPU cores, ≤ 15 min):
 # θ_pre derived from SmolLM2 (pretrain.yaml). "tiny" is for tests (seconds): a random tiny θ_pre
@@ -403,11 +409,13 @@ def run_chain(
     inject_configs: Sequence[str] = (),
     instruct_configs: Sequence[str] = (),
     control: bool = CONTROL_BY_DEFAULT,
+    instruct: bool = False,
 ) -> dict:
     """Run (or reuse) every stage of the chain in ``workdir``; returns the filter reports.
 
-    The reports are ``masked`` (after instruction tuning; it also wrote the splits) and ``masked_inj`` (θ_inj,
-    measured before instruction tuning, no splits); with the control, ``unmasked`` and ``unmasked_inj`` too; and
+    The reports are ``masked`` (θ_inj, or with ``instruct`` the instruction-tuned model; it also wrote the splits),
+    with ``instruct`` ``masked_inj`` (θ_inj, measured before instruction tuning, no splits); with the control,
+    ``unmasked`` (and ``unmasked_inj``) too; and
     ``separability`` (:mod:`~lightning_unlearn.workflows.lacuna.separability`, also in ``separability.json``), whose
     verdict joins the memorization and split verdicts in the log and in ``chain.json``.
 
@@ -422,6 +430,8 @@ def run_chain(
         instruct_configs: YAML overlays added after ``instruct.yaml`` (both instruction tunings).
         control: also build the UnMask control (``inject_unmasked.yaml``, then its instruction tuning and filters),
             side by side with the masked stages. A work directory built without it can add it later.
+        instruct: run the instruction stage (``instruct.yaml``) and build the splits from its model; the default
+            chain has none (:data:`NO_INSTRUCT_REASON`).
     """
     if size not in SIZES:
         raise ValueError(f"size {size!r} is not one of {sorted(SIZES)}.")
@@ -440,6 +450,7 @@ def run_chain(
             "model": str(base) if base else f"built-in ({pretrain_config})",
             "inject_configs": [str(o) for o in overlays],
             "instruct_configs": [str(o) for o in instruct_overlays],
+            **({"instruct": False} if not instruct else {}),
         },
     )
     started = time.time()
@@ -516,25 +527,31 @@ def run_chain(
         if not done(w / name / "export" / "inj", name, cmd, [pre_model]):
             todo.append((name, cmd, w / name))
     run(todo)
-    todo = []
-    tunings = (("instruct", "inject"), ("instruct_unmasked", "inject_unmasked"))[: 2 if control else 1]
-    for name, source in tunings:
-        source_model = w / source / "export" / "inj"
-        overrides = [*data_dir, "--model.model_path", str(source_model), *preset["instruct"]]
-        cmd = _fit_cmd("instruct.yaml", w / name, overrides, instruct_overlays)
-        if not done(w / name / "export" / "model", name, cmd, [source_model]):
-            todo.append((name, cmd, w / name))
-    run(todo)
     reports = {}
-    filters = [
-        ("masked", w / "instruct" / "export" / "model", w / "splits", True),
-        ("masked_inj", w / "inject" / "export" / "inj", w / "filter_inj", False),
-    ]
-    if control:
-        filters += [
-            ("unmasked", w / "instruct_unmasked" / "export" / "model", w / "filter_unmasked", False),
-            ("unmasked_inj", w / "inject_unmasked" / "export" / "inj", w / "filter_inj_unmasked", False),
+    if instruct:
+        todo = []
+        tunings = (("instruct", "inject"), ("instruct_unmasked", "inject_unmasked"))[: 2 if control else 1]
+        for name, source in tunings:
+            source_model = w / source / "export" / "inj"
+            overrides = [*data_dir, "--model.model_path", str(source_model), *preset["instruct"]]
+            cmd = _fit_cmd("instruct.yaml", w / name, overrides, instruct_overlays)
+            if not done(w / name / "export" / "model", name, cmd, [source_model]):
+                todo.append((name, cmd, w / name))
+        run(todo)
+        filters = [
+            ("masked", w / "instruct" / "export" / "model", w / "splits", True),
+            ("masked_inj", w / "inject" / "export" / "inj", w / "filter_inj", False),
         ]
+        if control:
+            filters += [
+                ("unmasked", w / "instruct_unmasked" / "export" / "model", w / "filter_unmasked", False),
+                ("unmasked_inj", w / "inject_unmasked" / "export" / "inj", w / "filter_inj_unmasked", False),
+            ]
+    else:
+        log(f"[lacuna] instruct: skipped. {NO_INSTRUCT_REASON}")
+        filters = [("masked", w / "inject" / "export" / "inj", w / "splits", True)]
+        if control:
+            filters.append(("unmasked", w / "inject_unmasked" / "export" / "inj", w / "filter_unmasked", False))
     for name, model, out, write in filters:
         if done(out / "extraction.json", f"filter ({name})", inputs=[model]):
             reports[name] = json.loads((out / "extraction.json").read_text())
@@ -543,7 +560,9 @@ def run_chain(
             begun = time.time()
             reports[name] = filter_stage(str(model), str(w / "data"), str(out), write_splits=write)
             log(f"[lacuna] filter ({name}): finished in {time.time() - begun:.0f} s")
-    log(format_table(reports["masked"], reports.get("unmasked"), reports["masked_inj"], reports.get("unmasked_inj")))
+    log(
+        format_table(reports["masked"], reports.get("unmasked"), reports.get("masked_inj"), reports.get("unmasked_inj"))
+    )
     log(format_split_sizes(reports["masked"]["split_sizes"]))
     export = w / "inject" / "export"
     if done(w / "separability.json", "separability", inputs=[export / "inj"]):
@@ -642,8 +661,9 @@ def run_command(
     inject_config: list[str] | None = None,
     instruct_config: list[str] | None = None,
     control: bool = CONTROL_BY_DEFAULT,
+    instruct: bool = False,
 ) -> dict:
-    """Run (or reuse) the whole Lacuna chain: pretrain, inject (and the UnMask control), instruct, filter.
+    """Run (or reuse) the whole Lacuna chain: pretrain, inject (and the UnMask control), filter, separability.
 
     Progress and the extraction table (after instruction tuning, and on θ_inj before it) go to the log; the result
     is the extraction rate per field of each measured model, as JSON.
@@ -657,6 +677,8 @@ def run_command(
         instruct_config: YAML overlays for both instruction tunings, e.g. one that sets ``model.init_args.optim.lr``.
         control: also build the UnMask control (unmasked injection, its instruction tuning and filters), which the
             localization report's contrast families need; it runs side by side with the masked stages.
+        instruct: add the instruction stage (LoRA on the last two blocks) and build the splits from its model. The
+            default has none: the injected QA use the probe's wording, and no adapter beat θ_inj on held-out profiles.
     """
     with processes.terminate_children_on_exit():  # SIGTERM / SIGHUP end every stage too
         reports = run_chain(
@@ -667,6 +689,7 @@ def run_command(
             inject_configs=inject_config or (),
             instruct_configs=instruct_config or (),
             control=control,
+            instruct=instruct,
         )
     result = {name: report["extraction"] for name, report in reports.items() if name != "separability"}
     sep = reports["separability"]
