@@ -711,7 +711,7 @@ def data_command(*, out: str = "runs/lacuna/data", data: LacunaDataConfig | None
 
 def filter_command(
     *,
-    model: str = "runs/lacuna/instruct/export/model",
+    model: str = "runs/lacuna/inject/export/inj",
     data: str = "runs/lacuna/data",
     out: str = "runs/lacuna/splits",
     seed: int = 0,
