@@ -66,7 +66,7 @@ SUBCOMMANDS: dict[str, dict[str, str]] = {
         "rescore": "Re-label and re-score every saved checkpoint generation of one run; returns the new selection.",
     },
     "lacuna": {
-        "run": "Run (or reuse) the whole Lacuna chain: pretrain, inject (and the UnMask control), instruct, filter.",
+        "run": "Run (or reuse) the whole Lacuna chain: pretrain, inject (and the control), filter, separability.",
         "data": "Build the Lacuna testbed data directory; the result is its path.",
         "filter": "Measure extraction per field and write the memorization-filtered splits.",
         "resurface": "Resurfacing attack: relearn on held-out PII, then count the forget profiles that leak.",

@@ -171,6 +171,7 @@ def test_config_file_with_short_option(tmp_path, capsys):
         "inject_config": ["a.yaml", "b.yaml"],
         "instruct_config": None,
         "control": False,
+        "instruct": False,
     }
     report = tmp_path / "report.yaml"
     report.write_text("run_dirs: [runs/a, runs/b]\nout: elsewhere\n")

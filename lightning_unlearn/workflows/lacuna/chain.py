@@ -663,7 +663,7 @@ def run_command(
     control: bool = CONTROL_BY_DEFAULT,
     instruct: bool = False,
 ) -> dict:
-    """Run (or reuse) the whole Lacuna chain: pretrain, inject (and the UnMask control), filter, separability.
+    """Run (or reuse) the whole Lacuna chain: pretrain, inject (and the control), filter, separability.
 
     Progress and the extraction table (after instruction tuning, and on θ_inj before it) go to the log; the result
     is the extraction rate per field of each measured model, as JSON.
