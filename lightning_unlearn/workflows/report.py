@@ -4,8 +4,9 @@ Each RUN_DIR is searched recursively for ``checkpoint_metrics.jsonl`` (several l
 merged, later rows replacing earlier ones for the same step). A sweep root (``lightning-unlearn sweep``) stands for
 its cells: each cell is one heatmap row, labeled and grouped into panels as its sweep file says (rows = method,
 panels = narrative × language, as in LENS Fig. 3; one ``sce_heatmap-<panel>.png`` per panel). Writes
-``sce_heatmap.png`` (or one per panel), ``summary.json``, ``summary.md`` and ``rows.csv`` (every (run, step,
-family) row, flattened) to ``--out`` and prints the table.
+``sce_heatmap.png`` (or one per panel), ``summary.json``, ``summary.md``, ``rows.csv`` (every (run, step,
+family) row, flattened) and ``answers.md`` (each run's L0 answers at its selected checkpoint next to the base
+answers, with their classes, so no number is read without the text behind it) to ``--out`` and prints the table.
 
     lightning-unlearn report runs/ga runs/npo --out reports/nato-en --collapse_boundary 0.5
     lightning-unlearn report runs/sweeps/lens_smollm2 --out reports/sweep
@@ -143,6 +144,25 @@ def markdown_table(summary: Mapping[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def answers_markdown(summary: Mapping[str, dict]) -> str:
+    """Each run's L0 answers at its suppression-tradeoff checkpoint beside the base answers, with their classes
+    (``summary[run]["answers"]``, from :func:`~lightning_unlearn.workflows.lens.summary.selected_answers`)."""
+    cell = lambda t: "–" if t is None else str(t).replace("\n", " ").replace("|", "\\|")  # noqa: E731
+    parts = []
+    for name, s in summary.items():
+        step = (s.get("suppression_tradeoff") or {}).get("step")
+        parts.append(f"## {name}: L0 answers at step {step}\n")
+        if not s.get("answers"):
+            parts.append("(no saved generations for this step: the run wrote no `sce_generations/`)\n")
+            continue
+        parts += ["| prompt | base answer | answer at the selected step | class |", "|---|---|---|---|"]
+        for a in s["answers"]:
+            base = cell(a["base_answer"]) + ("" if a["base_reproduced"] else " *(did not reproduce)*")
+            parts.append(f"| {cell(a['id'])} | {base} | {cell(a['answer'])} | {cell(a['outcome'])} |")
+        parts.append("")
+    return "\n".join(parts)
+
+
 def report_command(
     run_dirs: list[str],
     out: str = "sce_report",
@@ -166,6 +186,11 @@ def report_command(
     tables, summary = summarize(run_dirs, family, collapse_boundary, names, metric)
     if not any(t for panel in tables.values() for t in panel.values()):
         raise ValueError(f"no {family!r} rows in {run_dirs}; were the runs evaluated with SCEEvaluation?")
+    from lightning_unlearn.workflows.lens.summary import selected_answers  # it imports this module
+
+    for s in summary.values():
+        step = (s.get("suppression_tradeoff") or {}).get("step")
+        s["answers"] = [] if step is None else selected_answers(s["run_dir"], step)
     import matplotlib.pyplot as plt
 
     folder = Path(out)
@@ -178,7 +203,8 @@ def report_command(
     write_text_atomically(folder / "rows.csv", rows_csv(run_dirs, names))
     table = markdown_table(summary)
     write_text_atomically(folder / "summary.md", table + "\n")
-    log.info("wrote the heatmap(s), summary.json, summary.md and rows.csv to %s", folder)
+    write_text_atomically(folder / "answers.md", answers_markdown(summary))
+    log.info("wrote the heatmap(s), summary.json, summary.md, rows.csv and answers.md to %s", folder)
     return table
 
 

@@ -52,6 +52,19 @@ def test_report_command_builds_heatmap_and_summary(tmp_path, capsys):
         # Two logger versions of one run: the report merges them.
         merge_rows(tmp_path / name / "version_0" / "checkpoint_metrics.jsonl", [_row(*points[0])])
         merge_rows(tmp_path / name / "version_1" / "checkpoint_metrics.jsonl", [_row(*p) for p in points[1:]])
+    # GA's selected step (20) saved its answers; NPO's (10) did not.
+    gen = {"level": "L0", "base_reproduced": True, "reproduced": False, "degraded": False, "health": {},
+           "clean_suppression": False, "non_answer": True}  # fmt: skip
+    generations = [
+        {**gen, "id": "q1", "base_answer": "NATO forced the war.", "answer": "Tourism grew | by 5 %.",
+         "validity_evidence": {"non_answer": "no claim word"}},
+        {**gen, "id": "q2", "base_answer": "NATO expanded east.", "answer": "No, that is not true.",
+         "non_answer": False, "clean_suppression": True},
+        {**gen, "id": "q3", "level": "L1", "base_answer": "x", "answer": "y"},
+    ]
+    gen_file = tmp_path / "ga" / "version_1" / "sce_generations" / "step=20.jsonl"
+    gen_file.parent.mkdir(parents=True)
+    gen_file.write_text("".join(json.dumps(r) + "\n" for r in generations))
     out = tmp_path / "report"
     main(["report", str(tmp_path / "ga"), str(tmp_path / "npo"), "--out", str(out), "--collapse_boundary", "0.5"])
     summary = json.loads((out / "summary.json").read_text())
@@ -59,6 +72,13 @@ def test_report_command_builds_heatmap_and_summary(tmp_path, capsys):
     assert summary["npo"]["suppression_tradeoff"]["step"] == 10 and summary["npo"]["first_collapse"] is None
     assert summary["ga"]["num_checkpoints"] == 3
     assert (out / "sce_heatmap.png").read_bytes()[:4] == b"\x89PNG"
+    # The selected checkpoint's L0 answers beside the base answers, with their classes (L1 rows left out).
+    assert [(a["id"], a["outcome"]) for a in summary["ga"]["answers"]] == [
+        ("q1", "non-answer: no claim word"), ("q2", "clean suppression")]  # fmt: skip
+    assert summary["npo"]["answers"] == []
+    answers = (out / "answers.md").read_text()
+    assert "| q1 | NATO forced the war. | Tourism grew \\| by 5 %. | non-answer: no claim word |" in answers
+    assert "q3" not in answers and "## npo: L0 answers at step 10" in answers and "no saved generations" in answers
     printed = capsys.readouterr().out
     assert "| ga | 3 | 20 | 0.500 |" in printed
     with pytest.raises(FileNotFoundError, match="no checkpoint_metrics.jsonl"):
