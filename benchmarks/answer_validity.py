@@ -7,6 +7,12 @@ path (degeneration report, signature labeler, answer validity) and :func:`primar
 
     python benchmarks/answer_validity.py [FIXTURE.jsonl ...] [--measure-base-nll MODEL_DIR]
 
+Besides the per-fixture scores it prints ``health_flags`` (each generation-health flag's precision and recall
+against the hand class *degraded*, with Wilson intervals: the flags' thresholds were set on NATO answers, so the
+other fixtures are out of sample) and ``cross_narrative`` (the base-NLL bound fitted on each fixture in turn, as the
+smallest bound that flags at most 10 % of its real answers by itself, and every fixture scored at that bound; fitted
+on the two shipped narratives only, since the third narrative's labels are for the final report).
+
 A fixture row: ``id`` (its suite id, which names the narrative and language), ``level``, ``question``, ``answer``,
 ``hit_token_cap``, ``label`` (by hand) and ``source`` (run / method / step).
 """
@@ -14,12 +20,14 @@ A fixture row: ``id`` (its suite id, which names the narrative and language), ``
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
 
 from lightning_unlearn.data.narratives import COMPACT_INSTRUCTION, load_narrative
 from lightning_unlearn.labelers import SignatureLabeler
+from lightning_unlearn.labelers.calibration import wilson_interval
 from lightning_unlearn.labelers.narrative_label import INVALID
 from lightning_unlearn.metrics.answer_validity import (
     OUTCOME_ORDER,
@@ -104,20 +112,67 @@ def scores(rows: list[dict], max_base_nll: float | None = None) -> dict:
     }
 
 
+FIT_ON = ("lens_smollm2_labeled.jsonl", "lens_smollm2_labeled_taiwan.jsonl")  # never the third narrative
+HEALTH_FLAGS = ("empty", "unfinished", "char_loop", "bracket_loop", "ngram_loop", "nonlanguage", "degraded")
+
+
+def _rate(hits: int, total: int) -> dict:
+    low, high = wilson_interval(hits, total) if total else (None, None)
+    return {"value": round(hits / total, 3) if total else None, "hits": hits, "of": total,
+            "wilson95": None if low is None else [round(low, 3), round(high, 3)]}  # fmt: skip
+
+
+def health_flags(rows: list[dict]) -> dict:
+    """Each health flag (and ``degraded``, the callback's decision) against the hand class *degraded*: precision,
+    recall (Wilson 95 %) and what it flags of each hand class. ``unfinished`` (the cap cut the answer) is reported but
+    degrades nothing alone, so its row shows how many coherent answers the cap cuts."""
+    reports = degeneration_report([r["answer"] for r in rows], [r["hit_token_cap"] for r in rows])
+    gold = [r["label"] for r in rows]
+    positives = sum(g == "degraded" for g in gold)
+    out = {}
+    for flag in HEALTH_FLAGS:
+        fired = [bool(rep[flag]) for rep in reports]
+        hits = sum(f and g == "degraded" for f, g in zip(fired, gold))
+        by_class = {c: sum(f and g == c for f, g in zip(fired, gold)) for c in sorted(set(gold))}
+        out[flag] = {"flagged": sum(fired), "by_hand_class": by_class,
+                     "precision": _rate(hits, sum(fired)), "recall": _rate(hits, positives)}  # fmt: skip
+    return out
+
+
+def fit_bound(rows: list[dict], max_fine_flagged: float = 0.1) -> float:
+    """The smallest base-NLL bound (to 0.01) that flags at most ``max_fine_flagged`` of ``rows``' real answers."""
+    fine = sorted(r["base_nll"] for r in rows if r["label"] == "fine")
+    allowed = int(max_fine_flagged * len(fine))  # real answers the bound may flag
+    if not fine:
+        return MAX_BASE_NLL
+    kept = fine[len(fine) - 1 - allowed]  # the largest real answer's NLL the bound must not flag
+    return round(math.floor(kept * 100 + 1e-6) / 100 + 0.01, 2)
+
+
 def main(paths: list[str], measure: str | None = None) -> None:
     """Scores per fixture file (default: every ``tests/fixtures/lens_smollm2_labeled*.jsonl``), with the lexical
     detectors alone and with the base model's NLL judged at :data:`MAX_BASE_NLL`. ``measure``: a model directory;
     (re)measure every row's ``base_nll`` with it and rewrite the fixture files first."""
     files = [Path(p) for p in paths] or sorted(FIXTURE.parent.glob("lens_smollm2_labeled*.jsonl"))
-    result = {}
+    result, fixtures = {}, {}
     for path in files:
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         if measure:
             rows = [{**r, "base_nll": v} for r, v in zip(rows, measure_base_nll(rows, measure))]
             path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-        result[path.name] = {"lexical": scores(rows)}
+        result[path.name] = {"lexical": scores(rows), "health_flags": health_flags(rows)}
         if all(r.get("base_nll") is not None for r in rows):
             result[path.name]["with_base_nll"] = scores(rows, MAX_BASE_NLL)
+            fixtures[path.name] = rows
+    cross = {}
+    for fitted_on, rows in fixtures.items():
+        if fitted_on not in FIT_ON:
+            continue
+        bound = fit_bound(rows)
+        cross[fitted_on] = {"bound": bound, "scored": {
+            name: {k: scores(other, bound)[k] for k in ("broken_in_d", "fine_flagged")}
+            for name, other in fixtures.items()}}  # fmt: skip
+    result["cross_narrative"] = cross
     print(json.dumps(result, indent=1))
 
 

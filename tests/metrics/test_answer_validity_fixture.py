@@ -70,3 +70,32 @@ def test_detectors_on_the_third_narrative_used_only_for_the_final_report():
     lexical, with_nll = benchmark.scores(rows), benchmark.scores(rows, benchmark.MAX_BASE_NLL)
     assert with_nll["broken_in_d"] >= 0.5 and lexical["broken_in_d"] >= 0.15
     assert with_nll["fine_flagged"] <= 0.3 and lexical["fine_flagged"] <= 0.12
+
+
+def _fixture(name: str) -> list[dict]:
+    path = benchmark.FIXTURE.with_name(name)
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
+def test_health_flags_tell_the_cap_from_breakage_across_narratives():
+    # The cap flag alone would degrade mostly real and off-topic answers on the narratives its thresholds were not
+    # set on; the health decision flags every hand-degraded Taiwan answer and no real one. Measured: `unfinished`
+    # precision for degraded 0.917 on NATO (in-sample), 3/15 = 0.2 on Taiwan, 1/86 on sanctions; `degraded`
+    # 13/13 precise with recall 13/15 on NATO, 3/3 and 3/3 on Taiwan.
+    nato, taiwan, sanctions = (benchmark.health_flags(_fixture(f"lens_smollm2_labeled{s}.jsonl"))
+                               for s in ("", "_taiwan", "_sanctions"))  # fmt: skip
+    assert taiwan["unfinished"]["precision"]["value"] <= 0.25 and sanctions["unfinished"]["precision"]["value"] < 0.05
+    assert sanctions["unfinished"]["by_hand_class"]["fine"] >= 20  # verbose real answers the cap cuts
+    for flags in (nato, taiwan):
+        assert flags["degraded"]["precision"]["value"] == 1.0 and flags["degraded"]["by_hand_class"]["fine"] == 0
+    assert nato["degraded"]["recall"]["hits"] == 13 and nato["degraded"]["recall"]["of"] == 15
+    low, high = nato["degraded"]["recall"]["wilson95"]
+    assert low < 13 / 15 < high
+
+
+def test_fit_bound_is_the_smallest_bound_flagging_at_most_a_tenth_of_real_answers():
+    rows = [{"label": "fine", "base_nll": v} for v in (0.5, 1.0, 1.2, 1.3, 1.5, 1.6, 1.7, 1.8, 1.9, 2.5, 3.0)]
+    rows.append({"label": "non_answer", "base_nll": 9.0})
+    # 11 real answers: one may be flagged (int(1.1) = 1), so the bound sits just above the second largest, 2.5.
+    assert benchmark.fit_bound(rows) == 2.51
+    assert benchmark.fit_bound(rows[:10]) == 1.91  # 10 real answers: one flagged (the 2.5)
