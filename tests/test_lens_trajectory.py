@@ -224,16 +224,27 @@ def test_evaluate_reproduces_the_training_rows_then_adds_a_family_without_duplic
     kinds = {c.step: c.kind for c in saved_checkpoints(copy)}
     assert kinds == {2: "adapter", 4: "adapter", 6: "checkpoint"}
 
+    # A newer checkpoint cut short (a killed or full-disk write): named, skipped, the good steps still evaluated.
+    (good,) = [p for p in copy.rglob("*.ckpt") if p.is_file()]
+    truncated = good.with_name("step=8.ckpt")
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     capsys.readouterr()
-    evaluate_main([str(copy)])
+    with caplog.at_level(logging.WARNING, logger="lightning_unlearn"):
+        evaluate_main([str(copy)])
     printed = json.loads(capsys.readouterr().out)  # stdout is the result alone (no validate tables), for jq
     assert [e["step"] for e in printed["evaluated"]] == [2, 4, 6]
+    assert any(str(truncated) in m and "not a complete checkpoint" in m for m in caplog.messages)
+    truncated.unlink()
     trained = {(r["step"], r["family"]): r for r in _rows(run / "checkpoint_metrics.jsonl")}
     assert len({trained[(s, "retain_drift")]["kl"] for s in (2, 4, 6)}) == 3  # three different adapters
     rows = _rows(copy / "checkpoint_metrics.jsonl")
     assert sorted((r["step"], r["family"]) for r in rows) == sorted(trained)
     assert all(r["fn"] == "validate" for r in rows)
     _assert_same_rows(rows, trained)
+    # Step 6's rows carry its checkpoint's epoch; the adapter directories' epochs are unknown here (the copy has no
+    # training rows to read them from), so None rather than a made-up 0.
+    assert {r["epoch"] for r in rows if r["step"] == 6} == {trained[(6, "sce")]["epoch"]}
+    assert {r["epoch"] for r in rows if r["step"] in (2, 4)} == {None}
     for gen in sorted((run / "sce_generations").iterdir()):
         assert (copy / "sce_generations" / gen.name).read_text() == gen.read_text(), gen.name
     selection = json.loads((copy / "selection.json").read_text())

@@ -62,6 +62,10 @@ class CheckpointEvaluator(Callback):
         # validate: key the row by this step rather than the loaded checkpoint's (set by the `evaluate` command for
         # an adapter directory, which carries no step of its own)
         self.step_override: int | None = None
+        # outside fit: each step's epoch where a checkpoint does not say it (set by `evaluate` from the run's own
+        # training rows, for adapter and merged directories); a row's epoch is None when unknown, never a made-up 0
+        self.known_epochs: dict[int, int] = {}
+        self._loaded_epoch: int | None = None
         # validate of the starting model itself: it is its own base (set by evaluators that take `current_is_base`)
         self.current_is_base = False
 
@@ -119,6 +123,7 @@ class CheckpointEvaluator(Callback):
     @override
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
         self._loaded_step = int(checkpoint.get("global_step", 0))
+        self._loaded_epoch = int(checkpoint["epoch"]) if checkpoint.get("epoch") is not None else None
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -177,10 +182,16 @@ class CheckpointEvaluator(Callback):
         """Keep ``metrics`` as step ``step``'s row; on rank 0 write it, log it and notify the other callbacks.
         :meth:`_evaluate` calls it after :meth:`compute`; post-hoc evaluation of several checkpoints at once calls
         it once per step."""
+        if trainer.state.fn == "fit":
+            epoch: int | None = int(trainer.current_epoch)
+        elif self.step_override is None and self._loaded_epoch is not None:
+            epoch = self._loaded_epoch  # the loaded checkpoint's own epoch, not the validate loop's 0
+        else:
+            epoch = self.known_epochs.get(step)
         row = {
             "step": step,
             "family": self.family_name,
-            "epoch": int(trainer.current_epoch),
+            "epoch": epoch,
             "fn": str(trainer.state.fn.value if trainer.state.fn else "validate"),
             "seconds": round(seconds, 4),
             **metrics,

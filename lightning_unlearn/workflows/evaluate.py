@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +64,10 @@ def saved_checkpoints(run_dir: str | Path) -> list[SavedCheckpoint]:
             found[candidate.step] = candidate
 
     for path in sorted(run_dir.rglob("*.ckpt")):
+        if path.is_file() and not zipfile.is_zipfile(path):  # truncated (a killed or full-disk write) or not torch's
+            log.warning("evaluate: skipping %s: not a complete checkpoint file (truncated or foreign); the other "
+                        "steps are evaluated. Delete it, or re-save that step, to evaluate it.", path)  # fmt: skip
+            continue
         step = _checkpoint_step(path)
         if step is not None:
             offer(SavedCheckpoint(step, path, "checkpoint"))
@@ -109,7 +114,11 @@ def _saved_bases(checkpoints: list[SavedCheckpoint]) -> dict[str, dict]:
     for saved in reversed(checkpoints):
         if saved.kind != "checkpoint" or not saved.path.is_file():
             continue
-        state = torch.load(str(saved.path), map_location="cpu", weights_only=True, mmap=True).get("callbacks") or {}
+        try:
+            state = torch.load(str(saved.path), map_location="cpu", weights_only=True, mmap=True).get("callbacks") or {}
+        except Exception:  # noqa: BLE001 - an unreadable checkpoint carries no bases; another one may
+            log.warning("evaluate: cannot read %s; its base-model quantities are not reused", saved.path)
+            continue
         bases = {k: v["base"] for k, v in state.items() if isinstance(v, dict) and v.get("base")}
         if bases:
             return bases
@@ -182,13 +191,16 @@ def evaluate_command(
     result: dict = {"run_dir": str(run_dir), "evaluated": [], "skipped": [], "metrics_file": str(metrics_file)}
     # Read once, before anything is written: under DDP / FSDP every rank runs this command, rank 0 writes the rows,
     # and every rank must choose the same families to compute (the evaluators' collectives pair up across ranks).
-    done = {(int(r["step"]), r["family"]) for r in read_rows(metrics_file)}
+    rows = read_rows(metrics_file)
+    done = {(int(r["step"]), r["family"]) for r in rows}
+    # an adapter or merged directory carries no epoch: take it from the run's own rows of that step
+    epochs = {int(r["step"]): r["epoch"] for r in rows if r.get("epoch") is not None and r.get("fn") == "fit"}
     if adapters_per_pass > 1:
         wanted = {c.step for c in checkpoints}
         adapters = [c for c in saved_adapters(run_dir) if c.step in wanted]
         for start in range(0, len(adapters), adapters_per_pass):
             chunk = adapters[start : start + adapters_per_pass]
-            written = _sce_for_adapters(run_dir, run_config, extra, chunk, done, bases, overrides or [])
+            written = _sce_for_adapters(run_dir, run_config, extra, chunk, done, bases, overrides or [], epochs)
             for step, families in written.items():
                 path = next(str(c.path) for c in chunk if c.step == step)
                 result["evaluated"].append({"step": step, "source": path, "families": families, "mixed": True})
@@ -199,7 +211,7 @@ def evaluate_command(
         if configured is not None and configured <= families_done:  # no model to load for nothing
             result["skipped"].append({"step": saved.step, "reason": "every family already has its row"})
             continue
-        cli = _validate(run_dir, run_config, extra, saved, families_done, bases, overrides or [])
+        cli = _validate(run_dir, run_config, extra, saved, families_done, bases, overrides or [], epochs)
         bases.update(cli.bases)
         configured = cli.configured
         if cli.families:
@@ -217,6 +229,7 @@ def _sce_for_adapters(
     done: set[tuple[int, str]],
     bases: dict[str, dict],
     overrides: list[str],
+    epochs: dict[int, int],
 ) -> dict[int, list[str]]:
     """The SCE rows of several adapter checkpoints from one mixed-adapter generation pass; ``{step: families}``."""
     import json
@@ -263,6 +276,7 @@ def _sce_for_adapters(
             continue
         cb.setup(trainer, module, "validate")
         cb.base = dict(bases.get(cb.state_key, {}))
+        cb.known_epochs = dict(epochs)
         cb.ensure_base(trainer, module)
         bases[cb.state_key] = cb.base
         log.info("evaluate: %s of steps %s in one mixed-adapter pass", cb.family_name, sorted(todo))
@@ -280,6 +294,7 @@ def _validate(
     done: set[str],
     bases: dict[str, dict],
     overrides: list[str],
+    epochs: dict[int, int],
 ):
     """One ``validate`` of the run's config on one saved step; returns the finished CLI object."""
     import json
@@ -322,6 +337,7 @@ def _validate(
                     if cb.family_name in done:
                         continue  # this step's row of that family exists: not recomputed
                     cb.base = dict(bases.get(cb.state_key, {}))
+                    cb.known_epochs = dict(epochs)
                     if saved.kind != "checkpoint":
                         cb.step_override = saved.step
                     self.families.append(cb.family_name)
