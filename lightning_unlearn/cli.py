@@ -175,6 +175,9 @@ class UnlearnCLI(LightningCLI):
         # instantiation and would surface as 70-110 lines of chained tracebacks: print the one line that says it.
         with _user_errors_in_one_line(self.config.get("subcommand")):
             super().instantiate_classes()
+        changes = getattr(self, "_data_changes", None)
+        if changes and hasattr(self.datamodule, "data_changes"):
+            self.datamodule.data_changes = list(changes)  # kept in every checkpoint this resumed run saves
 
     @override
     def _parse_ckpt_path(self) -> None:
@@ -200,9 +203,10 @@ class UnlearnCLI(LightningCLI):
         if not ckpt_path or not Path(str(ckpt_path)).is_file():
             return  # "best" and sharded (directory) checkpoints: Lightning resolves and loads them
         try:
-            saved = read_checkpoint(ckpt_path).get("hyper_parameters") or {}
+            checkpoint = read_checkpoint(ckpt_path)
         except CheckpointError as err:
             raise SystemExit(f"lightning-unlearn {subcommand}: error: {err}") from None
+        saved = checkpoint.get("hyper_parameters") or {}
         model = config.get("model")
         configured = _plain(model.get("init_args")) if model is not None and model.get("init_args") else {}
         refused, changed = resume_conflicts(configured, saved)
@@ -222,7 +226,41 @@ class UnlearnCLI(LightningCLI):
         for line in changed:
             logging.getLogger("lightning_unlearn").warning("resuming %s with a changed value: %s", ckpt_path, line)
         if subcommand == "fit":
+            self._check_data_identity(config, checkpoint, str(ckpt_path))
             _continue_in_the_checkpoints_version(config, Path(str(ckpt_path)))
+
+    def _check_data_identity(self, config, checkpoint: dict, ckpt_path: str) -> None:
+        """A resumed fit must see the data it was trained on, in the same order: refuse a changed data file,
+        seed, batch size or other order-defining setting (one line naming it) unless ``--allow_data_change true``."""
+        from lightning_unlearn.data.fingerprint import data_fingerprint, fingerprint_changes, saved_fingerprint
+
+        saved = saved_fingerprint(checkpoint)
+        data = config.get("data")
+        if saved is None or data is None or not data.get("init_args"):
+            return  # a checkpoint of a datamodule that records no fingerprint (or none configured): nothing to compare
+        changes = fingerprint_changes(saved, data_fingerprint(_plain(data.get("init_args"))))
+        if not changes:
+            return
+        if not config.get("allow_data_change"):
+            more = f" (and {len(changes) - 1} more)" if len(changes) > 1 else ""
+            raise SystemExit(
+                f"lightning-unlearn fit: error: {ckpt_path} was trained on other data: {changes[0]}{more}; resuming "
+                "would not continue its data order. Restore the data settings, start a new run without --ckpt_path, "
+                "or pass --allow_data_change true to resume anyway (recorded in the run's config and checkpoints)."
+            )
+        for line in changes:
+            logging.getLogger("lightning_unlearn").warning("resuming %s on changed data: %s", ckpt_path, line)
+        self._data_changes = changes
+
+    @override
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument(
+            "--allow_data_change",
+            type=bool,
+            default=False,
+            help="fit --ckpt_path: resume although the data files or order-defining settings changed since the "
+            "checkpoint (refused by default: the data order would no longer be the run's).",
+        )
 
 
 _VERSIONED_LOGGERS = ("lightning.pytorch.loggers.TensorBoardLogger", "lightning.pytorch.loggers.CSVLogger")

@@ -13,12 +13,13 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_unlearn.data.collate import encode_prompt_answer, pad_batch
+from lightning_unlearn.data.fingerprint import FingerprintedData
 from lightning_unlearn.data.lacuna_datamodule import resolve_tokenizer_path
 from lightning_unlearn.data.sampling import EpochSeededSampler, ResumableLoader, trainer_position
 from lightning_unlearn.models import load_tokenizer
 
 
-class InstructionDataModule(LightningDataModule):
+class InstructionDataModule(FingerprintedData, LightningDataModule):
     """Prompt/answer pairs for LoRA instruction tuning.
 
     Args:

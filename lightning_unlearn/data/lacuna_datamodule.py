@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_unlearn.data.collate import encode_document, pad_batch
+from lightning_unlearn.data.fingerprint import FingerprintedData
 from lightning_unlearn.data.pii import QA_FIELDS, background_texts, qa_pair
 from lightning_unlearn.data.sampling import EpochSeededSampler, ResumableLoader, trainer_position
 from lightning_unlearn.data.templates import QUESTIONS
@@ -38,7 +39,7 @@ def resolve_tokenizer_path(datamodule: LightningDataModule, tokenizer_dir: str |
     return path
 
 
-class InjectionDataModule(LightningDataModule):
+class InjectionDataModule(FingerprintedData, LightningDataModule):
     """PII + neutral mixture for masked continual pretraining (and neutral-only pretraining).
 
     Args:

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
 from lightning_unlearn.data.collate import encode_prompt_answer, pad_batch
+from lightning_unlearn.data.fingerprint import FingerprintedData
 from lightning_unlearn.data.records import read_records
 from lightning_unlearn.data.sampling import EpochSeededSampler, ResumableLoader, trainer_position
 from lightning_unlearn.masks import MAX_GROUPS, NEUTRAL_GROUP
@@ -57,7 +58,7 @@ class EncodedPairs(Dataset):
         return self.rows[index]
 
 
-class ForgetRetainDataModule(LightningDataModule):
+class ForgetRetainDataModule(FingerprintedData, LightningDataModule):
     """Forget and retain prompt/answer pairs, batched in pairs for unlearning.
 
     Args:

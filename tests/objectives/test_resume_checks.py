@@ -21,7 +21,8 @@ def full_ft_checkpoint(testbed, tmp_path_factory):
     """A checkpoint of a full fine-tuning NPO run on the testbed model (step 1)."""
     root = tmp_path_factory.mktemp("ckpt")
     module = NPO(testbed.model_dir, AdapterConfig(kind="full"), OptimizerConfig(lr=1e-3))
-    dm = ForgetRetainDataModule(testbed.model_dir, testbed.forget, testbed.retain, batch_size=2)
+    # The data settings of lens/npo.yaml with _argv's overrides: a resume through the CLI sees the same data.
+    dm = ForgetRetainDataModule(testbed.model_dir, testbed.forget, testbed.retain, batch_size=2, max_length=512)
     save = ModelCheckpoint(dirpath=str(root), every_n_train_steps=1, filename="{step}")
     trainer = Trainer(accelerator="cpu", max_steps=1, logger=False, enable_progress_bar=False,
                       enable_model_summary=False, limit_val_batches=0, default_root_dir=str(root),
@@ -71,6 +72,51 @@ def test_resume_with_another_beta_is_applied_and_logged(testbed, full_ft_checkpo
     assert any("changed value: beta: checkpoint 0.1 → configured 0.5" in r.getMessage() for r in caplog.records)
     saved = (tmp_path / "config.yaml").read_text()
     assert "beta: 0.5" in saved  # the configured value is the run's, not the checkpoint's
+
+
+@pytest.mark.parametrize("change", ["forget file", "seed"])
+def test_a_resume_on_changed_data_is_refused_in_one_line(testbed, full_ft_checkpoint, tmp_path, change):
+    run = tmp_path / "run"
+    argv = _argv("fit", testbed, full_ft_checkpoint, run, "--model.init_args.adapter.kind=full",
+                 "--model.init_args.optim.lr=0.001")  # fmt: skip
+    if change == "forget file":  # same path as the checkpoint's, other bytes
+        forget = tmp_path / "forget.jsonl"
+        shutil.copy(testbed.forget, forget)
+        ckpt = tmp_path / "step=1.ckpt"
+        import torch
+
+        state = torch.load(full_ft_checkpoint, map_location="cpu", weights_only=True)
+        state["ForgetRetainDataModule"]["data_fingerprint"]["forget_path"] = str(forget)
+        torch.save(state, ckpt)
+        lines = forget.read_text().splitlines()
+        forget.write_text("\n".join(lines[1:]) + "\n")  # one forget pair fewer
+        argv = [a.replace(str(testbed.forget), str(forget)).replace(str(full_ft_checkpoint), str(ckpt)) for a in argv]
+        want = rf"the content of forget_path \({forget}\) changed since the checkpoint"
+    else:
+        argv.append("--data.init_args.seed=1")
+        want = r"seed: checkpoint 0 → configured 1"
+    with pytest.raises(SystemExit, match=rf"was trained on other data: {want}; .*--allow_data_change true") as err:
+        main(argv)
+    assert "\n" not in str(err.value)
+    assert not run.exists()  # nothing written before the check
+
+
+def test_a_resume_on_changed_data_is_allowed_and_recorded_with_the_flag(testbed, full_ft_checkpoint, tmp_path, caplog):
+    import torch
+
+    run = tmp_path / "run"
+    argv = _argv("fit", testbed, full_ft_checkpoint, run, "--model.init_args.adapter.kind=full",
+                 "--model.init_args.optim.lr=0.001", "--data.init_args.seed=1", "--allow_data_change=true",
+                 "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.dirpath=" + str(run / "ckpt"),
+                 "--trainer.callbacks.every_n_train_steps=1")  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="lightning_unlearn"):
+        main(argv)
+    assert any("resuming" in r.getMessage() and "seed: checkpoint 0 → configured 1" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+    assert "allow_data_change: true" in (run / "config.yaml").read_text()
+    (saved,) = (run / "ckpt").glob("*.ckpt")
+    state = torch.load(saved, map_location="cpu", weights_only=True)["ForgetRetainDataModule"]["data_fingerprint"]
+    assert state["seed"] == 1 and state["changes"] == ["seed: checkpoint 0 → configured 1"]
 
 
 def test_a_truncated_checkpoint_is_named_corrupt(testbed, full_ft_checkpoint, tmp_path):
