@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import importlib
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
 from lightning.pytorch import LightningDataModule, LightningModule
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
 # Non-Trainer commands: name -> ("module:function", one-line description). The function takes the remaining argv;
@@ -90,6 +92,44 @@ RENAMED_FLAGS: dict[str, tuple[str, ...]] = {"--no_control": ("--control", "fals
 USER_ERRORS = (FileNotFoundError, FileExistsError, ValueError)
 
 
+class _OneLineErrorParser(LightningArgumentParser):
+    """A parse error is one line naming the bad key, with the closest valid one ("did you mean …"); the usage dump
+    is for ``--help``."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error:
+            return super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        prog = parser.prog.replace(" [options]", "")
+        sys.stderr.write(f"{prog}: error: {_parse_error_line(message, parser)} (`{prog} --help` lists the options)\n")
+        raise SystemExit(2)
+
+
+def _parse_error_line(message: str, parser) -> str:
+    """The one line of a jsonargparse error: the unknown key and its closest valid spelling, else the first line."""
+    import difflib
+
+    from lightning_unlearn.configs import init_parameters
+
+    options = re.findall(r"Option '([^']+)' is not accepted", message)
+    classes = re.findall(r"given class_path '([^']+)'", message)
+    keys = re.findall(r'Parser key "([^"]+)"', message)
+    if options and classes and keys:
+        option, cls_path = options[-1], classes[-1]  # the innermost: where the unknown key was looked up
+        flag = f"--{keys[0]}.init_args." + ".".join([*keys[1:], option])
+        close = difflib.get_close_matches(option, init_parameters(cls_path), n=1)
+        hint = f"; did you mean {flag.rsplit('.', 1)[0]}.{close[0]}?" if close else ""
+        return f"{flag} is not an option of {cls_path}{hint}"
+    unknown = re.search(r"unrecognized arguments: (\S+)", message, re.IGNORECASE)
+    if unknown:
+        key = unknown.group(1).split("=")[0]
+        options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+        close = difflib.get_close_matches(key, options, n=1)
+        return f"{key} is not an option" + (f"; did you mean {close[0]}?" if close else "")
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    return " ".join(lines[:2])[:400] if lines else message
+
+
 class UnlearnCLI(LightningCLI):
     """LightningCLI with subclass mode for models and datamodules, so YAML names them by ``class_path``.
 
@@ -113,6 +153,7 @@ class UnlearnCLI(LightningCLI):
         import lightning_unlearn.objectives
         import lightning_unlearn.strategies  # noqa: F401
 
+        kwargs.setdefault("parser_class", _OneLineErrorParser)
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
@@ -127,13 +168,20 @@ class UnlearnCLI(LightningCLI):
         # launching process takes the lock (ranks started by Lightning's launcher carry LOCAL_RANK/RANK > 0), and
         # it is released however the run ends.
         launcher = all(os.environ.get(k, "0") == "0" for k in ("LOCAL_RANK", "RANK", "NODE_RANK"))
+        with _user_errors_in_one_line(subcommand):
+            # Read and check the data before anything is written (run lock, logger directory, config.yaml): a bad
+            # row must leave the run directory as it was.
+            preflight = getattr(self.datamodule, "preflight", None)
+            if callable(preflight):
+                preflight(subcommand)
         if subcommand != "fit" or not launcher:
             self._run_reporting_user_errors(subcommand)
             return
         from lightning_unlearn.checkpoints import RunDirectoryBusy, acquire_run_lock, release_run_lock
 
         try:
-            lock = acquire_run_lock(self.trainer.default_root_dir)
+            with _user_errors_in_one_line(subcommand):  # a run directory that cannot be made: one line
+                lock = acquire_run_lock(self.trainer.default_root_dir)
         except RunDirectoryBusy as err:
             raise SystemExit(f"lightning-unlearn fit: error: {err}") from None
         from lightning_unlearn.atomic import remove_stale_temporaries
@@ -200,6 +248,11 @@ class UnlearnCLI(LightningCLI):
                 )
             config["ckpt_path"] = ckpt_path = str(found)
             logging.getLogger("lightning_unlearn").info("resuming from %s", found)
+        if ckpt_path and str(ckpt_path) not in ("best", "hpc", "registry") and not Path(str(ckpt_path)).exists():
+            raise SystemExit(
+                f"lightning-unlearn {subcommand}: error: --ckpt_path {ckpt_path}: no such checkpoint file; give a "
+                "saved *.ckpt (or `last` to resume the run in default_root_dir), or drop --ckpt_path."
+            )
         if not ckpt_path or not Path(str(ckpt_path)).is_file():
             return  # "best" and sharded (directory) checkpoints: Lightning resolves and loads them
         try:
@@ -318,8 +371,23 @@ def _user_error(err: BaseException) -> str | None:
         ours = tb is not None and f"{os.sep}lightning_unlearn{os.sep}" in tb.tb_frame.f_code.co_filename
         if isinstance(err, USER_ERRORS) and (ours or isinstance(err, FileNotFoundError)):
             found = str(err)
-        err = err.__cause__ or err.__context__
+        if isinstance(err, OSError) and err.errno in _ENVIRONMENT_ERRORS:  # the run directory, not a bug
+            found = f"{err.strerror}: {str(err.filename)!r}; {_ENVIRONMENT_ERRORS[err.errno]}"
+        elif type(err).__name__ == "MisconfigurationException":  # Lightning's own one-line user errors
+            found = str(err).strip().splitlines()[0]
+        err = err.__cause__ or (None if err.__suppress_context__ else err.__context__)
     return found
+
+
+# OS errors on a path the user chose: what to do about each.
+_ENVIRONMENT_ERRORS = {
+    errno.ENOTDIR: "a parent of that path is a file: choose another directory (e.g. --trainer.default_root_dir)",
+    errno.EISDIR: "that path is a directory: give a file path",
+    errno.EROFS: "the file system is read-only: write the run somewhere writable (e.g. --trainer.default_root_dir)",
+    errno.EACCES: "no permission to write there: choose a directory you can write (e.g. --trainer.default_root_dir)",
+    errno.EPERM: "no permission to write there: choose a directory you can write (e.g. --trainer.default_root_dir)",
+    errno.ENOSPC: "the disk is full: free space or write the run to another disk; the last complete checkpoint is kept",
+}
 
 
 def _plain(value):
@@ -359,6 +427,42 @@ def _resolve_config_args(argv: list[str]) -> list[str]:
         elif arg.startswith("--config="):
             out[i] = "--config=" + resolve_config(arg.split("=", 1)[1])
     return out
+
+
+_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|nan)$", re.IGNORECASE)
+
+
+def _joined_negative_values(argv: list[str]) -> list[str]:
+    """``--key -1e-3`` → ``--key=-1e-3``: argparse reads a word that starts with ``-`` and is not a plain negative
+    number (``-1e-3``, ``-inf``) as an option, and would report ``--key: expected one argument``."""
+    out: list[str] = []
+    for word in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and _NUMBER.match(word):
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
+
+
+def _check_yaml_files(argv: list[str]) -> None:
+    """Every ``-c FILE`` parses as YAML, or one line naming the file, line and column (jsonargparse would name
+    ``"<unicode string>"``)."""
+    import yaml
+
+    paths = [argv[i + 1] for i, w in enumerate(argv[:-1]) if w in ("-c", "--config")]
+    paths += [w.split("=", 1)[1] for w in argv if w.startswith("--config=")]
+    for path in paths:
+        if not Path(path).is_file():
+            continue  # jsonargparse names a missing file itself
+        try:
+            yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise SystemExit(f"lightning-unlearn: error: {where}: not valid YAML ({problem}); fix the file.") from None
+        except UnicodeDecodeError:
+            raise SystemExit(f"lightning-unlearn: error: {path} is not UTF-8 text; re-save it as UTF-8.") from None
 
 
 def underscore_flags(argv: list[str]) -> list[str]:
@@ -408,10 +512,15 @@ def main(argv: list[str] | None = None) -> None:
     if argv and (argv[0] in EXTRA_COMMANDS or argv[0] in ALIASES):
         run_extra_command(argv)
         return
-    argv = _resolve_config_args(argv)
+    argv = _joined_negative_values(_resolve_config_args(argv))
+    _check_yaml_files(argv)
+    # As the command line itself (Lightning's DDP launcher re-runs sys.argv in each child process): the resolved
+    # config paths and joined values, without LightningCLI's warning about `args` given beside a command line.
+    saved_argv, sys.argv = sys.argv, [sys.argv[0], *argv]
     try:
-        UnlearnCLI(args=argv if argv != sys.argv[1:] else None)
+        UnlearnCLI(args=None)
     finally:
+        sys.argv = saved_argv
         if argv in ([], ["-h"], ["--help"]):
             print(command_help())
 

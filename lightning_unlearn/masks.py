@@ -332,7 +332,14 @@ def load_masks(
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"masks file {str(path)!r} does not exist.")
-    with safe_open(str(path), framework="pt") as f:
+    try:
+        handle = safe_open(str(path), framework="pt")
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error kinds for a foreign file
+        raise ValueError(
+            f"masks file {str(path)!r} is not a safetensors file ({str(err).splitlines()[0][:80]}); give the "
+            "masks.safetensors an injection exported (save_masks)."
+        ) from None
+    with handle as f:
         meta = {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
         if lazy:
             shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}

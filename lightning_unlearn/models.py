@@ -92,6 +92,11 @@ def _require_dir(path: str | os.PathLike, what: str) -> Path:
             f"{what} path {str(p)!r} does not exist. Give a local directory saved with save_pretrained; "
             "lightning_unlearn never downloads models."
         )
+    if p.is_file():
+        raise ValueError(
+            f"{what} path {str(p)!r} is a file, not a model directory; give the directory that holds it (config.json, "
+            f"the weights and the tokenizer files), e.g. {str(p.parent)!r}."
+        )
     return p
 
 

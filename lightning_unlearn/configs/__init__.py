@@ -7,6 +7,7 @@ when no such file exists (a local file always wins).
 
 from __future__ import annotations
 
+import os
 import shutil
 from importlib import resources
 from pathlib import Path
@@ -56,10 +57,25 @@ def copy_config(name: str, destination: str, overwrite: bool = False) -> Path:
     """Copy the shipped config ``name`` to ``destination`` (a file, or a folder to copy into)."""
     source = shipped_config(name)
     dest = Path(destination)
-    if dest.is_dir():
-        dest = dest / source.name
+    if dest.is_dir() or str(destination).endswith(("/", os.sep)) or not dest.suffix:
+        dest = dest / source.name  # a folder (existing, or named as one: a trailing slash or no .yaml suffix)
     if dest.exists() and not overwrite:
         raise FileExistsError(f"{str(dest)!r} exists; pass --overwrite true to replace it.")
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(source, dest)
     return dest
+
+
+def init_parameters(class_path: str) -> list[str]:
+    """The constructor parameters of ``class_path`` (``package.module.Class``) and its bases; empty when it does not
+    import. For "did you mean" hints and for checking a sweep's keys before anything runs."""
+    import importlib
+    import inspect
+
+    try:
+        module, name = class_path.rsplit(".", 1)
+        cls = getattr(importlib.import_module(module), name)
+        names = {n for c in cls.__mro__ if "__init__" in vars(c) for n in inspect.signature(c.__init__).parameters}
+    except Exception:  # noqa: BLE001 - a class that does not import is named by the run itself
+        return []
+    return sorted(names - {"self", "args", "kwargs"})

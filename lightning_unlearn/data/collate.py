@@ -23,6 +23,15 @@ def encode_prompt_answer(
     (:func:`lightning_unlearn.generation.model_prompt`, the rendering generation uses), so the answer is the
     assistant's reply.
     """
+    return encode_pair_with_cuts(tokenizer, prompt, answer, max_length, chat_template)[0]
+
+
+def encode_pair_with_cuts(
+    tokenizer, prompt: str, answer: str, max_length: int, chat_template: bool = False
+) -> tuple[dict[str, list[int]], int, int]:
+    """:func:`encode_prompt_answer` and how many prompt and answer tokens ``max_length`` cut off: ``(row,
+    prompt_cut, answer_cut)``. The answer (with its EOS) is cut first to leave room for the BOS and one prompt
+    token, then the prompt from the left."""
     if chat_template:
         from lightning_unlearn.generation import model_prompt
 
@@ -30,11 +39,12 @@ def encode_prompt_answer(
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    full_p, full_a = len(p), len(a)
     a = a[: max_length - len(bos) - 1]
     p = p[max(0, len(p) - (max_length - len(bos) - len(a))) :]
     ids = bos + p + a
     labels = [IGNORE_INDEX] * (len(bos) + len(p)) + a
-    return {"input_ids": ids, "labels": labels}
+    return {"input_ids": ids, "labels": labels}, full_p - len(p), full_a - len(a)
 
 
 def encode_document(tokenizer, text: str, max_length: int) -> dict[str, list[int]]:

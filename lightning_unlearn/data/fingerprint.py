@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 # Settings that change neither the rows nor their order.
-NOT_ORDER_DEFINING = frozenset({"num_workers", "pin_memory", "persistent_workers"})
+NOT_ORDER_DEFINING = frozenset({"num_workers", "pin_memory", "persistent_workers", "truncation"})
 # Files inside a named directory whose size stands for their content (model weights beside a tokenizer).
 SIZE_ONLY = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
 STATE_KEY = "data_fingerprint"

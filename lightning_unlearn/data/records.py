@@ -85,6 +85,14 @@ def _mapped(row: dict, i: int, prompt_key: str, answer_key: str, what: str, wher
             f"{what} record {i} of {where} lacks column(s) {missing}; it has {sorted(row)}. Name the columns with "
             "prompt_key / answer_key."
         )
+    for column in (key, answer_key):
+        value = row[column]
+        if value is None or (isinstance(value, str) and not value.strip()):
+            empty = "a null" if value is None else "an empty"
+            raise ValueError(
+                f"{what} record {i} of {where} has {empty} {column!r}; fill it in or drop the record (a null would "
+                "train on the text 'None', an empty one on nothing)."
+            )
     out = dict(row)
     out["prompt"], out["answer"] = str(row[key]), str(row[answer_key])
     return out
@@ -102,7 +110,15 @@ def _read_path(path: Path, split: str | None) -> list[dict]:
         except Exception as err:  # noqa: BLE001 - pyarrow/pandas raise many kinds for a file that does not parse
             kind = _LOADERS[suffix]
             raise ValueError(f"{str(path)!r} does not read as {kind} ({type(err).__name__}: {err}).") from None
-    text = path.read_text(encoding="utf-8")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise ValueError(
+            f"{path}:{line} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); re-save the file "
+            "as UTF-8."
+        ) from None
     if suffix == ".json" or text.lstrip().startswith("["):
         try:
             data = json.loads(text)

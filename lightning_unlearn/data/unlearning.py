@@ -15,8 +15,10 @@ implementations that draw the same retain items on every rank). An epoch is one 
 
 from __future__ import annotations
 
+import logging
 import random
 from functools import partial
+from typing import Literal
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -24,22 +26,49 @@ from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
-from lightning_unlearn.data.collate import encode_prompt_answer, pad_batch
+from lightning_unlearn.data.collate import encode_pair_with_cuts, pad_batch
 from lightning_unlearn.data.fingerprint import FingerprintedData
 from lightning_unlearn.data.records import read_records
 from lightning_unlearn.data.sampling import EpochSeededSampler, ResumableLoader, trainer_position
 from lightning_unlearn.masks import MAX_GROUPS, NEUTRAL_GROUP
 from lightning_unlearn.models import load_tokenizer
 
+MIN_PAIR_LENGTH = 4  # BOS, one prompt token, one answer token, EOS
+log = logging.getLogger("lightning_unlearn")
+
 
 class EncodedPairs(Dataset):
     """Tokenised prompt/answer pairs. ``index`` is the row's position in its set (batches carry it, e.g. to look up
-    precomputed reference log-probs); ``group_id`` (if present) is kept as ``group_ids`` for masked strategies."""
+    precomputed reference log-probs); ``group_id`` (if present) is kept as ``group_ids`` for masked strategies.
 
-    def __init__(self, records: list[dict], tokenizer, max_length: int, chat_template: bool = False) -> None:
+    Pairs longer than ``max_length`` are cut (the answer to leave room for one prompt token, then the prompt from
+    the left) and reported once with counts (``truncation="warn"``), or refused (``"error"``). A ``max_length``
+    below :data:`MIN_PAIR_LENGTH` is refused."""
+
+    def __init__(
+        self,
+        records: list[dict],
+        tokenizer,
+        max_length: int,
+        chat_template: bool = False,
+        what: str = "records",
+        truncation: str = "warn",
+    ) -> None:
+        if max_length < MIN_PAIR_LENGTH:
+            raise ValueError(
+                f"max_length={max_length} leaves no room for a pair: it needs at least {MIN_PAIR_LENGTH} tokens (BOS, "
+                "one prompt token, one answer token, EOS); typical values are 256 to 1024."
+            )
         self.rows = []
+        cut_prompts, cut_answers = [], []
         for i, rec in enumerate(records):
-            row = encode_prompt_answer(tokenizer, str(rec["prompt"]), str(rec["answer"]), max_length, chat_template)
+            row, prompt_cut, answer_cut = encode_pair_with_cuts(
+                tokenizer, str(rec["prompt"]), str(rec["answer"]), max_length, chat_template
+            )
+            if prompt_cut:
+                cut_prompts.append(i)
+            if answer_cut:
+                cut_answers.append(i)
             row["index"] = i
             if "group_id" in rec and rec["group_id"] is not None:
                 group = int(rec["group_id"])
@@ -50,6 +79,15 @@ class EncodedPairs(Dataset):
                     )
                 row["group_ids"] = group
             self.rows.append(row)
+        cut = sorted(set(cut_prompts) | set(cut_answers))
+        if cut:
+            message = (
+                f"{what}: {len(cut)} of {len(records)} pairs are longer than max_length={max_length} tokens and are "
+                f"cut ({len(cut_prompts)} prompts from the left, {len(cut_answers)} answers; first row {cut[0]})"
+            )
+            if truncation == "error":
+                raise ValueError(f"{message}; raise max_length, shorten them, or set truncation: warn.")
+            log.warning("%s; raise max_length to keep them whole, or set truncation: error to refuse them", message)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -77,6 +115,8 @@ class ForgetRetainDataModule(FingerprintedData, LightningDataModule):
         prompt_key: column of the prompt in both sets (default ``prompt``; ``question`` is read when it is absent).
         answer_key: column of the answer in both sets.
         chat_template: render prompts with the tokenizer's chat template (a single user turn).
+        truncation: pairs longer than ``max_length``: ``"warn"`` cuts them and logs the counts once per set,
+            ``"error"`` refuses the data.
     """
 
     def __init__(
@@ -95,15 +135,26 @@ class ForgetRetainDataModule(FingerprintedData, LightningDataModule):
         prompt_key: str = "prompt",
         answer_key: str = "answer",
         chat_template: bool = False,
+        truncation: Literal["warn", "error"] = "warn",
     ) -> None:
         super().__init__()
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}.")
+        if max_length < MIN_PAIR_LENGTH:
+            raise ValueError(
+                f"data.max_length={max_length} leaves no room for a pair: it needs at least {MIN_PAIR_LENGTH} tokens "
+                "(BOS, one prompt token, one answer token, EOS); typical values are 256 to 1024."
+            )
         self.save_hyperparameters()
         self.tokenizer = None
         self.forget: EncodedPairs | None = None
         self.retain: EncodedPairs | None = None
         self.mismatch: EncodedPairs | None = None
+
+    def preflight(self, stage: str | None = None) -> None:
+        """Read, check and encode the sets now (the CLI calls this before the trainer writes anything); the
+        trainer's own ``setup`` then finds them done."""
+        self.setup(stage)
 
     @override
     def setup(self, stage: str | None = None) -> None:
@@ -114,12 +165,13 @@ class ForgetRetainDataModule(FingerprintedData, LightningDataModule):
         keys = {"prompt_key": hp.prompt_key, "answer_key": hp.answer_key}
         forget = read_records(hp.forget_path, hp.forget_split, what="forget set", **keys)
         retain = read_records(hp.retain_path or hp.forget_path, hp.retain_split, what="retain set", **keys)
-        self.forget = EncodedPairs(forget, self.tokenizer, hp.max_length, hp.chat_template)
-        self.retain = EncodedPairs(retain, self.tokenizer, hp.max_length, hp.chat_template)
+        cut = hp.get("truncation", "warn")
+        self.forget = EncodedPairs(forget, self.tokenizer, hp.max_length, hp.chat_template, "forget set", cut)
+        self.retain = EncodedPairs(retain, self.tokenizer, hp.max_length, hp.chat_template, "retain set", cut)
         if hp.random_answers:
             rng = random.Random(hp.seed)
             mismatched = [{"prompt": f["prompt"], "answer": rng.choice(retain)["answer"]} for f in forget]
-            self.mismatch = EncodedPairs(mismatched, self.tokenizer, hp.max_length, hp.chat_template)
+            self.mismatch = EncodedPairs(mismatched, self.tokenizer, hp.max_length, hp.chat_template, "mismatch", cut)
 
     def _collate(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         return pad_batch(rows, self.tokenizer.pad_token_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -33,11 +34,11 @@ class OptimizerConfig:
     decay_fraction: float = 0.3
 
     def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"optim.lr must be positive, got {self.lr}.")
+        if not math.isfinite(self.lr) or self.lr <= 0:
+            raise ValueError(f"optim.lr must be a positive finite number, got {self.lr}; e.g. optim.lr: 1e-5.")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"optim.schedule={self.schedule!r} is not one of {SCHEDULES}.")
-        if self.weight_decay < 0:
+        if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
             raise ValueError(f"optim.weight_decay must be >= 0, got {self.weight_decay}.")
         if self.warmup_steps < 0:
             raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}.")

@@ -260,13 +260,23 @@ def mask_auc_command(
         names = [n for n in masked_parameter_names(load_causal_lm(unl, weights=False)) if n in packed]
     else:  # no model to read θ_mask from: parameters with any group element
         names = [n for n in packed if bool(group_mask(packed[n], range(32)).any())]
-    control = None
+    models = {"--inj": load_weights(inj, lazy=True), "--unl": load_weights(unl, lazy=True)}
     if control_inj is not None:
-        control = (load_weights(control_inj, lazy=True), load_weights(control_unl, lazy=True))
+        models |= {"--control_inj": load_weights(control_inj, lazy=True),
+                   "--control_unl": load_weights(control_unl, lazy=True)}  # fmt: skip
+    for flag, weights in models.items():  # name the model whose tensors differ from θ_pre's
+        for name in names:
+            if weights.shapes.get(name) != pre_weights.shapes[name]:
+                raise ValueError(
+                    f"{flag} {str(weights.path)!r}: {name} is {weights.shapes.get(name, 'missing')}, but θ_pre "
+                    f"(--pre {pre}) has {pre_weights.shapes[name]}; {flag} must be the same architecture as --pre "
+                    "(a copy of the injected model)."
+                )
+    control = (models["--control_inj"], models["--control_unl"]) if control_inj is not None else None
     result = mask_auc(
         pre_weights,
-        load_weights(inj, lazy=True),
-        load_weights(unl, lazy=True),
+        models["--inj"],
+        models["--unl"],
         union_mask(packed, list(forget_groups), lazy=True),
         control=control,
         unified_mask=union_mask(packed, [*forget_groups, *retain_groups], lazy=True) if retain_groups else None,

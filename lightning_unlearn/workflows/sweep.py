@@ -264,6 +264,61 @@ def _recipe(sweep: Sweep, cell: Cell) -> dict:
     }
 
 
+_TOP_LEVEL = ("model", "data", "trainer", "seed_everything", "ckpt_path", "allow_data_change", "configs")
+
+
+def check_override_keys(sweep: Sweep, path: str | os.PathLike) -> None:
+    """Every dotted override of every cell names an option of the configured classes (the model's and data's
+    ``init_args``, the Trainer's arguments), checked before any cell is launched: a misspelt key would otherwise fail
+    in every cell after its directory was made. Keys under a class that does not import are left to the run."""
+    import difflib
+
+    import yaml
+
+    from lightning_unlearn.configs import init_parameters
+
+    for cell in sweep.cells:
+        merged: dict = {}
+        try:
+            for file in _resolve_configs(sweep, cell):
+                merged = _merge(merged, yaml.safe_load(file.read_text(encoding="utf-8")) or {})
+        except FileNotFoundError:
+            continue  # a config the steps before the sweep write: the run checks it
+        for key in cell.overrides:
+            parts = key.split(".")
+            if parts[0] not in _TOP_LEVEL:
+                raise ValueError(f"sweep file {path}: override {key!r}: {parts[0]!r} is not one of {_TOP_LEVEL}.")
+            if parts[0] in ("model", "data") and len(parts) > 2 and parts[1] == "init_args":
+                class_path = cell.overrides.get(f"{parts[0]}.class_path") or (merged.get(parts[0]) or {}).get(
+                    "class_path"
+                )
+                owner, option = class_path, parts[2]
+            elif parts[0] == "trainer" and len(parts) > 1:
+                owner, option = "lightning.pytorch.Trainer", parts[1]
+            else:
+                continue
+            valid = init_parameters(owner) if isinstance(owner, str) else []
+            if valid and option not in valid:
+                close = difflib.get_close_matches(option, valid, n=1)
+                hint = f"; did you mean {'.'.join([*parts[: parts.index(option)], close[0]])!r}?" if close else ""
+                raise ValueError(f"sweep file {path}: override {key!r}: {option!r} is not an option of {owner}{hint}")
+
+
+def _merge(base: dict, top: dict) -> dict:
+    """``top`` over ``base``, mappings merged key by key (as jsonargparse merges ``-c`` files)."""
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _check_root(root: Path) -> None:
+    """The sweep root can be made: no part of it is an existing file."""
+    for part in [root, *root.parents]:
+        if part.exists() and not part.is_dir():
+            raise ValueError(f"sweep root {str(root)!r}: {str(part)!r} is a file; give `root` a directory path.")
+
+
 def check_cell(sweep: Sweep, cell: Cell) -> str:
     """``"done"``, ``"resume"`` or ``"new"``; records the recipe of a new cell. A directory built from another
     recipe raises ``ValueError``."""
@@ -532,6 +587,8 @@ def sweep_command(sweep_file: Path, *, dry_run: bool = False, evaluate: bool = F
         ``{"root", "cells": [{"name", "state", "overrides", "exit_code"}]}``.
     """
     sweep = load_sweep(sweep_file)
+    _check_root(sweep.root)
+    check_override_keys(sweep, sweep_file)
     if evaluate:
         finished = [c for c in sweep.cells if (c.directory / DONE_FILE).exists()]
         waiting = [c.name for c in sweep.cells if c not in finished]

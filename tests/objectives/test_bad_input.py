@@ -1,0 +1,190 @@
+"""Every user mistake is one line on stderr, a non-zero exit and an untouched run directory (real subprocesses).
+
+Each case runs ``lightning-unlearn`` in a fresh directory holding only what the case wrote there; afterwards stderr's
+last line must name the problem, no stderr line may start a traceback, and the directory must be byte-for-byte as
+before (no ``run/``, no logger version, no lock).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+CLI = [sys.executable, "-m", "lightning_unlearn.cli"]
+
+
+def _fit(testbed) -> list[str]:
+    base = Path(testbed.root) / "bad_input_base.yaml"
+    if not base.exists():
+        base.write_text(
+            "trainer:\n  max_steps: 2\n  enable_progress_bar: false\n"
+            f"model:\n  init_args:\n    model_path: {testbed.model_dir}\n"
+            f"data:\n  init_args:\n    tokenizer_path: {testbed.model_dir}\n    forget_path: {testbed.forget}\n"
+            f"    retain_path: {testbed.retain}\n    batch_size: 2\n",
+            encoding="utf-8",
+        )
+    return [*CLI, "fit", "-c", "lens/npo.yaml", "-c", str(base), "--trainer.default_root_dir", "run"]
+
+
+def _sweep(testbed, root: str, key: str) -> str:
+    return (f"root: {root}\nbase: [lens/npo.yaml, {Path(testbed.root) / 'bad_input_base.yaml'}]\n"
+            f"grid:\n  {key}: [0.1, 0.2]\n")  # fmt: skip
+
+
+# name: (extra words or a whole command, {file: content written first}, regex stderr's last line must match)
+CASES = {
+    "model path is the weights file": (
+        lambda tb: [*_fit(tb), "--model.init_args.model_path", f"{tb.model_dir}/model.safetensors"],
+        {},
+        r"model\.safetensors' is a file, not a model directory; give the directory",
+    ),
+    "nan learning rate in a YAML": (
+        lambda tb: [*_fit(tb), "-c", "lr.yaml"],
+        {"lr.yaml": "model:\n  init_args:\n    optim:\n      lr: .nan\n"},
+        r"optim\.lr must be a positive finite number, got nan",
+    ),
+    "infinite learning rate in a YAML": (
+        lambda tb: [*_fit(tb), "-c", "lr.yaml"],
+        {"lr.yaml": "model:\n  init_args:\n    optim:\n      lr: .inf\n"},
+        r"optim\.lr must be a positive finite number, got inf",
+    ),
+    "negative learning rate on the command line": (
+        lambda tb: [*_fit(tb), "--model.init_args.optim.lr", "-1e-3"],
+        {},
+        r"optim\.lr must be a positive finite number, got -0\.001",
+    ),
+    "forget file that is not UTF-8": (
+        lambda tb: [*_fit(tb), "--data.init_args.forget_path", "f.jsonl"],
+        {"f.jsonl": b'{"prompt": "\xff\xfe", "answer": "x"}\n'},
+        r"f\.jsonl:1 is not UTF-8 text \(byte 0xff at offset 12\); re-save the file as UTF-8",
+    ),
+    "null prompt": (
+        lambda tb: [*_fit(tb), "--data.init_args.forget_path", "f.jsonl"],
+        {"f.jsonl": '{"prompt": null, "answer": "x"}\n'},
+        r"forget set record 0 of 'f\.jsonl' has a null 'prompt'; fill it in or drop the record",
+    ),
+    "max_length 0": (
+        lambda tb: [*_fit(tb), "--data.init_args.max_length", "0"],
+        {},
+        r"data\.max_length=0 leaves no room for a pair: it needs at least 4 tokens",
+    ),
+    "run directory under a file": (
+        lambda tb: [*_fit(tb)[:-1], "afile/run"],
+        {"afile": "x"},
+        r"Not a directory: 'afile/run'; a parent of that path is a file: choose another directory",
+    ),
+    "a YAML syntax error": (
+        lambda tb: [*_fit(tb), "-c", "bad.yaml"],
+        {"bad.yaml": "model:\n  init_args: [\n"},
+        r"bad\.yaml:3:1: not valid YAML \(expected the node content",
+    ),
+    "a misspelt model key": (
+        lambda tb: [*_fit(tb), "--model.init_args.betaa", "0.5"],
+        {},
+        r"--model\.init_args\.betaa is not an option of .*NPO; did you mean --model\.init_args\.beta\?",
+    ),
+    "a misspelt nested key in a YAML": (
+        lambda tb: [*_fit(tb), "-c", "typo.yaml"],
+        {"typo.yaml": "model:\n  init_args:\n    optim:\n      lrr: 0.1\n"},
+        r"--model\.init_args\.optim\.lrr is not an option of .*OptimizerConfig; "
+        r"did you mean --model\.init_args\.optim\.lr\?",
+    ),
+    "a misspelt trainer key": (
+        lambda tb: [*_fit(tb), "--trainer.max_stepz", "3"],
+        {},
+        r"--trainer\.max_stepz is not an option; did you mean --trainer\.max_steps\?",
+    ),
+    "a checkpoint that does not exist": (
+        lambda tb: [*_fit(tb), "--ckpt_path", "nope.ckpt"],
+        {},
+        r"--ckpt_path nope\.ckpt: no such checkpoint file",
+    ),
+    "an accelerator this machine lacks": (
+        lambda tb: [*_fit(tb), "--trainer.accelerator", "cuda"],
+        {},
+        r"`CUDAAccelerator` can not run on your system",
+    ),
+    "masks that are not safetensors": (
+        lambda tb: [
+            *CLI,
+            "mask-auc",
+            "--pre",
+            tb.model_dir,
+            "--inj",
+            tb.model_dir,
+            "--unl",
+            tb.model_dir,
+            "--masks",
+            "m.txt",
+        ],  # fmt: skip
+        {"m.txt": "not safetensors"},
+        r"masks file 'm\.txt' is not a safetensors file",
+    ),
+    "a sweep key that does not exist": (
+        lambda tb: (_fit(tb), [*CLI, "sweep", "s.yaml"])[1],
+        {"s.yaml": lambda tb: _sweep(tb, "sw", "model.init_args.betaa")},
+        r"override 'model\.init_args\.betaa': 'betaa' is not an option of .*NPO; "
+        r"did you mean 'model\.init_args\.beta'\?",
+    ),
+    "a sweep root under a file": (
+        lambda tb: (_fit(tb), [*CLI, "sweep", "s.yaml"])[1],
+        {"afile": "x", "s.yaml": lambda tb: _sweep(tb, "afile/sw", "model.init_args.beta")},
+        r"sweep root 'afile/sw': 'afile' is a file",
+    ),
+}
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(folder.rglob("*"))}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_mistake_is_one_line_and_leaves_nothing(testbed, tmp_path, name):
+    if name == "an accelerator this machine lacks" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    command, files, expected = CASES[name]
+    for rel, content in files.items():
+        content = content(testbed) if callable(content) else content
+        (tmp_path / rel).write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+    argv = command(testbed)
+    before = _snapshot(tmp_path)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0, (name, proc.stderr[-2000:])
+    assert not any(line.startswith("Traceback") for line in lines), proc.stderr[-3000:]
+    assert lines and __import__("re").search(expected, lines[-1]), lines[-1:] or proc.stderr
+    assert _snapshot(tmp_path) == before  # no run directory, logger version, lock or cell left behind
+
+
+def test_configs_copy_into_a_folder_path_creates_the_folder(tmp_path):
+    for destination in ("newdir/", "other"):
+        proc = subprocess.run([*CLI, "configs", "copy", "lens/npo.yaml", destination], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        folder = tmp_path / destination.rstrip("/")
+        assert folder.is_dir() and (folder / "npo.yaml").read_text(encoding="utf-8").startswith("#")
+
+
+def test_pairs_longer_than_max_length_are_counted_once_or_refused(testbed, caplog):
+    from lightning_unlearn.data.unlearning import EncodedPairs
+    from lightning_unlearn.models import load_tokenizer
+
+    tokenizer = load_tokenizer(testbed.model_dir)
+    records = [{"prompt": "Who is X?", "answer": "word " * 500}, {"prompt": "Who is Y?", "answer": "Paris"}]
+    with caplog.at_level("WARNING", logger="lightning_unlearn"):
+        pairs = EncodedPairs(records, tokenizer, 32, what="forget set")
+    assert len(pairs[0]["input_ids"]) == 32 and len(pairs[1]["input_ids"]) < 32
+    (message,) = [r.getMessage() for r in caplog.records if "max_length" in r.getMessage()]
+    assert message.startswith("forget set: 1 of 2 pairs are longer than max_length=32 tokens and are cut")
+    with pytest.raises(ValueError, match=r"1 of 2 pairs are longer than max_length=32 .*set truncation: warn"):
+        EncodedPairs(records, tokenizer, 32, what="forget set", truncation="error")
+    assert json.dumps(pairs[1]["labels"])  # the short pair is whole
