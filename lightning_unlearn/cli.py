@@ -100,7 +100,7 @@ class _OneLineErrorParser(LightningArgumentParser):
         if not self.exit_on_error:
             return super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
-        prog = parser.prog.replace(" [options]", "")
+        prog = " ".join(["lightning-unlearn", *parser.prog.replace(" [options]", "").split()[1:]])
         sys.stderr.write(f"{prog}: error: {_parse_error_line(message, parser)} (`{prog} --help` lists the options)\n")
         raise SystemExit(2)
 
@@ -124,7 +124,7 @@ def _parse_error_line(message: str, parser) -> str:
     if unknown:
         key = unknown.group(1).split("=")[0]
         options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
-        close = difflib.get_close_matches(key, options, n=1)
+        close = difflib.get_close_matches(key, options, n=1, cutoff=0.75)
         return f"{key} is not an option" + (f"; did you mean {close[0]}?" if close else "")
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     return " ".join(lines[:2])[:400] if lines else message

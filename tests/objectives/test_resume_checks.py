@@ -179,7 +179,7 @@ def _fit_argv(testbed, tmp_path, *extra):
     ("extra", "message"),
     [
         (["--trainer.max_steps=0"], r"trainer.max_steps=0 trains nothing"),
-        (["--model.init_args.optim.lr=-1"], r"fit: error: optim.lr must be positive, got -1.0.$"),
+        (["--model.init_args.optim.lr=-1"], r"fit: error: optim.lr must be a positive finite number, got -1.0; "),
     ],
     ids=["max_steps-0", "negative-lr"],
 )
