@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+log = logging.getLogger("lightning_unlearn")
+
 # Hyperparameters that name the model a checkpoint's weights belong to: a resume must not change them.
 IDENTITY_KEYS = ("model_path", "adapter", "masks_path", "forget_groups", "tiny", "derive", "masked", "num_groups")
 
@@ -318,3 +320,25 @@ def discard_checkpoints_from(checkpoint_callbacks, bad_step: int) -> Path | None
         if best is not None and (newest is None or best[0] > newest[0]):
             newest = best
     return None if newest is None else newest[1]
+
+
+def atomic_checkpoint_io():
+    """A ``TorchCheckpointIO`` whose saves are atomic: the checkpoint is written to a temporary sibling and renamed
+    into place, so a write that fails (a full disk, a kill) removes its temporary and leaves every earlier
+    checkpoint, ``last.ckpt`` included, as it was. The CLI installs it on every strategy that saves single files."""
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+    from lightning_unlearn.atomic import write_file_atomically
+
+    class AtomicCheckpointIO(TorchCheckpointIO):
+        def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+            if storage_options is not None:
+                raise TypeError("AtomicCheckpointIO takes no storage_options.")
+            try:
+                write_file_atomically(path, lambda tmp: torch.save(checkpoint, tmp), suffix=".ckpt.tmp")
+            except OSError as err:
+                log.error("checkpoint %s was not written (%s); its temporary was removed and the earlier "
+                          "checkpoints are as they were", path, err.strerror or err)  # fmt: skip
+                raise
+
+    return AtomicCheckpointIO()

@@ -223,9 +223,21 @@ class UnlearnCLI(LightningCLI):
         # instantiation and would surface as 70-110 lines of chained tracebacks: print the one line that says it.
         with _user_errors_in_one_line(self.config.get("subcommand")):
             super().instantiate_classes()
+        self._install_atomic_checkpoint_io()
         changes = getattr(self, "_data_changes", None)
         if changes and hasattr(self.datamodule, "data_changes"):
             self.datamodule.data_changes = list(changes)  # kept in every checkpoint this resumed run saves
+
+    def _install_atomic_checkpoint_io(self) -> None:
+        """Single-file checkpoints are written atomically (a full disk leaves the earlier ones intact); a strategy
+        with its own checkpoint IO (sharded FSDP directories, a user's plugin) keeps it."""
+        from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+        from lightning_unlearn.checkpoints import atomic_checkpoint_io
+
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+            trainer.strategy.checkpoint_io = atomic_checkpoint_io()
 
     @override
     def _parse_ckpt_path(self) -> None:
@@ -499,6 +511,11 @@ def run_extra_command(argv: list[str]) -> None:
         getattr(importlib.import_module(module), func)(args)
     except USER_ERRORS as err:
         message = " ".join(str(err).splitlines())
+        raise SystemExit(f"lightning-unlearn {shown}: error: {message}") from None
+    except OSError as err:  # the output directory: not a directory, read-only, full
+        if err.errno not in _ENVIRONMENT_ERRORS:
+            raise
+        message = f"{err.strerror}: {str(err.filename)!r}; {_ENVIRONMENT_ERRORS[err.errno]}"
         raise SystemExit(f"lightning-unlearn {shown}: error: {message}") from None
 
 

@@ -188,3 +188,35 @@ def test_pairs_longer_than_max_length_are_counted_once_or_refused(testbed, caplo
     with pytest.raises(ValueError, match=r"1 of 2 pairs are longer than max_length=32 .*set truncation: warn"):
         EncodedPairs(records, tokenizer, 32, what="forget set", truncation="error")
     assert json.dumps(pairs[1]["labels"])  # the short pair is whole
+
+
+def test_a_checkpoint_write_that_fails_leaves_the_earlier_one_and_no_temporary(tmp_path, monkeypatch):
+    import errno
+
+    from lightning_unlearn.checkpoints import atomic_checkpoint_io
+
+    io = atomic_checkpoint_io()
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    io.save_checkpoint({"global_step": 4}, last)
+    good = last.read_bytes()
+
+    def full_disk(obj, f, *args, **kwargs):
+        Path(f).write_bytes(b"partial")  # what a write cut by a full disk leaves
+        raise OSError(errno.ENOSPC, "No space left on device", str(f))
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        io.save_checkpoint({"global_step": 6}, last)
+    assert last.read_bytes() == good and sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt"]
+    monkeypatch.undo()
+    assert torch.load(last, weights_only=True)["global_step"] == 4
+
+
+def test_fit_saves_through_the_atomic_checkpoint_io(testbed, tmp_path):
+    from lightning_unlearn.cli import UnlearnCLI
+
+    argv = ["-c", str(Path(__file__).parents[2] / "lightning_unlearn/configs/lens/npo.yaml"),
+            f"--model.init_args.model_path={testbed.model_dir}", f"--data.init_args.tokenizer_path={testbed.model_dir}",
+            f"--data.init_args.forget_path={testbed.forget}", f"--trainer.default_root_dir={tmp_path}"]  # fmt: skip
+    cli = UnlearnCLI(args=argv, run=False)
+    assert type(cli.trainer.strategy.checkpoint_io).__name__ == "AtomicCheckpointIO"
