@@ -192,6 +192,11 @@ class UnlearnCLI(LightningCLI):
             self._run_reporting_user_errors(subcommand)
         finally:
             release_run_lock(lock)
+        if getattr(self.model, "stopped_at_step", None) == 0:  # the stop rule fired before any update
+            raise SystemExit(
+                f"lightning-unlearn fit: error: the run stopped at its first step ({self.model.stop_reason}): nothing "
+                "was trained or saved; check the model's weights, the data and optim.lr."
+            )
 
     def _run_reporting_user_errors(self, subcommand: str) -> None:
         # A check of this package that fires once the data and model meet (a group id outside the masks, a forget

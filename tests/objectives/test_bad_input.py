@@ -220,3 +220,23 @@ def test_fit_saves_through_the_atomic_checkpoint_io(testbed, tmp_path):
             f"--data.init_args.forget_path={testbed.forget}", f"--trainer.default_root_dir={tmp_path}"]  # fmt: skip
     cli = UnlearnCLI(args=argv, run=False)
     assert type(cli.trainer.strategy.checkpoint_io).__name__ == "AtomicCheckpointIO"
+
+
+def test_a_non_finite_loss_at_the_first_step_exits_non_zero(testbed, tmp_path):
+    from lightning_unlearn.cli import main
+    from lightning_unlearn.models import load_causal_lm, load_tokenizer
+
+    broken = tmp_path / "nan_model"
+    model = load_causal_lm(testbed.model_dir)
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    model.save_pretrained(broken)
+    load_tokenizer(testbed.model_dir).save_pretrained(broken)
+    argv = ["fit", "-c", "lens/npo.yaml", f"--model.init_args.model_path={broken}",
+            f"--data.init_args.tokenizer_path={broken}", f"--data.init_args.forget_path={testbed.forget}",
+            f"--data.init_args.retain_path={testbed.retain}", "--data.init_args.batch_size=2",
+            "--trainer.enable_progress_bar=false", "--trainer.max_steps=2",
+            f"--trainer.default_root_dir={tmp_path / 'run'}"]  # fmt: skip
+    with pytest.raises(SystemExit, match=r"stopped at its first step \(the loss is nan\): nothing was trained") as err:
+        main(argv)
+    assert "\n" not in str(err.value)
