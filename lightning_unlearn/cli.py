@@ -280,6 +280,10 @@ class UnlearnCLI(LightningCLI):
         model = config.get("model")
         configured = _plain(model.get("init_args")) if model is not None and model.get("init_args") else {}
         refused, changed = resume_conflicts(configured, saved)
+        moved = [line for line in refused if line.startswith("model_path:")]
+        if moved and _same_weights(checkpoint.get("model_weights_fingerprint"), configured.get("model_path")):
+            refused.remove(moved[0])  # the same weights at another path: the model moved, it is not another one
+            logging.getLogger("lightning_unlearn").info("the starting model moved (same weights): %s", moved[0])
         saved_class = saved.get("_class_path")
         if saved_class and model is not None and model.get("class_path") not in (None, saved_class):
             refused.insert(0, f"class: checkpoint {saved_class} → configured {model.get('class_path')}")
@@ -405,6 +409,18 @@ _ENVIRONMENT_ERRORS = {
     errno.EPERM: "no permission to write there: choose a directory you can write (e.g. --trainer.default_root_dir)",
     errno.ENOSPC: "the disk is full: free space or write the run to another disk; the last complete checkpoint is kept",
 }
+
+
+def _same_weights(fingerprint: str | None, model_path) -> bool:
+    """Whether the weights at ``model_path`` have the fingerprint a checkpoint recorded for its starting model."""
+    from lightning_unlearn.models import weights_fingerprint
+
+    if not fingerprint or not model_path or not Path(str(model_path)).is_dir():
+        return False
+    try:
+        return weights_fingerprint(model_path) == fingerprint
+    except Exception:  # noqa: BLE001 - unreadable weights are not the same weights
+        return False
 
 
 def _plain(value):

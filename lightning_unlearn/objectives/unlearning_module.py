@@ -321,6 +321,13 @@ class UnlearningModule(RestoresRNG, LightningModule):
             self.save_adapter(self.adapter_dir())
         if self.adapter_config.kind == "adalora":
             checkpoint["adalora"] = self._adalora_state()
+        # The starting model's identity by content, not path: a resume from a moved copy of the same weights is the
+        # same model (the CLI compares it when model_path differs).
+        if getattr(self, "_start_fingerprint", None) is None:
+            from lightning_unlearn.models import weights_fingerprint
+
+            self._start_fingerprint = weights_fingerprint(self.model_path)
+        checkpoint["model_weights_fingerprint"] = self._start_fingerprint
         super().on_save_checkpoint(checkpoint)
 
     @override

@@ -7,6 +7,7 @@ import logging
 import shutil
 
 import pytest
+import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -42,14 +43,30 @@ def _argv(command, testbed, ckpt, tmp_path, *extra):
 
 
 def test_validate_with_another_models_checkpoint_is_refused(testbed, full_ft_checkpoint, tmp_path):
+    from lightning_unlearn.models import load_causal_lm
+
     other = tmp_path / "other_model"
-    shutil.copytree(testbed.model_dir, other)  # same shapes, another model directory
+    shutil.copytree(testbed.model_dir, other)  # same shapes, other weights
+    model = load_causal_lm(other)
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    model.save_pretrained(other)
     argv = _argv("validate", testbed, full_ft_checkpoint, tmp_path, "--model.init_args.adapter.kind=full")
     argv[3] = f"--model.init_args.model_path={other}"
     with pytest.raises(SystemExit, match=r"belongs to another model .*model_path: checkpoint") as err:
         main(argv)
     assert "\n" not in str(err.value)
     assert not (tmp_path / "config.yaml").exists()  # nothing written before the check
+
+
+def test_a_moved_copy_of_the_same_model_is_the_same_model(testbed, full_ft_checkpoint, tmp_path, caplog):
+    moved = tmp_path / "moved_model"
+    shutil.copytree(testbed.model_dir, moved)  # the same weights at another path
+    argv = _argv("validate", testbed, full_ft_checkpoint, tmp_path / "run", "--model.init_args.adapter.kind=full")
+    argv[3] = f"--model.init_args.model_path={moved}"
+    with caplog.at_level(logging.INFO, logger="lightning_unlearn"):
+        main(argv)
+    assert any("the starting model moved (same weights): model_path" in r.getMessage() for r in caplog.records)
 
 
 def test_full_ft_checkpoint_under_a_lora_config_is_refused(testbed, full_ft_checkpoint, tmp_path):
