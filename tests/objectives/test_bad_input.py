@@ -240,3 +240,25 @@ def test_a_non_finite_loss_at_the_first_step_exits_non_zero(testbed, tmp_path):
     with pytest.raises(SystemExit, match=r"stopped at its first step \(the loss is nan\): nothing was trained") as err:
         main(argv)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("code", ["EROFS", "ENOSPC", "EACCES"])
+def test_an_unwritable_run_directory_is_one_line(testbed, tmp_path, monkeypatch, code):
+    # As root, a read-only or full directory cannot be made for real: the OS error is raised where fit first
+    # writes (the run lock), as the kernel would.
+    import errno
+
+    import lightning_unlearn.checkpoints as checkpoints
+    from lightning_unlearn.cli import main
+
+    def refuse(root):
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)), str(root))
+
+    monkeypatch.setattr(checkpoints, "acquire_run_lock", refuse)
+    argv = ["fit", "-c", "lens/npo.yaml", f"--model.init_args.model_path={testbed.model_dir}",
+            f"--data.init_args.tokenizer_path={testbed.model_dir}", f"--data.init_args.forget_path={testbed.forget}",
+            f"--data.init_args.retain_path={testbed.retain}",
+            f"--trainer.default_root_dir={tmp_path / 'run'}"]  # fmt: skip
+    with pytest.raises(SystemExit, match=rf"fit: error: {os.strerror(getattr(errno, code))}: '.*run'; ") as err:
+        main(argv)
+    assert "\n" not in str(err.value) and not (tmp_path / "run").exists()
