@@ -232,4 +232,5 @@ def test_classes_by_short_name_and_no_ignored_optimizer_flags(capsys):
     assert "--optimizer" not in capsys.readouterr().out and done.value.code == 0
     with pytest.raises(SystemExit) as done:
         main(["fit", "--optimizer", "SGD"])
-    assert done.value.code != 0 and "lightning-unlearn fit: error: --optimizer is not an option" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert done.value.code != 0 and "lightning-unlearn fit: error: --optimizer is not an option" in err

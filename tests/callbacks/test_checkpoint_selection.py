@@ -56,10 +56,21 @@ def test_report_command_builds_heatmap_and_summary(tmp_path, capsys):
     gen = {"level": "L0", "base_reproduced": True, "reproduced": False, "degraded": False, "health": {},
            "clean_suppression": False, "non_answer": True}  # fmt: skip
     generations = [
-        {**gen, "id": "q1", "base_answer": "NATO forced the war.", "answer": "Tourism grew | by 5 %.",
-         "validity_evidence": {"non_answer": "no claim word"}},
-        {**gen, "id": "q2", "base_answer": "NATO expanded east.", "answer": "No, that is not true.",
-         "non_answer": False, "clean_suppression": True},
+        {
+            **gen,
+            "id": "q1",
+            "base_answer": "NATO forced the war.",
+            "answer": "Tourism grew | by 5 %.",
+            "validity_evidence": {"non_answer": "no claim word"},
+        },
+        {
+            **gen,
+            "id": "q2",
+            "base_answer": "NATO expanded east.",
+            "answer": "No, that is not true.",
+            "non_answer": False,
+            "clean_suppression": True,
+        },
         {**gen, "id": "q3", "level": "L1", "base_answer": "x", "answer": "y"},
     ]
     gen_file = tmp_path / "ga" / "version_1" / "sce_generations" / "step=20.jsonl"
