@@ -395,6 +395,7 @@ def unwrap_peft(model: nn.Module) -> nn.Module:
 
 
 def _weight_files(path: Path) -> list[Path]:
+    path = path.expanduser()  # as _require_dir: a config's `~/…` model path names the same weights
     if path.is_dir():
         files = sorted(path.glob("*.safetensors"))
         if not files:
