@@ -262,22 +262,11 @@ for step in range(a.steps):
     opt.zero_grad(set_to_none=True)
     loss.backward()
 
-    def mask_to(g):
-        with torch.no_grad():
-            for n, p in params.items():
-                if p.grad is None:
-                    continue
-                m = gm[g].get(n)
-                if m is None:
-                    p.grad.zero_()
-                else:
-                    p.grad.mul_(m)
-
-    mask_to(g)
+    mask_only(g)
     if a.neutral:
         (a.neutral_weight * nloss).backward()
         if a.neutral_mask == "group":
-            mask_to(g)
+            mask_only(g)
     restore(saved)
     opt.step()
     losses.append(float(loss.detach()))
