@@ -84,3 +84,19 @@ def test_masks_of_another_model_are_refused_in_one_line(tiny_dir, tmp_path):
     with pytest.raises(SystemExit, match=r"do not match the model: .* has shape") as err:
         _mask_auc(w, str(tmp_path / "small.safetensors"), w["pre_dir"], out)
     assert "\n" not in str(err.value) and not out.exists()
+
+
+def test_an_unlearned_model_of_another_architecture_is_named(tiny_dir, tmp_path):
+    import pytest
+
+    from lightning_unlearn.models import TinyLlamaConfig, build_tiny_llama, load_tokenizer
+
+    w = write_lacuna_weights(tiny_dir, tmp_path)
+    other = tmp_path / "other_arch"
+    config = TinyLlamaConfig(hidden_size=16, num_layers=4, num_heads=2, intermediate_size=32)
+    build_tiny_llama(load_tokenizer(tiny_dir), config).save_pretrained(other)
+    argv = ["mask-auc", "--pre", w["pre_dir"], "--inj", w["inj_dir"], "--unl", str(other), "--masks", w["masks"]]
+    # The unlearned model, not θ_pre, is named as the one whose shapes differ.
+    with pytest.raises(SystemExit, match=rf"mask-auc: error: --unl '{other}': .* is \(\d+, 16\)?.*but θ_pre") as err:
+        main(argv)
+    assert "\n" not in str(err.value)
