@@ -38,6 +38,17 @@ def _sweep(testbed, root: str, key: str) -> str:
             f"grid:\n  {key}: [0.1, 0.2]\n")  # fmt: skip
 
 
+def _other_architecture(testbed) -> str:
+    """A model of another width beside the testbed's (built once)."""
+    from lightning_unlearn.models import TinyLlamaConfig, build_tiny_llama
+
+    other = Path(testbed.root) / "other_architecture"
+    if not other.exists():
+        config = TinyLlamaConfig(hidden_size=16, num_layers=4, num_heads=2, intermediate_size=32)
+        build_tiny_llama(testbed.tokenizer, config).save_pretrained(other)
+    return str(other)
+
+
 # name: (extra words or a whole command, {file: content written first}, regex stderr's last line must match)
 CASES = {
     "model path is the weights file": (
@@ -126,6 +137,22 @@ CASES = {
         ],  # fmt: skip
         {"m.txt": "not safetensors"},
         r"masks file 'm\.txt' is not a safetensors file",
+    ),
+    "an unlearned model of another architecture": (
+        lambda tb: [
+            *CLI,
+            "mask-auc",
+            "--pre",
+            tb.model_dir,
+            "--inj",
+            tb.model_dir,
+            "--unl",
+            _other_architecture(tb),
+            "--masks",
+            tb.masks,
+        ],  # fmt: skip
+        {},
+        r"--unl '.*other_architecture': .* but θ_pre \(--pre .*\) has .*; --unl must be the same architecture",
     ),
     "a sweep key that does not exist": (
         lambda tb: (_fit(tb), [*CLI, "sweep", "s.yaml"])[1],
