@@ -392,8 +392,8 @@ def _user_error(err: BaseException) -> str | None:
         ours = tb is not None and f"{os.sep}lightning_unlearn{os.sep}" in tb.tb_frame.f_code.co_filename
         if isinstance(err, USER_ERRORS) and (ours or isinstance(err, FileNotFoundError)):
             found = str(err)
-        if isinstance(err, OSError) and err.errno in _ENVIRONMENT_ERRORS:  # the run directory, not a bug
-            found = f"{err.strerror}: {str(err.filename)!r}; {_ENVIRONMENT_ERRORS[err.errno]}"
+        if _environment_error(err) is not None:  # the run directory, not a bug
+            found = _environment_error(err)
         elif type(err).__name__ == "MisconfigurationException":  # Lightning's own one-line user errors
             found = str(err).strip().splitlines()[0]
         err = err.__cause__ or (None if err.__suppress_context__ else err.__context__)
@@ -409,6 +409,13 @@ _ENVIRONMENT_ERRORS = {
     errno.EPERM: "no permission to write there: choose a directory you can write (e.g. --trainer.default_root_dir)",
     errno.ENOSPC: "the disk is full: free space or write the run to another disk; the last complete checkpoint is kept",
 }
+
+
+def _environment_error(err: BaseException) -> str | None:
+    """One line for an OS error on a path the user chose (:data:`_ENVIRONMENT_ERRORS`), else None."""
+    if not isinstance(err, OSError) or err.errno not in _ENVIRONMENT_ERRORS:
+        return None
+    return f"{err.strerror}: {str(err.filename)!r}; {_ENVIRONMENT_ERRORS[err.errno]}"
 
 
 def _same_weights(fingerprint: str | None, model_path) -> bool:
@@ -534,10 +541,9 @@ def run_extra_command(argv: list[str]) -> None:
         message = " ".join(str(err).splitlines())
         raise SystemExit(f"lightning-unlearn {shown}: error: {message}") from None
     except OSError as err:  # the output directory: not a directory, read-only, full
-        if err.errno not in _ENVIRONMENT_ERRORS:
+        if _environment_error(err) is None:
             raise
-        message = f"{err.strerror}: {str(err.filename)!r}; {_ENVIRONMENT_ERRORS[err.errno]}"
-        raise SystemExit(f"lightning-unlearn {shown}: error: {message}") from None
+        raise SystemExit(f"lightning-unlearn {shown}: error: {_environment_error(err)}") from None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -37,6 +37,15 @@ MIN_PAIR_LENGTH = 4  # BOS, one prompt token, one answer token, EOS
 log = logging.getLogger("lightning_unlearn")
 
 
+def check_max_length(max_length: int, name: str = "max_length") -> None:
+    """Refuse a ``max_length`` below :data:`MIN_PAIR_LENGTH`: no pair would fit."""
+    if max_length < MIN_PAIR_LENGTH:
+        raise ValueError(
+            f"{name}={max_length} leaves no room for a pair: it needs at least {MIN_PAIR_LENGTH} tokens (BOS, one "
+            "prompt token, one answer token, EOS); typical values are 256 to 1024."
+        )
+
+
 class EncodedPairs(Dataset):
     """Tokenised prompt/answer pairs. ``index`` is the row's position in its set (batches carry it, e.g. to look up
     precomputed reference log-probs); ``group_id`` (if present) is kept as ``group_ids`` for masked strategies.
@@ -54,11 +63,7 @@ class EncodedPairs(Dataset):
         what: str = "records",
         truncation: str = "warn",
     ) -> None:
-        if max_length < MIN_PAIR_LENGTH:
-            raise ValueError(
-                f"max_length={max_length} leaves no room for a pair: it needs at least {MIN_PAIR_LENGTH} tokens (BOS, "
-                "one prompt token, one answer token, EOS); typical values are 256 to 1024."
-            )
+        check_max_length(max_length)
         self.rows = []
         cut_prompts, cut_answers = [], []
         for i, rec in enumerate(records):
@@ -140,11 +145,7 @@ class ForgetRetainDataModule(FingerprintedData, LightningDataModule):
         super().__init__()
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}.")
-        if max_length < MIN_PAIR_LENGTH:
-            raise ValueError(
-                f"data.max_length={max_length} leaves no room for a pair: it needs at least {MIN_PAIR_LENGTH} tokens "
-                "(BOS, one prompt token, one answer token, EOS); typical values are 256 to 1024."
-            )
+        check_max_length(max_length, "data.max_length")
         self.save_hyperparameters()
         self.tokenizer = None
         self.forget: EncodedPairs | None = None
