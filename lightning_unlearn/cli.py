@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import errno
 import importlib
+import importlib.util
 import logging
 import os
 import re
@@ -21,6 +22,8 @@ from pathlib import Path
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
+
+from lightning_unlearn.console import quiet_third_party
 
 # Non-Trainer commands: name -> ("module:function", one-line description). The function takes the remaining argv;
 # the description is the first docstring line of the command function (tests/test_cli.py checks they agree).
@@ -232,6 +235,22 @@ class UnlearnCLI(LightningCLI):
         changes = getattr(self, "_data_changes", None)
         if changes and hasattr(self.datamodule, "data_changes"):
             self.datamodule.data_changes = list(changes)  # kept in every checkpoint this resumed run saves
+
+    @override
+    def instantiate_trainer(self, **kwargs):
+        # The step-aware progress bar, unless the config brings its own bar or turns bars off.
+        from lightning.pytorch.callbacks import ProgressBar
+
+        from lightning_unlearn.callbacks.progress import StepProgressBar
+
+        config = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        trainer = config.get("trainer") or {}
+        callbacks = trainer.get("callbacks") or []
+        callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
+        wanted = trainer.get("enable_progress_bar", True) is not False and importlib.util.find_spec("rich") is not None
+        if wanted and "callbacks" not in kwargs and not any(isinstance(c, ProgressBar) for c in callbacks):
+            kwargs["callbacks"] = [*callbacks, StepProgressBar()]
+        return super().instantiate_trainer(**kwargs)
 
     def _install_atomic_checkpoint_io(self) -> None:
         """Single-file checkpoints are written atomically (a full disk leaves the earlier ones intact); a strategy
@@ -553,6 +572,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     # The package logs progress and decisions under the `lightning_unlearn` logger; the commands show INFO.
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    quiet_third_party()
     if argv and (argv[0] in EXTRA_COMMANDS or argv[0] in ALIASES):
         run_extra_command(argv)
         return
