@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 from lightning_unlearn.atomic import write_directory_atomically
@@ -101,7 +102,17 @@ def smollm2_path(cache_dir: str | os.PathLike | None = None) -> Path:
     out = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     if _is_converted(out):
         return out
-    return convert_gguf(find_gguf(), out)
+    # Two processes meeting an empty cache (parallel test workers, two runs started together) convert once: the
+    # second waits for the first's result instead of replacing the directory while the first reads it.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        if sys.platform != "win32":
+            import fcntl
+
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if _is_converted(out):
+            return out
+        return convert_gguf(find_gguf(), out)
 
 
 def resolve_model_dir(spec: str | os.PathLike, option: str) -> Path:
