@@ -12,7 +12,7 @@ from typing_extensions import override
 
 from lightning_unlearn.distributed import local_view
 from lightning_unlearn.masks import LazyMasks
-from lightning_unlearn.strategies.lockstep import lockstep_masked_backward
+from lightning_unlearn.strategies.lockstep import lockstep_masked_backward, loss_with_gradients
 from lightning_unlearn.strategies.masked_gradients import MaskedGradients, resolve_param_masks
 from lightning_unlearn.strategies.restricted_update import RestrictedUpdate
 
@@ -51,8 +51,6 @@ class MaskedTraining:
         self._param_masks: dict[torch.nn.Parameter, torch.Tensor] = {}
         self._restrict: RestrictedUpdate | None = None
         self._restrict_key: tuple | None = None
-        self.grads_ready = False
-        self._pending: dict[torch.nn.Parameter, torch.Tensor | None] = {}
 
     def prepare(self, module: LightningModule) -> dict[torch.nn.Parameter, torch.Tensor] | None:
         """Resolve (and under FSDP shard) the module's current ``packed_masks``; ``None`` when masking is off."""
@@ -106,8 +104,12 @@ class MaskedTraining:
     def training_step(
         self, module: LightningModule, call: Callable[..., Any], backward: Callable[[torch.Tensor], None], args, kwargs
     ) -> Any:
-        """Run ``call(*args, **kwargs)`` (the strategy's plain training step) with per-sample masking."""
-        self.grads_ready = False
+        """Run ``call(*args, **kwargs)`` (the strategy's plain training step) with per-sample masking.
+
+        One pass: the masking happens inside the backward that Lightning runs on the returned loss. Lockstep: the
+        passes (each a ``call`` on a sub-batch and a ``backward``) run here, and the returned loss is the step's
+        mean loss whose gradient is the masked gradient, so Lightning's own zero_grad and backward deliver it.
+        """
         masks = self.prepare(module)
         batch = args[0] if args else None
         group_ids = batch.get("group_ids") if isinstance(batch, Mapping) else None
@@ -122,7 +124,6 @@ class MaskedTraining:
                 "lockstep masked gradients run the backward themselves and need automatic optimization; "
                 "set automatic_optimization=True or use a model whose modules all have one-pass rules."
             )
-        accumulate = max(int(getattr(module.trainer, "accumulate_grad_batches", 1)), 1)
 
         def forward_loss(sub_batch):
             out = call(sub_batch, *args[1:], **kwargs)
@@ -131,31 +132,16 @@ class MaskedTraining:
                 raise RuntimeError("training_step must return the mean loss (a tensor or a dict with 'loss').")
             return loss
 
-        # Lightning zeroes gradients between training_step and backward, so the lockstep gradients wait in
-        # ``_pending`` until the strategy's backward (see ``backward_hooks_only``) installs them.
+        # The passes leave their gradients in .grad; take them out (Lightning zeroes .grad before its backward) and
+        # put back what .grad held before (earlier batches of an accumulation), which the backward then adds to.
         prior = {p: p.grad for p in masks}
         for p in masks:
             p.grad = None
-        loss = lockstep_masked_backward(
-            forward_loss, lambda t: backward(t / accumulate), batch, group_ids, masks, process_group=None
-        )
-        self._pending = {p: p.grad for p in masks}
+        loss = lockstep_masked_backward(forward_loss, backward, batch, group_ids, masks, process_group=None)
+        gradients = {p: p.grad for p in masks}
         for p, g in prior.items():
             p.grad = g
-        self.grads_ready = True
-        return loss
-
-    @torch.no_grad()
-    def install_pending(self) -> None:
-        """Add the lockstep gradients onto whatever ``.grad`` holds now (nothing, after Lightning's zero_grad)."""
-        for p, g in self._pending.items():
-            if g is None:
-                continue
-            if p.grad is None:
-                p.grad = g
-            else:
-                local_view(p.grad).add_(local_view(g))
-        self._pending = {}
+        return loss_with_gradients(loss, gradients)
 
     def restriction(self, module: LightningModule) -> RestrictedUpdate | None:
         groups = getattr(module, "restrict_update_groups", None)
@@ -202,18 +188,8 @@ def local_device(p: torch.Tensor) -> torch.device:
     return local_view(p).device
 
 
-def backward_hooks_only(strategy: Any, closure_loss: torch.Tensor) -> torch.Tensor:
-    """A strategy's backward without the backward itself (lockstep already ran it pass by pass): hooks only."""
-    strategy.pre_backward(closure_loss)
-    strategy.masked.install_pending()
-    closure_loss = strategy.precision_plugin.pre_backward(closure_loss, strategy.lightning_module)
-    closure_loss = strategy.precision_plugin.post_backward(closure_loss, strategy.lightning_module)
-    strategy.post_backward(closure_loss)
-    return closure_loss
-
-
 class MaskedStrategyHooks:
-    """The three Strategy hooks every masked strategy overrides, written once.
+    """The two Strategy hooks every masked strategy overrides, written once; Lightning's ``backward`` is not one.
 
     Listed before the Lightning strategy in the bases (``class MaskedDDPStrategy(MaskedStrategyHooks, DDPStrategy)``),
     so ``super()`` here reaches that strategy's own hook. The subclass sets ``self.masked`` (a :class:`MaskedTraining`).
@@ -225,12 +201,6 @@ class MaskedStrategyHooks:
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         backward = lambda loss: self.precision_plugin.backward(loss, self.lightning_module, None)  # noqa: E731
         return self.masked.training_step(self.lightning_module, super().training_step, backward, args, kwargs)
-
-    @override
-    def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if self.masked.grads_ready:
-            return backward_hooks_only(self, closure_loss)
-        return super().backward(closure_loss, optimizer, *args, **kwargs)
 
     @override
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:

@@ -110,3 +110,31 @@ def lockstep_masked_backward(
                 grad = before
             p.grad = grad if grad is not None else before
     return total
+
+
+def loss_with_gradients(
+    loss: torch.Tensor, gradients: Mapping[torch.nn.Parameter, torch.Tensor | None]
+) -> torch.Tensor:
+    """``loss`` (its value) as a tensor whose gradient with respect to each parameter is ``gradients[parameter]``.
+
+    Lockstep computes the masked gradients inside ``training_step``; returning them as the gradient of the step's
+    loss lets the trainer's own backward deliver them (scaled by the chain rule: gradient accumulation, a loss
+    scaler), after it has zeroed ``.grad``, through the usual autograd accumulation into ``.grad``.
+    """
+    params = [p for p, g in gradients.items() if g is not None]
+    return _PrecomputedGradients.apply(loss.detach(), [gradients[p] for p in params], *params)
+
+
+class _PrecomputedGradients(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, loss: torch.Tensor, gradients: list[torch.Tensor], *params: torch.nn.Parameter):
+        ctx.gradients = gradients
+        return loss.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor):
+        gradients, ctx.gradients = ctx.gradients, None
+        if gradients is None:
+            raise RuntimeError("the lockstep loss was backpropagated twice; its gradients are delivered once.")
+        scale = float(grad_output)  # a python scalar multiplies a DTensor gradient as well as a plain one
+        return None, None, *(g if scale == 1.0 else g * scale for g in gradients)

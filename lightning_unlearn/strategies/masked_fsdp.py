@@ -29,7 +29,11 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
+
+# private: Lightning's meta-device materialisation (to_empty + reset_parameters) has no public entry point
 from lightning.fabric.utilities.init import _materialize_distributed_module
+
+# private: moving optimizer state to a device has no public helper in Lightning or torch
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
@@ -86,6 +90,7 @@ class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
 
     @override
     def setup_environment(self) -> None:
+        # private: ModelParallelStrategy's "auto" means num_nodes; num_processes is known only now, and no setter exists
         if self._data_parallel_size == "auto":
             self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
@@ -129,6 +134,7 @@ class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
+        # private: Lightning's saver (not overridden) decides the sharded layout; its own test has no public name
         from lightning.fabric.strategies.model_parallel import _is_sharded_checkpoint
 
         path = Path(self.broadcast(checkpoint_path))
@@ -189,6 +195,8 @@ def _load_sharded_checkpoint(
     from the checkpoint are not requested: ``module.load_state_dict`` gets only the saved keys and decides (with
     ``strict``) whether the missing ones are acceptable."""
     import torch.distributed.checkpoint as dcp
+
+    # private: the metadata file name Lightning's sharded saver (not overridden) writes; no public constant
     from lightning.fabric.utilities.load import _METADATA_FILENAME
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,

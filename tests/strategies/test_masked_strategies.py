@@ -226,3 +226,54 @@ def test_rank0_weight_loading_detects_meta_models_and_refuses_them_on_rank_0(tin
             check(SimpleNamespace(global_rank=0, root_device=cpu), skeleton)
     finally:
         dist.destroy_process_group()
+
+
+def test_lockstep_under_gradient_accumulation_matches_one_pass_in_every_hook(tiny_dir, problem):
+    """Lockstep's gradients reach .grad through Lightning's own backward: on_after_backward and
+    on_before_optimizer_step see what one pass gives, also when two batches accumulate."""
+    from lightning.pytorch import Callback
+
+    class Grads(Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_after_backward(self, trainer, pl_module):
+            self.seen.append({n: p.grad.clone() for n, p in pl_module.named_parameters()})
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            self.seen.append({n: p.grad.clone() for n, p in pl_module.named_parameters()})
+
+    runs = {}
+    for masking in ("one_pass", "lockstep"):
+        module, grads = MaskedLM(str(tiny_dir), problem["batches"][:2] * 2, problem["masks"]), Grads()
+        Trainer(
+            accelerator="cpu",
+            devices=1,
+            strategy=MaskedSingleDeviceStrategy(masking=masking),
+            max_steps=2,
+            accumulate_grad_batches=2,
+            callbacks=[grads],
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            use_distributed_sampler=False,
+        ).fit(module)
+        runs[masking] = (grads.seen, _params(module))
+    (one_pass_seen, one_pass_params), (lockstep_seen, lockstep_params) = runs["one_pass"], runs["lockstep"]
+    assert len(lockstep_seen) == len(one_pass_seen) == 6  # per step: two backwards, one optimizer step
+    for got, want in zip(lockstep_seen, one_pass_seen):
+        assert relative_gap(got, want) <= 1e-6
+    assert relative_gap(lockstep_params, one_pass_params) <= 1e-6
+    assert relative_gap(one_pass_params, _params(MaskedLM(str(tiny_dir), [], None))) > 1e-3
+
+
+@pytest.mark.multiprocess
+def test_ddp_lockstep_matches_reference(tmp_path, tiny_dir, problem):
+    """Lockstep under DDP: each pass all-reduces one group's gradients, and the masked sum reaches .grad through the
+    backward Lightning runs on the returned loss, outside any DDP forward."""
+    out = _launch(tmp_path, tiny_dir, problem, "ddp", extra=("--masking", "lockstep"))
+    assert not any(json.loads((out / f"rank{r}.json").read_text())["one_pass"] for r in range(2))
+    gap = relative_gap(torch.load(out / "params.pt"), problem["reference"])
+    assert gap <= 1e-6
+    assert problem["plain_gap"] > 1000 * max(gap, 1e-9)
