@@ -44,6 +44,7 @@ import torch
 
 import lightning_unlearn
 from lightning_unlearn.atomic import write_directory_atomically, write_text_atomically
+from lightning_unlearn.checkpoints import latest_checkpoint
 from lightning_unlearn.configs import config_root, resolve_config
 from lightning_unlearn.data.splits import build_splits, save_splits
 from lightning_unlearn.data.templates import TARGET_FIELDS
@@ -290,17 +291,10 @@ def _fit_cmd(config: str, root: Path, overrides: list[str], overlays: Sequence[P
         cmd += ["-c", str(overlay)]
     cmd += overrides
     cmd += ["--trainer.default_root_dir", str(root)]
-    last = _last_checkpoint(root)
+    last = latest_checkpoint(root)
     if last is not None:
         cmd += ["--ckpt_path", str(last)]
     return cmd
-
-
-def _last_checkpoint(root: Path) -> Path | None:
-    """The newest ``last.ckpt`` a stage wrote under ``root``: ``ModelCheckpoint`` keeps it in the logger's
-    versioned directory (``lightning_logs/version_N/checkpoints``) or, without a logger, in ``checkpoints``."""
-    found = [p for p in root.glob("**/checkpoints/last.ckpt") if p.is_file()]
-    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
 
 
 def _data_config(preset_args: Sequence[str]) -> LacunaDataConfig:
