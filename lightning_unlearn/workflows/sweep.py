@@ -340,15 +340,6 @@ def check_cell(sweep: Sweep, cell: Cell) -> str:
     return "new"
 
 
-def _cell_env(threads: int | None) -> dict[str, str]:
-    leftovers = ("LOCAL_RANK", "RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in leftovers}
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    return env
-
-
 def run_cell(sweep: Sweep, cell: Cell, threads: int | None = None, nodes: int = 1, devices: int | None = None) -> int:
     """Run (or resume) one cell to the end in a subprocess; its output goes to ``<cell_dir>/fit.log``. Writes
     ``cell_done.json`` (rank 0 of a multi-node job only) when ``fit`` succeeded. Returns the exit code."""
@@ -361,8 +352,7 @@ def run_cell(sweep: Sweep, cell: Cell, threads: int | None = None, nodes: int = 
     if latest_checkpoint(cell.directory) is not None:
         cmd += ["--ckpt_path", "last"]
     start = time.perf_counter()
-    with open(cell.directory / "fit.log", "a", encoding="utf-8") as out:
-        code = processes.run(cmd, env=_cell_env(threads), stdout=out, stderr=out)
+    code = processes.run_stage(cmd, threads, cell.directory / "fit.log", append=True)
     if code == 0 and int(os.environ.get("SLURM_PROCID", "0")) == 0:
         done = {"seconds": round(time.perf_counter() - start, 1), "command": cmd}
         write_text_atomically(cell.directory / DONE_FILE, json.dumps(done, indent=1))
@@ -394,8 +384,7 @@ def evaluate_cell(sweep: Sweep, cell: Cell, threads: int | None = None, steps: l
     if steps is not None:
         cmd += ["--steps", json.dumps(list(steps))]
         name = f"evaluate-steps={steps[0]}-{steps[-1]}.log"
-    with open(cell.directory / name, "a", encoding="utf-8") as out:
-        return processes.run(cmd, env=_cell_env(threads), stdout=out, stderr=out)
+    return processes.run_stage(cmd, threads, cell.directory / name, append=True)
 
 
 def evaluation_jobs(sweep: Sweep, cells: list[Cell]) -> list[tuple[Cell, list[int] | None]]:

@@ -278,13 +278,6 @@ def locality_report(export_dir: str, groups: Sequence[int]) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _stage_env(threads: int) -> dict:
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    return env
-
-
 def _fit_cmd(config: str, root: Path, overrides: list[str], overlays: Sequence[Path] = ()) -> list[str]:
     cmd = [sys.executable, "-m", "lightning_unlearn.cli", "fit", "-c", str(CONFIG_DIR / config)]
     for overlay in overlays:
@@ -483,12 +476,10 @@ def run_chain(
             log(f"[lacuna] {name}: {' '.join(cmd[2:])}")
             if parallel and i > 0:
                 log(f"[lacuna] {name}: running alongside; progress in {root / 'stage.log'}")
-                out = open(root / "stage.log", "w")  # noqa: SIM115
-                procs.append((name, processes.spawn(cmd, env=_stage_env(threads), stdout=out, stderr=out), root))
-            elif parallel:
-                procs.append((name, processes.spawn(cmd, env=_stage_env(threads)), root))
+                procs.append((name, processes.spawn_stage(cmd, threads, root / "stage.log"), root))
             else:
-                procs.append((name, processes.spawn(cmd, env=_stage_env(threads)), root))
+                procs.append((name, processes.spawn_stage(cmd, threads), root))
+            if not parallel:
                 procs[-1][1].wait()
                 log(f"[lacuna] {name}: finished in {time.time() - begun:.0f} s")
         for name, proc, root in procs:

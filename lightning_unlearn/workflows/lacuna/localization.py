@@ -32,7 +32,6 @@ import logging
 import math
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -264,29 +263,23 @@ class _Jobs:
                 self.log(f"[localization] lightning-unlearn {' '.join(args)}")
                 cli_main(list(args))
             return []
-        env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads),
-                   TOKENIZERS_PARALLELISM="false")  # fmt: skip
-        env.setdefault("HF_HUB_OFFLINE", "1")
         pending, running, failed = list(jobs), [], []
         while pending or running:
             while pending and len(running) < self.parallel:
                 args, log_file = pending.pop(0)
-                log_file.parent.mkdir(parents=True, exist_ok=True)
                 self.log(f"[localization] lightning-unlearn {' '.join(args)}")
-                fh = open(log_file, "w")  # noqa: SIM115
                 cmd = [sys.executable, "-m", "lightning_unlearn.cli", *args]
-                running.append((processes.spawn(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT), fh, log_file))
+                running.append((processes.spawn_stage(cmd, self.threads, log_file), log_file))
             time.sleep(0.2)
             for job in [j for j in running if j[0].poll() is not None]:
                 running.remove(job)
-                job[1].close()
                 if job[0].returncode != 0:
                     failed.append(job)
-        required = [j for j in failed if j[2] not in set(optional)]
+        required = [j for j in failed if j[1] not in set(optional)]
         if required:
-            proc, _, log_file = required[0]
+            proc, log_file = required[0]
             raise RuntimeError(f"{len(required)} run(s) failed; see {log_file} (exit code {proc.returncode}).")
-        return [j[2] for j in failed]
+        return [j[1] for j in failed]
 
 
 def _recipe_matches(out: Path, recipe: dict, fitted: bool = False) -> bool:
