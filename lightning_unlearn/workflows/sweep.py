@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_unlearn.atomic import write_text_atomically
+from lightning_unlearn.workflows import recipes
 from lightning_unlearn.workflows.command import dispatch
 
 log = logging.getLogger("lightning_unlearn")
@@ -323,21 +324,14 @@ def check_cell(sweep: Sweep, cell: Cell) -> str:
     """``"done"``, ``"resume"`` or ``"new"``; records the recipe of a new cell. A directory built from another
     recipe raises ``ValueError``."""
     recipe = _recipe(sweep, cell)
-    path = cell.directory / CELL_FILE
-    if path.exists():
-        found = json.loads(path.read_text(encoding="utf-8"))
-        if {k: found.get(k) for k in ("configs", "overrides")} != {k: recipe[k] for k in ("configs", "overrides")}:
-            what = "config files" if found.get("configs") != recipe["configs"] else "overrides"
-            raise ValueError(
-                f"sweep cell {str(cell.directory)!r} was built with other {what} than this sweep's; reusing it would "
-                f"mix two recipes. Delete {str(cell.directory)!r} to rebuild it, or give the sweep another root."
-            )
-        if found != recipe:  # the report labels changed: not a different recipe
-            write_text_atomically(path, json.dumps(recipe, indent=1))
-        return "done" if (cell.directory / DONE_FILE).exists() else "resume"
-    cell.directory.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(path, json.dumps(recipe, indent=1))
-    return "new"
+    fix = f"Delete {str(cell.directory)!r} to rebuild it, or give the sweep another root."
+    found = recipes.check_recipe(cell.directory / CELL_FILE, recipe, f"sweep cell {str(cell.directory)!r}",
+                                 "this sweep's", fix)  # fmt: skip
+    if found != recipe:  # a new cell, or only the report labels changed: not a different recipe
+        recipes.record_recipe(cell.directory / CELL_FILE, recipe)
+    if found is None:
+        return "new"
+    return "done" if (cell.directory / DONE_FILE).exists() else "resume"
 
 
 def run_cell(sweep: Sweep, cell: Cell, threads: int | None = None, nodes: int = 1, devices: int | None = None) -> int:

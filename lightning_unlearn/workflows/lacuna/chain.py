@@ -28,8 +28,6 @@ Progress goes to the ``lightning_unlearn`` logger, the result to stdout.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import logging
 import os
@@ -42,7 +40,6 @@ from typing import Literal
 
 import torch
 
-import lightning_unlearn
 from lightning_unlearn.atomic import write_directory_atomically, write_text_atomically
 from lightning_unlearn.checkpoints import latest_checkpoint
 from lightning_unlearn.configs import config_root, resolve_config
@@ -53,7 +50,7 @@ from lightning_unlearn.generation import generate
 from lightning_unlearn.metrics.memorization import extracted
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.smollm2 import resolve_model_dir
-from lightning_unlearn.workflows import processes
+from lightning_unlearn.workflows import processes, recipes
 from lightning_unlearn.workflows.lacuna.extraction import extraction_rates
 from lightning_unlearn.workflows.lacuna.separability import (
     format_separability,
@@ -301,58 +298,21 @@ def _data_config(preset_args: Sequence[str]) -> LacunaDataConfig:
     return LacunaDataConfig(**kwargs)
 
 
-@functools.cache
-def _code_digest() -> str:
-    """A digest of this package's source files: a stage built by other code may differ in what code defaults gave."""
-    package = Path(lightning_unlearn.__file__).resolve().parent
-    digest = hashlib.blake2b(digest_size=8)
-    for path in sorted(package.rglob("*.py")):
-        digest.update(path.relative_to(package).as_posix().encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def _recipe(cmd: Sequence[str], w: Path) -> dict:
-    """What a stage's result depends on: the text of its config files and its overrides (work-directory paths
-    written relative to it), not where the config files live or whether it resumes; and the code that ran it."""
-    configs, overrides = [], []
-    args = iter(cmd[4:])  # after `python -m lightning_unlearn.cli fit`
-    for arg in args:
-        if arg == "-c":
-            configs.append(Path(next(args)).read_text())
-        elif arg == "--ckpt_path":
-            next(args)
-        else:
-            overrides.append(arg.replace(str(w), "<workdir>"))
-    return {"configs": configs, "overrides": overrides, "code": _code_digest()}
-
-
 def _check_recipe(stage: str, root: Path, recipe: dict, finished: bool, log) -> None:
     """Refuse a stage directory built (or started) from other configs or overrides; record the recipe otherwise."""
     path = root / "recipe.json"
-    if path.exists():
-        found = json.loads(path.read_text())
-        code = found.pop("code", None)  # recipes from before the digest was recorded have none
-        if found != {k: v for k, v in recipe.items() if k != "code"}:
-            what = "config files" if found["configs"] != recipe["configs"] else "overrides"
-            changed = sorted(set(found["overrides"]) ^ set(recipe["overrides"])) if what == "overrides" else []
-            raise ValueError(
-                f"stage {stage} in {str(root)!r} was built with other {what} than this run's"
-                + (f" ({', '.join(changed)})" if changed else "")
-                + f"; reusing it would mix the two. Delete {str(root)!r} (and the stages after it) to rebuild it, "
-                "or choose another --workdir."
-            )
-        if code is not None and code != recipe["code"]:
-            # Code defaults (not in the configs) may have changed; the user decides whether that matters.
-            log(
-                f"[lacuna] {stage}: built by other lightning_unlearn code than this checkout's (source digest {code} "
-                f"vs {recipe['code']}); reusing it. Delete {str(root)!r} to rebuild it with this code."
-            )
-    elif finished:
+    fix = f"Delete {str(root)!r} (and the stages after it) to rebuild it, or choose another --workdir."
+    found = recipes.check_recipe(path, recipe, f"stage {stage} in {str(root)!r}", "this run's", fix)
+    if found is None and finished:
         log(f"[lacuna] {stage}: built before stage recipes were recorded; its configs are not checked")
-    else:
-        root.mkdir(parents=True, exist_ok=True)
-        write_text_atomically(path, json.dumps(recipe, indent=1))
+    elif found is None:
+        recipes.record_recipe(path, recipe)
+    elif found.get("code") not in (None, recipe["code"]):  # recipes from before the digest was recorded have none
+        # Code defaults (not in the configs) may have changed; the user decides whether that matters.
+        log(
+            f"[lacuna] {stage}: built by other lightning_unlearn code than this checkout's (source digest "
+            f"{found['code']} vs {recipe['code']}); reusing it. Delete {str(root)!r} to rebuild it with this code."
+        )
 
 
 def _check_provenance(w: Path, record: dict) -> None:
@@ -449,7 +409,7 @@ def run_chain(
         # the outputs it was made from (else one of them was rebuilt after it). A stale training stage is an
         # error (rebuilding it is the user's call); a stale filter, seconds of work, is measured again.
         if cmd is not None:
-            _check_recipe(stage, Path(cmd[cmd.index("--trainer.default_root_dir") + 1]), _recipe(cmd, w),
+            _check_recipe(stage, Path(cmd[cmd.index("--trainer.default_root_dir") + 1]), recipes.command_recipe(cmd, w),
                           path.exists(), log)  # fmt: skip
         if not path.exists():
             return False

@@ -40,7 +40,7 @@ from typing import Literal
 
 from lightning_unlearn.atomic import write_directory_atomically, write_text_atomically
 from lightning_unlearn.data.templates import TARGET_FIELDS
-from lightning_unlearn.workflows import processes
+from lightning_unlearn.workflows import processes, recipes
 from lightning_unlearn.workflows.lacuna.chain import CONFIG_DIR, testbed_separable
 
 logger = logging.getLogger("lightning_unlearn")
@@ -285,8 +285,7 @@ class _Jobs:
 def _recipe_matches(out: Path, recipe: dict, fitted: bool = False) -> bool:
     """Whether ``out`` holds a finished run of ``recipe`` (the same recorded arguments and its export, or with
     ``fitted`` its final checkpoint, not yet exported)."""
-    path = out / "recipe.json"
-    if not path.exists() or json.loads(path.read_text()) != recipe:
+    if recipes.recorded_recipe(out / "recipe.json") != recipe:
         return False
     return (out / "export" / "model").exists() or (fitted and (out / "checkpoints" / "final.ckpt").exists())
 
@@ -445,7 +444,7 @@ def run_localization(
                 # what was made from the old weights: the method's score (its control's too) and its attack
                 (field_root / method / "mask_auc.json").unlink(missing_ok=True)
                 shutil.rmtree(out / "resurfacing", ignore_errors=True)
-                write_text_atomically(out / "recipe.json", json.dumps(recipe, indent=1))
+                recipes.record_recipe(out / "recipe.json", recipe)
                 todo.append((args, out / "fit.log"))
     # A control that fails (e.g. MemFlex selecting no tensor on the control's gradients) leaves its method without
     # the contrast families, said in the summary; a failed method run stops the report.
