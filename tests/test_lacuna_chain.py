@@ -12,7 +12,8 @@ from datasets import load_from_disk
 
 from lightning_unlearn.data.splits import FIELD_SPLITS, SPLIT_COLUMNS
 from lightning_unlearn.data.templates import TARGET_FIELDS
-from lightning_unlearn.workflows.lacuna.chain import resurface, run_chain
+from lightning_unlearn.workflows.lacuna.chain import run_chain
+from lightning_unlearn.workflows.lacuna.resurface import resurface
 
 
 @pytest.mark.slow

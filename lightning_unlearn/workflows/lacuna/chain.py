@@ -1,29 +1,20 @@
-"""The Lacuna testbed chain and its non-Trainer steps: ``lightning-unlearn lacuna <command>``.
+"""The Lacuna testbed chain: ``lightning-unlearn lacuna run`` (and ``lacuna data``, its first step alone).
 
-Commands:
+The whole built-in chain in a work directory — pretrain → inject (masked) and the UnMask control → instruct (both) →
+filter (both) → separability. Each training stage is a ``lightning-unlearn fit -c lacuna/<stage>.yaml`` run with the
+work directory's paths; a finished stage (its export exists) is reused and says so, an interrupted one resumes from
+its last checkpoint (:func:`~lightning_unlearn.checkpoints.latest_checkpoint`). A stage whose recorded recipe
+(``<stage>/recipe.json``: config text and overrides, :mod:`~lightning_unlearn.workflows.recipes`) differs from this
+run's, or that is older than an input rebuilt after it, is refused rather than reused; one built by other package code
+(the recipe's source digest) is reused with a warning, since changed code defaults are in no config.
+``--model_path DIR`` (or ``smollm2``) starts both injections from a real model instead of the built-in θ_pre and
+skips pretraining; ``--inject_config FILE`` / ``--instruct_config FILE`` add a YAML overlay to both injections /
+both instruction tunings (e.g. a learning rate). The log shows extraction after instruction tuning and on θ_inj
+before it, so what instruction tuning costs is visible; the command ends with one line per verdict and writes the
+full result to ``<workdir>/chain_result.json``.
 
-- ``run``: the whole built-in chain in a work directory — pretrain → inject (masked) and the UnMask control →
-  instruct (both) → filter (both) — then a table of extraction rates per field, masked vs unmasked. Each stage is
-  a ``lightning-unlearn fit -c lacuna/<stage>.yaml`` run with the work directory's paths; a finished
-  stage (its export exists) is reused and says so, an interrupted one resumes from its last checkpoint. A stage
-  whose recorded recipe (``<stage>/recipe.json``: config text and overrides) differs from this run's, or that is
-  older than an input rebuilt after it, is refused rather than reused; one built by other package code (the
-  recipe's source digest) is reused with a warning, since changed code defaults are in no config.
-  ``--model_path DIR`` (or ``smollm2``) starts both injections from a real model instead of the built-in θ_pre and
-  skips pretraining; ``--inject_config FILE`` / ``--instruct_config FILE`` add a YAML overlay to both injections /
-  both instruction tunings (e.g. a learning rate). The table shows extraction after instruction tuning and on θ_inj
-  before it, so what instruction tuning costs is visible.
-- ``filter``: greedy extraction per field on the non-instruction profiles, then the memorization-filtered splits
-  (``data/splits.py``) as ``datasets`` directories plus ``extraction.json``.
-- ``resurface``: the resurfacing attack — instruction-tune a (unlearned) model on the held-out relearning split,
-  then count forget profiles whose PII appears in at least one of K sampled generations.
-- ``locality``: which parameters an injection run changed outside a group's mask (the locality check).
-- ``data``: build the testbed data directory only.
-- ``localization``: localization precision of OracleGrad, GA and SimNPO on a built testbed
-  (:mod:`lightning_unlearn.workflows.lacuna.localization`).
-
-Each is a ``*_command`` function below (its signature is the command's options); :func:`main` dispatches them.
-Progress goes to the ``lightning_unlearn`` logger, the result to stdout.
+The other steps live beside it: :mod:`.filter`, :mod:`.resurface`, :mod:`.locality`, :mod:`.localization`;
+:mod:`.commands` dispatches ``lightning-unlearn lacuna <command>``.
 """
 
 from __future__ import annotations
@@ -31,27 +22,20 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
-import torch
-
-from lightning_unlearn.atomic import write_directory_atomically, write_text_atomically
+from lightning_unlearn.atomic import write_text_atomically
 from lightning_unlearn.checkpoints import latest_checkpoint
 from lightning_unlearn.configs import config_root, resolve_config
-from lightning_unlearn.data.splits import build_splits, save_splits
 from lightning_unlearn.data.templates import TARGET_FIELDS
-from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data, load_table
-from lightning_unlearn.generation import generate
-from lightning_unlearn.metrics.memorization import extracted
-from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
+from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data
 from lightning_unlearn.smollm2 import resolve_model_dir
 from lightning_unlearn.workflows import processes, recipes
-from lightning_unlearn.workflows.lacuna.extraction import extraction_rates
+from lightning_unlearn.workflows.lacuna.filter import filter_stage
 from lightning_unlearn.workflows.lacuna.separability import (
     format_separability,
     separability_report,
@@ -91,183 +75,6 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "instruct": ["--trainer.max_epochs", "1", "--trainer.val_check_interval", "2"],
     },
 }  # fmt: skip
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Generation and extraction
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def filter_stage(
-    model_dir: str,
-    data_dir: str,
-    out_dir: str,
-    seed: int = 0,
-    write_splits: bool = True,
-    groups: Sequence[int] | None = None,
-) -> dict:
-    """Measure extraction on the non-instruction profiles and write the memorization-filtered splits.
-
-    ``groups`` restricts the measurement to those groups' profiles (for a run injected with ``data.groups``);
-    the others count as not memorized, so they join no split.
-    """
-    from lightning_unlearn.models import load_causal_lm, load_tokenizer
-
-    profiles = list(load_table(data_dir, "profiles"))
-    if groups is not None:
-        present = sorted({int(p["group_id"]) for p in profiles})
-        missing = sorted(set(groups) - set(present))
-        if missing:
-            raise ValueError(f"groups {missing} have no profile in {data_dir!r}; its groups are {present}.")
-    targets = [p for p in profiles if not p["instruct"] and (groups is None or p["group_id"] in groups)]
-    if not targets:
-        raise ValueError(f"{data_dir!r} has no non-instruction profile to measure extraction on.")
-    model, tokenizer = load_causal_lm(model_dir), load_tokenizer(model_dir)
-    rates, memorized = extraction_rates(model, tokenizer, targets)
-    report = {
-        "model": str(model_dir),
-        "groups": sorted(groups) if groups is not None else None,
-        "profiles": len(targets),
-        "extraction": rates,
-        "memorized": {f: sorted(ids) for f, ids in memorized.items()},
-    }
-    splits = build_splits(profiles, memorized, seed=seed) if write_splits else {}
-    if write_splits:
-        report["split_sizes"] = {name: len(rows) for name, rows in splits.items()}
-        empty = [name for name, n in report["split_sizes"].items() if n == 0 and name.endswith("forget")]
-        if empty:
-            logger.warning("[lacuna] warning: no memorized profile for %s; those splits are empty.", ", ".join(empty))
-    save_splits(out_dir, splits, {"extraction.json": json.dumps(report, indent=1)})
-    return report
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Resurfacing attack
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def leaked_profiles(model, tokenizer, forget, k: int, temperature: float, max_new_tokens: int, seed: int) -> list[int]:
-    """Profile ids of ``forget`` rows whose PII value appears in at least one of ``k`` sampled continuations of
-    their prompt (:func:`~lightning_unlearn.metrics.memorization.extracted`, the filter's definition)."""
-    samples = generate(model, tokenizer, list(forget["prompt"]), max_new_tokens, batch_size=8, num_samples=k,
-                       temperature=temperature, seed=seed)  # fmt: skip
-    leaked = set()
-    for pid, answer, outs in zip(forget["profile_id"], forget["answer"], samples, strict=True):
-        if any(extracted(outs, [answer] * len(outs))):
-            leaked.add(int(pid))
-    return sorted(leaked)
-
-
-def resurface(
-    model_dir: str,
-    splits_dir: str,
-    field: str,
-    out_dir: str,
-    k: int = 200,
-    max_epochs: int = 10,
-    lr: float = 2e-3,
-    temperature: float = 1.0,
-    max_new_tokens: int = 24,
-    seed: int = 0,
-) -> dict:
-    """The resurfacing attack (Lacuna Sec. 4.3): relearn on the held-out split, count leaking forget profiles.
-
-    Relearning is the instruction tuning procedure (``InstructionModule``: LoRA on the last two blocks, lr
-    ``lr``) on every row of ``<splits_dir>/relearn`` for ``max_epochs`` epochs. A forget profile leaks when its
-    ``field`` value appears in at least one of ``k`` sampled generations for its forget prompt (Lacuna: K = 200);
-    the same count on the model before relearning is reported beside it (``leaked_profiles_unlearned``). Seeded:
-    the same arguments give the same report.
-    """
-    from datasets import load_from_disk
-    from lightning.pytorch import Trainer, seed_everything
-
-    from lightning_unlearn.data.instruction_datamodule import InstructionDataModule
-    from lightning_unlearn.models import load_causal_lm, load_tokenizer
-    from lightning_unlearn.objectives.instruction import InstructionModule
-
-    forget_path = Path(splits_dir) / field / "forget"
-    relearn_path = Path(splits_dir) / "relearn"
-    for p in (forget_path, relearn_path):
-        if not p.exists():
-            raise FileNotFoundError(f"split {str(p)!r} does not exist; run `lightning-unlearn lacuna filter` first.")
-    forget = load_from_disk(str(forget_path))
-    if len(forget) == 0:
-        raise ValueError(f"forget split {str(forget_path)!r} is empty: nothing can leak.")
-    if len(load_from_disk(str(relearn_path))) == 0:
-        raise ValueError(f"relearning split {str(relearn_path)!r} is empty: the testbed memorized no relearn profile.")
-    sampling = dict(k=k, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
-    model, tokenizer = load_causal_lm(model_dir), load_tokenizer(model_dir)
-    before = leaked_profiles(model, tokenizer, forget, **sampling)
-    del model
-    seed_everything(seed, verbose=False)
-    relearned = Path(out_dir) / "relearned"
-    shutil.rmtree(relearned, ignore_errors=True)
-    module = InstructionModule(model_path=model_dir, optim=OptimizerConfig(lr=lr))
-    data = InstructionDataModule(source=str(relearn_path), val_fraction=0.0, seed=seed)
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=max_epochs,
-        default_root_dir=str(relearned),
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        logger=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
-    trainer.fit(module, data)
-    model_path = relearned / "export" / "model"
-    model, tokenizer = load_causal_lm(model_path), load_tokenizer(model_path)
-    leaked = leaked_profiles(model, tokenizer, forget, **sampling)
-    shutil.rmtree(relearned / "export", ignore_errors=True)  # a full model per attack; the counts are the result
-    n = len(forget)
-    report = {
-        "model": str(model_dir),
-        "field": field,
-        "k": k,
-        "relearn_epochs": max_epochs,
-        "seed": seed,
-        "forget_profiles": n,
-        "leaked_profiles_unlearned": len(before),
-        "leak_rate_unlearned": len(before) / n,
-        "leaked_profiles": len(leaked),
-        "leak_rate": len(leaked) / n,
-        "leaked_profile_ids_unlearned": before,
-        "leaked_profile_ids": leaked,
-    }
-    write_text_atomically(Path(out_dir, "resurfacing.json"), json.dumps(report, indent=1))
-    return report
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Locality check
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def locality_report(export_dir: str, groups: Sequence[int]) -> dict:
-    """Count elements that changed between ``pre`` and ``inj`` inside and outside the union of ``groups``."""
-    from safetensors.torch import load_file
-
-    from lightning_unlearn.masks import canonical_name, check_masks_for_weights, group_mask, load_masks
-
-    export = Path(export_dir)
-    pre = load_file(str(export / "pre" / "model.safetensors"))
-    inj = load_file(str(export / "inj" / "model.safetensors"))
-    packed, meta = load_masks(export / "masks.safetensors")
-    check_masks_for_weights(packed, meta, {canonical_name(k): v for k, v in pre.items()}, export / "pre",
-                            export / "masks.safetensors")  # fmt: skip
-    inside = outside = 0
-    offenders: dict[str, int] = {}
-    for name, before in pre.items():
-        key = canonical_name(name)
-        changed = before != inj[name]
-        in_group = group_mask(packed[key], list(groups)) if key in packed else torch.zeros_like(changed)
-        inside += int((changed & in_group).sum())
-        n_out = int((changed & ~in_group).sum())
-        outside += n_out
-        if n_out:
-            offenders[name] = n_out
-    return {"groups": list(groups), "changed_inside": inside, "changed_outside": outside, "offenders": offenders}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -654,104 +461,15 @@ def data_command(*, out: str = "runs/lacuna/data", data: LacunaDataConfig | None
     return str(build_testbed_data(out, data or LacunaDataConfig(), log=logger.info))
 
 
-def filter_command(
-    *,
-    model: str = "runs/lacuna/inject/export/inj",
-    data: str = "runs/lacuna/data",
-    out: str = "runs/lacuna/splits",
-    seed: int = 0,
-    groups: list[int] | None = None,
-) -> dict:
-    """Measure extraction per field and write the memorization-filtered splits.
-
-    Greedy answers on the non-instruction profiles; the splits are ``datasets`` directories next to
-    ``extraction.json``; the result is the profile count, the rates and the split sizes.
-
-    Args:
-        model: the model to measure.
-        data: the testbed data directory.
-        out: where the splits and ``extraction.json`` go.
-        seed: seed of the split assignment.
-        groups: measure only these groups' profiles (a run injected with ``data.groups``).
-    """
-    report = filter_stage(model, data, out, seed, groups=groups)
-    return {k: report[k] for k in ("profiles", "extraction", "split_sizes")}
-
-
-def resurface_command(
-    *,
-    model: str,
-    out: str,
-    splits: str = "runs/lacuna/splits",
-    field: Field = "email",
-    k: int = 200,
-    epochs: int = 10,
-    temperature: float = 1.0,
-    seed: int = 0,
-) -> dict:
-    """Resurfacing attack: relearn on held-out PII, then count the forget profiles that leak.
-
-    A forget profile leaks when its ``field`` value appears in at least one of ``k`` sampled generations; the
-    count before relearning is reported beside it.
-
-    Args:
-        model: the (unlearned) model directory to attack.
-        out: where the relearned model and ``resurfacing.json`` go.
-        splits: the memorization-filtered splits (``lacuna filter``).
-        field: the PII field attacked.
-        k: sampled generations per forget prompt (Lacuna: 200).
-        epochs: relearning epochs.
-        temperature: sampling temperature.
-        seed: seed of the relearning and of the sampling.
-    """
-    report = resurface(model, splits, field, out, k, epochs, temperature=temperature, seed=seed)
-    return {key: value for key, value in report.items() if not key.startswith("leaked_profile_ids")}
-
-
-def locality_command(*, group: list[int], export: str = "runs/lacuna/inject/export") -> dict:
-    """Locality check: count elements an injection changed inside and outside the groups' masks.
-
-    Exits non-zero when any element outside the groups' masks changed.
-
-    Args:
-        group: the groups the injection was restricted to.
-        export: the injection run's export directory (``pre``, ``inj``, ``masks.safetensors``).
-    """
-    report = locality_report(export, group)
-    if report["changed_outside"]:
-        worst = max(report["offenders"], key=report["offenders"].get)
-        raise SystemExit(
-            f"{report['changed_outside']} elements changed outside groups {group}, in {len(report['offenders'])} "
-            f"tensors (most in {worst}: {report['offenders'][worst]})."
-        )
-    return report
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``lightning-unlearn lacuna {run,data,filter,resurface,locality,localization}``."""
-    from lightning_unlearn.workflows.command import dispatch
-    from lightning_unlearn.workflows.lacuna.localization import localization_command
-
-    commands = {
-        "run": run_command,
-        "data": data_command,
-        "filter": filter_command,
-        "resurface": resurface_command,
-        "locality": locality_command,
-        "localization": localization_command,
-    }
-    description = "The Lacuna testbed: the chain, each of its steps, and the localization precision run."
-    dispatch(commands, argv, "lightning-unlearn lacuna", description)
-
-
 __all__ = [
-    "extraction_rates",
-    "filter_stage",
+    "CONFIG_DIR",
+    "SIZES",
+    "data_command",
+    "format_split_sizes",
     "format_table",
-    "generate",
-    "locality_report",
-    "resurface",
     "run_chain",
+    "run_command",
+    "split_verdict",
     "target_verdict",
-    "write_directory_atomically",
+    "testbed_separable",
 ]
