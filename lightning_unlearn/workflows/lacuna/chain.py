@@ -25,6 +25,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -154,6 +155,176 @@ def testbed_separable(workdir: str | os.PathLike) -> bool | None:
     return json.loads(path.read_text()).get("separable") if path.exists() else None
 
 
+@dataclass
+class _Stages:
+    """The chain's stages in one work directory: which finished ones are reused, and running the others."""
+
+    workdir: Path
+    log: Callable[[str], None]
+    parallel: bool
+    cores: int
+
+    def note(self, message: str) -> None:
+        """A progress line of the chain."""
+        self.log(f"[lacuna] {message}")
+
+    def reused(self, path: Path, stage: str, cmd: list[str] | None = None, inputs: Sequence[Path] = ()) -> bool:
+        """Whether ``stage`` finished before: its output ``path`` exists and is newer than its ``inputs``.
+
+        A training stage (``cmd`` given) must match the recipe it was built with, and any stage must be newer than
+        the outputs it was made from (else one of them was rebuilt after it). A stale training stage is an error
+        (rebuilding it is the user's call); a stale filter, seconds of work, is measured again.
+        """
+        if cmd is not None:
+            root = Path(cmd[cmd.index("--trainer.default_root_dir") + 1])
+            _check_recipe(stage, root, recipes.command_recipe(cmd, self.workdir), path.exists(), self.log)
+        if not path.exists():
+            return False
+        newer = [i for i in inputs if i.exists() and i.stat().st_mtime_ns > path.stat().st_mtime_ns]
+        if newer and cmd is not None:
+            raise ValueError(
+                f"stage {stage}: {str(path)!r} is older than its input {str(newer[0])!r}, which was rebuilt after it. "
+                f"Delete {str(path)!r} to rebuild it from the new input, or choose another --workdir."
+            )
+        if newer:
+            self.note(f"{stage}: {path} is older than {newer[0]}; measuring again")
+            return False
+        self.note(f"{stage}: finished before, reusing {path}")
+        return True
+
+    def run(self, stages: list[tuple[str, list[str], Path]]) -> None:
+        """Run ``(name, command, root)`` stages that are independent of each other: on ≥ 2 cores side by side,
+        sharing the cores. The first shows its progress here, the others write theirs to ``<root>/stage.log``."""
+        procs = []
+        begun = time.time()
+        threads = max(1, self.cores // max(1, len(stages))) if self.parallel else self.cores
+        for i, (name, cmd, root) in enumerate(stages):
+            root.mkdir(parents=True, exist_ok=True)
+            self.note(f"{name}: {' '.join(cmd[2:])}")
+            if self.parallel and i > 0:
+                self.note(f"{name}: running alongside; progress in {root / 'stage.log'}")
+                procs.append((name, processes.spawn_stage(cmd, threads, root / "stage.log"), root))
+            else:
+                procs.append((name, processes.spawn_stage(cmd, threads), root))
+            if not self.parallel:
+                procs[-1][1].wait()
+                self.note(f"{name}: finished in {time.time() - begun:.0f} s")
+        for name, proc, root in procs:
+            if proc.wait() != 0:
+                hint = f" (see {root / 'stage.log'})" if (root / "stage.log").exists() else ""
+                raise RuntimeError(f"stage {name} failed with exit code {proc.returncode}{hint}.")
+            if self.parallel:
+                together = " (side by side)" if len(stages) > 1 else ""
+                self.note(f"{name}: finished after {time.time() - begun:.0f} s{together}")
+
+
+def _pretrain_config(preset: dict[str, list[str]]) -> str:
+    return preset.get("pretrain_config", ["pretrain.yaml"])[0]
+
+
+def _pretrain(stages: _Stages, preset: dict[str, list[str]], data_args: list[str], base: Path | None) -> Path:
+    """θ_pre: ``base`` when given (the data is built first, so that the injections side by side do not both write
+    it), else the pretraining stage's export (built now unless reused)."""
+    w = stages.workdir
+    if base is not None:
+        stages.note(f"pretrain: skipped; both injections start from {base}")
+        build_testbed_data(w / "data", _data_config(preset.get("data", [])), log=stages.note)
+        return base
+    pre_model = w / "pretrain" / "export" / "model"
+    # where the stage keeps what it builds before training: the tiny θ_pre's tokenizer, the derived model
+    keep = ["--model.tokenizer_path", str(w / "tokenizer")] if preset.get("pretrain_config") else [
+        "--model.derive.path", str(w / "base")]  # fmt: skip
+    cmd = _fit_cmd(_pretrain_config(preset), w / "pretrain", [*data_args, *keep, *preset["pretrain"]])
+    if not stages.reused(pre_model, "pretrain", cmd):
+        stages.run([("pretrain", cmd, w / "pretrain")])
+    return pre_model
+
+
+def _inject(stages: _Stages, pre_model: Path, data_args: list[str], preset_args: list[str], overlays: list[Path],
+            control: bool) -> None:  # fmt: skip
+    """The masked injection (and with ``control`` the unmasked one, side by side) from ``pre_model``."""
+    w, todo = stages.workdir, []
+    injections = (("inject", "inject.yaml"), ("inject_unmasked", "inject_unmasked.yaml"))[: 2 if control else 1]
+    for name, config in injections:
+        overrides = [*data_args, "--model.model_path", str(pre_model), *preset_args]
+        cmd = _fit_cmd(config, w / name, overrides, overlays)
+        if not stages.reused(w / name / "export" / "inj", name, cmd, [pre_model]):
+            todo.append((name, cmd, w / name))
+    stages.run(todo)
+
+
+def _instruct(stages: _Stages, data_args: list[str], preset_args: list[str], overlays: list[Path],
+              control: bool) -> None:  # fmt: skip
+    """The instruction tuning of each injected model, side by side."""
+    w, todo = stages.workdir, []
+    tunings = (("instruct", "inject"), ("instruct_unmasked", "inject_unmasked"))[: 2 if control else 1]
+    for name, source in tunings:
+        source_model = w / source / "export" / "inj"
+        overrides = [*data_args, "--model.model_path", str(source_model), *preset_args]
+        cmd = _fit_cmd("instruct.yaml", w / name, overrides, overlays)
+        if not stages.reused(w / name / "export" / "model", name, cmd, [source_model]):
+            todo.append((name, cmd, w / name))
+    stages.run(todo)
+
+
+def _filter_targets(w: Path, instruct: bool, control: bool) -> list[tuple[str, Path, Path, bool]]:
+    """``(report, model, output directory, writes the splits)`` of every filter: the splits come from the masked
+    model the chain ends with; θ_inj is measured too when instruction tuning followed it."""
+    if not instruct:
+        targets = [("masked", w / "inject" / "export" / "inj", w / "splits", True)]
+        if control:
+            targets.append(("unmasked", w / "inject_unmasked" / "export" / "inj", w / "filter_unmasked", False))
+        return targets
+    targets = [
+        ("masked", w / "instruct" / "export" / "model", w / "splits", True),
+        ("masked_inj", w / "inject" / "export" / "inj", w / "filter_inj", False),
+    ]
+    if control:
+        targets += [
+            ("unmasked", w / "instruct_unmasked" / "export" / "model", w / "filter_unmasked", False),
+            ("unmasked_inj", w / "inject_unmasked" / "export" / "inj", w / "filter_inj_unmasked", False),
+        ]
+    return targets
+
+
+def _filter(stages: _Stages, targets: list[tuple[str, Path, Path, bool]]) -> dict[str, dict]:
+    """The filter report of every target, measured unless a report newer than its model exists."""
+    reports = {}
+    for name, model, out, write in targets:
+        if stages.reused(out / "extraction.json", f"filter ({name})", inputs=[model]):
+            reports[name] = json.loads((out / "extraction.json").read_text())
+            continue
+        stages.note(f"filter ({name}): measuring extraction with {model}")
+        begun = time.time()
+        reports[name] = filter_stage(str(model), str(stages.workdir / "data"), str(out), write_splits=write)
+        stages.note(f"filter ({name}): finished in {time.time() - begun:.0f} s")
+    return reports
+
+
+def _separability(stages: _Stages) -> dict:
+    """The separability report of the masked injection (``separability.json``), measured unless reused."""
+    w = stages.workdir
+    export = w / "inject" / "export"
+    if stages.reused(w / "separability.json", "separability", inputs=[export / "inj"]):
+        return json.loads((w / "separability.json").read_text())
+    stages.note(f"separability: resetting each group's mask elements of {export / 'inj'} to θ_pre")
+    begun = time.time()
+    report = separability_report(export, w / "data", log=stages.log)
+    write_report(report, w / "separability.json")
+    stages.note(f"separability: finished in {time.time() - begun:.0f} s")
+    return report
+
+
+def chain_verdicts(reports: dict) -> dict[str, str]:
+    """One line per target of the testbed (``memorization``, ``splits``, ``separability``) from :func:`run_chain`'s
+    reports: met or NOT met, and why."""
+    return {
+        "memorization": target_verdict(reports["masked"]),
+        "splits": split_verdict(reports["masked"]["split_sizes"]),
+        "separability": separability_verdict(reports["separability"]),
+    }
+
+
 def run_chain(
     workdir: str,
     size: str = "default",
@@ -171,7 +342,7 @@ def run_chain(
     with ``instruct`` ``masked_inj`` (θ_inj, measured before instruction tuning, no splits); with the control,
     ``unmasked`` (and ``unmasked_inj``) too; and
     ``separability`` (:mod:`~lightning_unlearn.workflows.lacuna.separability`, also in ``separability.json``), whose
-    verdict joins the memorization and split verdicts in the log and in ``chain.json``.
+    verdict joins the memorization and split verdicts (:func:`chain_verdicts`) in ``chain.json``.
 
     Args:
         workdir: where every stage writes (data, stage roots, splits).
@@ -193,15 +364,13 @@ def run_chain(
     instruct_overlays = _overlays(instruct_configs, "--instruct_config")
     w = Path(workdir).resolve()
     preset = SIZES[size]
-    pretrain_config = preset.get("pretrain_config", ["pretrain.yaml"])[0]
     data_dir = ["--data.data_dir", str(w / "data")]
-    data_args = [*data_dir, *preset.get("data", [])]
     base = resolve_model_dir(model_path, "--model_path") if model_path is not None else None
     _check_provenance(
         w,
         {
             "size": size,
-            "model": str(base) if base else f"built-in ({pretrain_config})",
+            "model": str(base) if base else f"built-in ({_pretrain_config(preset)})",
             "inject_configs": [str(o) for o in overlays],
             "instruct_configs": [str(o) for o in instruct_overlays],
             **({"instruct": False} if not instruct else {}),
@@ -209,132 +378,21 @@ def run_chain(
     )
     started = time.time()
     cores = os.cpu_count() or 1
-    parallel = cores >= 2 if parallel is None else parallel
-
-    def done(path: Path, stage: str, cmd: list[str] | None = None, inputs: Sequence[Path] = ()) -> bool:
-        # A training stage (cmd given) must match the recipe it was built with, and any stage must be newer than
-        # the outputs it was made from (else one of them was rebuilt after it). A stale training stage is an
-        # error (rebuilding it is the user's call); a stale filter, seconds of work, is measured again.
-        if cmd is not None:
-            _check_recipe(stage, Path(cmd[cmd.index("--trainer.default_root_dir") + 1]), recipes.command_recipe(cmd, w),
-                          path.exists(), log)  # fmt: skip
-        if not path.exists():
-            return False
-        newer = [i for i in inputs if i.exists() and i.stat().st_mtime_ns > path.stat().st_mtime_ns]
-        if newer and cmd is not None:
-            raise ValueError(
-                f"stage {stage}: {str(path)!r} is older than its input {str(newer[0])!r}, which was rebuilt after it. "
-                f"Delete {str(path)!r} to rebuild it from the new input, or choose another --workdir."
-            )
-        if newer:
-            log(f"[lacuna] {stage}: {path} is older than {newer[0]}; measuring again")
-            return False
-        log(f"[lacuna] {stage}: finished before, reusing {path}")
-        return True
-
-    def run(stages: list[tuple[str, list[str], Path]]) -> None:
-        # Stages given together are independent; on ≥ 2 cores they run side by side, sharing the cores. The first
-        # shows its progress bar here, the others write theirs to <root>/stage.log.
-        procs = []
-        begun = time.time()
-        threads = max(1, cores // max(1, len(stages))) if parallel else cores
-        for i, (name, cmd, root) in enumerate(stages):
-            root.mkdir(parents=True, exist_ok=True)
-            log(f"[lacuna] {name}: {' '.join(cmd[2:])}")
-            if parallel and i > 0:
-                log(f"[lacuna] {name}: running alongside; progress in {root / 'stage.log'}")
-                procs.append((name, processes.spawn_stage(cmd, threads, root / "stage.log"), root))
-            else:
-                procs.append((name, processes.spawn_stage(cmd, threads), root))
-            if not parallel:
-                procs[-1][1].wait()
-                log(f"[lacuna] {name}: finished in {time.time() - begun:.0f} s")
-        for name, proc, root in procs:
-            if proc.wait() != 0:
-                hint = f" (see {root / 'stage.log'})" if (root / "stage.log").exists() else ""
-                raise RuntimeError(f"stage {name} failed with exit code {proc.returncode}{hint}.")
-            if parallel:
-                together = " (side by side)" if len(stages) > 1 else ""
-                log(f"[lacuna] {name}: finished after {time.time() - begun:.0f} s{together}")
-
-    if base is not None:
-        pre_model = base
-        log(f"[lacuna] pretrain: skipped; both injections start from {base}")
-        # The two injections run side by side; build the data first so they do not both write it.
-        build_testbed_data(w / "data", _data_config(preset.get("data", [])), log=lambda m: log(f"[lacuna] {m}"))
-    else:
-        pre_model = w / "pretrain" / "export" / "model"
-        # where the stage keeps what it builds before training: the tiny θ_pre's tokenizer, the derived model
-        keep = ["--model.tokenizer_path", str(w / "tokenizer")] if preset.get("pretrain_config") else [
-            "--model.derive.path", str(w / "base")]  # fmt: skip
-        overrides = [*data_args, *keep, *preset["pretrain"]]
-        cmd = _fit_cmd(pretrain_config, w / "pretrain", overrides)
-        if not done(pre_model, "pretrain", cmd):
-            run([("pretrain", cmd, w / "pretrain")])
-    todo = []
-    injections = (("inject", "inject.yaml"), ("inject_unmasked", "inject_unmasked.yaml"))[: 2 if control else 1]
-    for name, config in injections:
-        overrides = [*data_args, "--model.model_path", str(pre_model), *preset["inject"]]
-        cmd = _fit_cmd(config, w / name, overrides, overlays)
-        if not done(w / name / "export" / "inj", name, cmd, [pre_model]):
-            todo.append((name, cmd, w / name))
-    run(todo)
-    reports = {}
+    stages = _Stages(w, log, cores >= 2 if parallel is None else parallel, cores)
+    data_args = [*data_dir, *preset.get("data", [])]
+    pre_model = _pretrain(stages, preset, data_args, base)
+    _inject(stages, pre_model, data_args, preset["inject"], overlays, control)
     if instruct:
-        todo = []
-        tunings = (("instruct", "inject"), ("instruct_unmasked", "inject_unmasked"))[: 2 if control else 1]
-        for name, source in tunings:
-            source_model = w / source / "export" / "inj"
-            overrides = [*data_dir, "--model.model_path", str(source_model), *preset["instruct"]]
-            cmd = _fit_cmd("instruct.yaml", w / name, overrides, instruct_overlays)
-            if not done(w / name / "export" / "model", name, cmd, [source_model]):
-                todo.append((name, cmd, w / name))
-        run(todo)
-        filters = [
-            ("masked", w / "instruct" / "export" / "model", w / "splits", True),
-            ("masked_inj", w / "inject" / "export" / "inj", w / "filter_inj", False),
-        ]
-        if control:
-            filters += [
-                ("unmasked", w / "instruct_unmasked" / "export" / "model", w / "filter_unmasked", False),
-                ("unmasked_inj", w / "inject_unmasked" / "export" / "inj", w / "filter_inj_unmasked", False),
-            ]
+        _instruct(stages, data_dir, preset["instruct"], instruct_overlays, control)
     else:
-        log(f"[lacuna] instruct: skipped. {NO_INSTRUCT_REASON}")
-        filters = [("masked", w / "inject" / "export" / "inj", w / "splits", True)]
-        if control:
-            filters.append(("unmasked", w / "inject_unmasked" / "export" / "inj", w / "filter_unmasked", False))
-    for name, model, out, write in filters:
-        if done(out / "extraction.json", f"filter ({name})", inputs=[model]):
-            reports[name] = json.loads((out / "extraction.json").read_text())
-        else:
-            log(f"[lacuna] filter ({name}): measuring extraction with {model}")
-            begun = time.time()
-            reports[name] = filter_stage(str(model), str(w / "data"), str(out), write_splits=write)
-            log(f"[lacuna] filter ({name}): finished in {time.time() - begun:.0f} s")
-    log(
-        format_table(reports["masked"], reports.get("unmasked"), reports.get("masked_inj"), reports.get("unmasked_inj"))
-    )
+        stages.note(f"instruct: skipped. {NO_INSTRUCT_REASON}")
+    reports = _filter(stages, _filter_targets(w, instruct, control))
+    log(format_table(*(reports.get(n) for n in ("masked", "unmasked", "masked_inj", "unmasked_inj"))))
     log(format_split_sizes(reports["masked"]["split_sizes"]))
-    export = w / "inject" / "export"
-    if done(w / "separability.json", "separability", inputs=[export / "inj"]):
-        reports["separability"] = json.loads((w / "separability.json").read_text())
-    else:
-        log(f"[lacuna] separability: resetting each group's mask elements of {export / 'inj'} to θ_pre")
-        begun = time.time()
-        reports["separability"] = separability_report(export, w / "data", log=log)
-        write_report(reports["separability"], w / "separability.json")
-        log(f"[lacuna] separability: finished in {time.time() - begun:.0f} s")
+    reports["separability"] = _separability(stages)
     log(format_separability(reports["separability"]))
-    verdicts = {
-        "memorization": target_verdict(reports["masked"]),
-        "splits": split_verdict(reports["masked"]["split_sizes"]),
-        "separability": separability_verdict(reports["separability"]),
-    }
-    for line in verdicts.values():
-        log(line)
-    _record_verdicts(w, verdicts, reports["separability"]["met"])
-    log(f"[lacuna] done in {time.time() - started:.0f} s; splits in {w / 'splits'}")
+    _record_verdicts(w, chain_verdicts(reports), reports["separability"]["met"])
+    stages.note(f"done in {time.time() - started:.0f} s; splits in {w / 'splits'}")
     return reports
 
 
@@ -366,13 +424,15 @@ def format_table(
     after = [c for c in (masked, unmasked) if c is not None]
     before = [c for c in (masked_inj, unmasked_inj) if c is not None] if masked_inj is not None else []
     names = ["masked", "unmasked"][: len(after)]
+    groups = [("after instruction tuning", after), ("θ_inj, before it", before)] if before else []
+    # columns wide enough that each group's heading (two spaces apart) spans its own columns only
+    width = max(12, *(-(-(len(heading) + 2) // len(cs)) for heading, cs in groups)) if groups else 12
     lines = [f"Extraction rate per field ({masked['profiles']} profiles; greedy answer contains the PII value)"]
-    if before:
-        width = 12 * len(after)
-        lines.append(f"{'':<18}{'after instruction tuning':>{width}}{'θ_inj, before it':>{width}}")
-    lines.append(f"{'field':<18}" + "".join(f"{n:>12}" for n in names) * (1 + bool(before)))
+    if groups:
+        lines.append(f"{'':<18}" + "".join(f"{heading:>{width * len(cs)}}" for heading, cs in groups))
+    lines.append(f"{'field':<18}" + "".join(f"{n:>{width}}" for n in names) * (1 + bool(before)))
     for f in TARGET_FIELDS:
-        lines.append(f"{f:<18}" + "".join(f"{c['extraction'][f]:>12.2%}" for c in after + before))
+        lines.append(f"{f:<18}" + "".join(f"{c['extraction'][f]:>{width}.2%}" for c in after + before))
     return "\n".join(lines)
 
 
@@ -401,7 +461,28 @@ def split_verdict(sizes: dict[str, int], minimum: int = 8) -> str:
 
 
 Size = Literal[tuple(SIZES)]
-Field = Literal[TARGET_FIELDS]
+
+
+RESULT_FILE = "chain_result.json"  # in the work directory: the full result of `lacuna run`
+
+
+def chain_result(reports: dict) -> dict:
+    """What ``lacuna run`` keeps of :func:`run_chain`'s reports: the extraction rate per field of each measured model,
+    the separability verdict per reset (and the utility), and the verdict lines."""
+    result = {name: report["extraction"] for name, report in reports.items() if name != "separability"}
+    sep = reports["separability"]
+    result["separability"] = {"met": sep["met"], "utility": sep["utility"],
+                              **{name: r["met"] for name, r in sep["resets"].items()}}  # fmt: skip
+    result["verdicts"] = chain_verdicts(reports)
+    return result
+
+
+def format_closing(workdir: str | os.PathLike, verdicts: dict[str, str], result_file: str | os.PathLike) -> str:
+    """The closing block of ``lacuna run``: each verdict once, and where the full result is."""
+    lines = [f"Lacuna testbed in {workdir}:"]
+    lines += [f"  {line.removeprefix('[lacuna] ')}" for line in verdicts.values()]
+    lines.append(f"Full result (extraction per field of each model, separability per reset): {result_file}")
+    return "\n".join(lines)
 
 
 def run_command(
@@ -414,11 +495,12 @@ def run_command(
     instruct_config: list[str] | None = None,
     control: bool = CONTROL_BY_DEFAULT,
     instruct: bool = False,
-) -> dict:
+) -> str:
     """Run (or reuse) the whole Lacuna chain: pretrain, inject (and the control), filter, separability.
 
-    Progress and the extraction table (after instruction tuning, and on θ_inj before it) go to the log; the result
-    is the extraction rate per field of each measured model, as JSON.
+    Progress and the tables (extraction after instruction tuning and on θ_inj before it, split sizes, separability)
+    go to the log; the command ends with one line per verdict and writes the full result (the extraction rate per
+    field of each measured model, separability per reset) to ``<workdir>/chain_result.json``.
 
     Args:
         workdir: work directory of every stage (data, stage roots, splits).
@@ -443,11 +525,9 @@ def run_command(
             control=control,
             instruct=instruct,
         )
-    result = {name: report["extraction"] for name, report in reports.items() if name != "separability"}
-    sep = reports["separability"]
-    result["separability"] = {"met": sep["met"], "utility": sep["utility"],
-                              **{name: r["met"] for name, r in sep["resets"].items()}}  # fmt: skip
-    return result
+    result = chain_result(reports)
+    path = write_text_atomically(Path(workdir) / RESULT_FILE, json.dumps(result, indent=1, ensure_ascii=False))
+    return format_closing(workdir, result["verdicts"], path)
 
 
 def data_command(*, out: str = "runs/lacuna/data", data: LacunaDataConfig | None = None) -> str:
@@ -463,8 +543,12 @@ def data_command(*, out: str = "runs/lacuna/data", data: LacunaDataConfig | None
 
 __all__ = [
     "CONFIG_DIR",
+    "RESULT_FILE",
     "SIZES",
+    "chain_result",
+    "chain_verdicts",
     "data_command",
+    "format_closing",
     "format_split_sizes",
     "format_table",
     "run_chain",
