@@ -45,7 +45,9 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
 
 def latest_checkpoint(root: str | os.PathLike) -> Path | None:
     """The checkpoint a resume continues from, anywhere under ``root`` (every logger version): the newest
-    ``last.ckpt``, else the ``step=N.ckpt`` with the largest N; a file that does not read is skipped."""
+    ``last.ckpt``, else the ``step=N.ckpt`` with the largest N; a file that does not read (cut off by a kill during
+    its write) is skipped with a warning. The one finder of a run's resume point: the CLI's ``--ckpt_path last``, the
+    Lacuna chain's stages and the sweep's cells all resume from what it returns."""
     root = Path(root)
     if not root.is_dir():
         return None
@@ -58,7 +60,7 @@ def latest_checkpoint(root: str | os.PathLike) -> Path | None:
     steps = sorted((p for p in root.rglob("*.ckpt") if step(p) >= 0), key=step, reverse=True)
     for candidate in [*lasts, *steps]:
         try:
-            torch.load(candidate, map_location="cpu", weights_only=True)
+            torch.load(candidate, map_location="cpu", weights_only=True, mmap=True)  # mmap: no full read
         except Exception:  # noqa: BLE001 - a truncated or foreign file is not a resume point
             logging.getLogger("lightning_unlearn").warning("skipping %s: corrupt or not a checkpoint", candidate)
             continue

@@ -49,7 +49,7 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
         "LENS steps: base answers, annotation, forget sets, calibration, trajectory summary, rescoring.",
     ),
     "lacuna": (
-        "lightning_unlearn.workflows.lacuna.chain:main",
+        "lightning_unlearn.workflows.lacuna.commands:main",
         "The Lacuna testbed: the chain, each of its steps, and the localization precision run.",
     ),
     "smollm2": (

@@ -23,8 +23,8 @@ from lightning_unlearn.objectives.injection import InjectionModule
 from lightning_unlearn.objectives.instruction import InstructionModule
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.strategies import MaskedSingleDeviceStrategy
-from lightning_unlearn.workflows.lacuna.chain import locality_report
-from lightning_unlearn.workflows.lacuna.chain import main as lacuna_main
+from lightning_unlearn.workflows.lacuna.commands import main as lacuna_main
+from lightning_unlearn.workflows.lacuna.locality import locality_report
 
 CONFIGS = config_root() / "lacuna"
 
@@ -626,11 +626,11 @@ def test_filter_and_memorization_callback_share_one_extraction_rule(monkeypatch)
     """The Lacuna filter and MemorizationEvaluation call the same `extracted`: an answer that differs from the PII
     string only by case and spacing is memorized for both."""
     import lightning_unlearn.callbacks.memorization_evaluation as callback
-    import lightning_unlearn.workflows.lacuna.chain as chain
     import lightning_unlearn.workflows.lacuna.extraction as lacuna
+    import lightning_unlearn.workflows.lacuna.filter as lacuna_filter
     from lightning_unlearn.metrics.memorization import extracted
 
-    assert chain.extraction_rates is lacuna.extraction_rates
+    assert lacuna_filter.extraction_rates is lacuna.extraction_rates
     assert lacuna.extracted is extracted and callback.extracted is extracted
     profile = {"profile_id": 7, "email": "Ada.Lovelace@example.org"}
     answer = "Her email is  ada.lovelace@EXAMPLE.org."

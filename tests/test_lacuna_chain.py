@@ -12,7 +12,8 @@ from datasets import load_from_disk
 
 from lightning_unlearn.data.splits import FIELD_SPLITS, SPLIT_COLUMNS
 from lightning_unlearn.data.templates import TARGET_FIELDS
-from lightning_unlearn.workflows.lacuna.chain import resurface, run_chain
+from lightning_unlearn.workflows.lacuna.chain import chain_verdicts, run_chain
+from lightning_unlearn.workflows.lacuna.resurface import resurface
 
 
 @pytest.mark.slow
@@ -23,7 +24,9 @@ def test_chain_tiny(tmp_path):
     assert set(reports) == {"masked", "masked_inj", "separability"} and not (tmp_path / "inject_unmasked").exists()
     sizes = reports["masked"]["split_sizes"]
     assert any(line.startswith("Memorization-filtered splits") for line in lines)
-    assert any(line.startswith("[lacuna] splits (≥ 8 forget and ≥ 8 retain pairs for every field): ") for line in lines)
+    verdicts = json.loads((tmp_path / "chain.json").read_text())["verdicts"]
+    assert verdicts == chain_verdicts(reports)
+    assert verdicts["splits"].startswith("[lacuna] splits (≥ 8 forget and ≥ 8 retain pairs for every field): ")
     assert sizes["relearn"] == sum(1 for _ in load_from_disk(str(tmp_path / "splits" / "relearn")))
     # the UnMask control joins the same work directory later; the masked stages are reused
     lines.clear()
@@ -48,7 +51,8 @@ def test_chain_tiny(tmp_path):
         assert reports[name]["model"] == str(tmp_path / stage / "export" / "inj")
         assert "split_sizes" not in reports[name]
     assert any("θ_inj, before it" in line for line in lines)
-    assert any(line.startswith("[lacuna] target (masked, ≥ 50% on ≥ 2 fields): ") for line in lines)
+    assert chain_verdicts(reports)["memorization"].startswith("[lacuna] target (masked, ≥ 50% on ≥ 2 fields): ")
+    assert not any(line.startswith("[lacuna] target (") for line in lines)  # a verdict is the result, not progress
     _exports_generate_the_same_text_through_plain_transformers(tmp_path)
     _separability_is_measured_and_its_arithmetic_holds(tmp_path, reports, lines)
 
@@ -151,10 +155,11 @@ def _separability_is_measured_and_its_arithmetic_holds(workdir, reports, lines):
     sep = reports["separability"]
     assert set(sep["resets"]) == {*(f"group {g}" for g in range(6)), "m^F", "m^R"}
     assert sep["resets"]["m^F"]["groups"] == [0, 1, 2] and sep["utility"]["pre"] > 0
-    verdict = [line for line in lines if line.startswith("[lacuna] separability (")]
-    assert len(verdict) == 1 and verdict[0].endswith(": met") == sep["met"]
+    verdict = chain_verdicts(reports)["separability"]
+    assert verdict.startswith("[lacuna] separability (") and verdict.endswith(": met") == sep["met"]
+    assert not any(line.startswith("[lacuna] separability (") for line in lines)  # once, in the command's result
     chain = json.loads((workdir / "chain.json").read_text())
-    assert chain["separable"] == sep["met"] and chain["verdicts"]["separability"] == verdict[0]
+    assert chain["separable"] == sep["met"] and chain["verdicts"]["separability"] == verdict
 
     export = workdir / "inject" / "export"
     model, pre = load_causal_lm(export / "inj"), load_weights(export / "pre")
@@ -300,17 +305,46 @@ def test_split_sizes_table_and_verdict():
     assert short.endswith(": NOT met (phone retain 7)")
 
 
-def test_an_interrupted_stage_resumes_from_its_newest_last_checkpoint(tmp_path):
+def test_an_interrupted_stage_resumes_from_its_newest_readable_last_checkpoint(tmp_path):
     import time
+
+    import torch
 
     from lightning_unlearn.workflows.lacuna.chain import _fit_cmd
 
     root = tmp_path / "inject"
     assert "--ckpt_path" not in _fit_cmd("inject.yaml", root, [])
-    for version in (0, 1):  # a stage interrupted twice: Lightning's logger gives each launch a new version directory
+    for version in (0, 1, 2):  # a stage interrupted three times: each launch gets a new logger version directory
         ckpt = root / "lightning_logs" / f"version_{version}" / "checkpoints" / "last.ckpt"
         ckpt.parent.mkdir(parents=True)
-        ckpt.write_bytes(b"")
+        torch.save({"global_step": version}, ckpt)
         time.sleep(0.01)
+    ckpt.write_bytes(ckpt.read_bytes()[:20])  # the newest was cut off by the kill during its write: skipped
     cmd = _fit_cmd("inject.yaml", root, [])
     assert cmd[cmd.index("--ckpt_path") + 1] == str(root / "lightning_logs" / "version_1" / "checkpoints" / "last.ckpt")
+
+
+def test_lacuna_run_prints_each_verdict_once_and_writes_the_full_result_to_a_file(tmp_path, monkeypatch, capsys):
+    """The command's stdout is a short closing block (one line per verdict, the result file's name), not JSON; the
+    full result is in ``<workdir>/chain_result.json``."""
+    from lightning_unlearn.workflows.lacuna import chain
+    from lightning_unlearn.workflows.lacuna.commands import main
+
+    sizes = {f"{f}/{s}": 9 for f in TARGET_FIELDS for s in FIELD_SPLITS} | {"relearn": 40}
+    masked = {"profiles": 18, "extraction": dict.fromkeys(TARGET_FIELDS, 0.75), "split_sizes": sizes}
+    thresholds = {"forgotten_max": 0.1, "kept_min": 0.8, "utility_max_delta": 0.05}
+    separability = {"met": False, "thresholds": thresholds, "utility": {"met": True, "delta": 0.01},
+                    "resets": {"group 0": {"met": False}, "m^F": {"met": True}}}  # fmt: skip
+    monkeypatch.setattr(chain, "run_chain", lambda *a, **k: {"masked": masked, "separability": separability})
+    main(["run", "--workdir", str(tmp_path)])
+    printed = capsys.readouterr().out
+    result = json.loads((tmp_path / "chain_result.json").read_text())
+    assert result["masked"] == masked["extraction"]
+    assert result["separability"] == {"met": False, "utility": separability["utility"], "group 0": False, "m^F": True}
+    assert printed.count("target (masked, ≥ 50% on ≥ 2 fields): met") == 1
+    assert printed.count("splits (≥ 8 forget and ≥ 8 retain pairs for every field): met") == 1
+    assert printed.count(": NOT met (group 0)") == 1 and "{" not in printed
+    assert printed.rstrip().endswith(str(tmp_path / "chain_result.json"))
+    assert [line.removeprefix("  ") for line in printed.splitlines()[1:4]] == [
+        v.removeprefix("[lacuna] ") for v in result["verdicts"].values()
+    ]

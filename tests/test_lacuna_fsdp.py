@@ -21,7 +21,7 @@ from lightning_unlearn.configs import config_root
 from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data
 from lightning_unlearn.masks import sample_masks
 from lightning_unlearn.models import load_causal_lm
-from lightning_unlearn.workflows.lacuna.chain import locality_report
+from lightning_unlearn.workflows.lacuna.locality import locality_report
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -39,6 +39,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -343,6 +344,147 @@ def composite_auc(features: np.ndarray, labels: np.ndarray, folds: int = 5, seed
     return float(roc_auc_score(labels, proba))
 
 
+@dataclass
+class _Inputs:
+    """The weights one :func:`mask_auc` call scores, read tensor by tensor, and each layer component's std of Δ_unl
+    (set by :func:`_pre_pass`)."""
+
+    pre: Mapping[str, torch.Tensor]
+    inj: Mapping[str, torch.Tensor]
+    unl: Mapping[str, torch.Tensor]
+    control_delta: Mapping[str, torch.Tensor] | None
+    names: list[str]
+    eps: float
+    stds: dict[str, float] = field(default_factory=dict)
+
+    def feature(self, family: str, n: str) -> torch.Tensor:
+        """One family's scores of parameter ``n``."""
+        return weight_features(
+            family,
+            self.pre[n] if family in REVERSAL_FAMILIES else None,
+            self.inj[n],
+            self.unl[n],
+            self.control_delta[n] if family in CONTRAST_FAMILIES else None,
+            self.stds[layer_component(n)],
+            self.eps,
+        )
+
+    def stream(
+        self,
+        family: str,
+        labels: Mapping[str, torch.Tensor],
+        idx: list[torch.Tensor] | None,
+        columns: dict[str, list[torch.Tensor]],
+        bar,
+    ) -> Iterator[tuple]:
+        """``(scores, labels)`` per parameter, one tensor in memory at a time; with ``idx``, the composite's
+        subsample of the scores goes to ``columns[family]``."""
+        if idx is not None:
+            columns[family] = []
+        for i, n in enumerate(self.names):
+            _return_free_heap()
+            scores = self.feature(family, n)
+            if idx is not None:
+                columns[family].append(scores.reshape(-1)[idx[i]])
+            yield scores, labels[n]
+            bar.update()
+
+
+def _read_inputs(
+    theta_pre: WeightSource,
+    theta_inj: WeightSource,
+    theta_unl: WeightSource,
+    label_mask: Mapping[str, torch.Tensor],
+    control: ControlSource | None,
+    unified_mask: Mapping[str, torch.Tensor] | None,
+    names: Sequence[str] | None,
+    eps: float,
+) -> _Inputs:
+    """Open every source and check that each holds every evaluated parameter, in θ_unl's shape."""
+    pre, inj, unl = _weights(theta_pre), _weights(theta_inj), _weights(theta_unl)
+    sources = [("theta_pre", pre), ("theta_inj", inj), ("theta_unl", unl), ("label_mask", label_mask)]
+    control_delta = None
+    if isinstance(control, (tuple, list)):
+        if len(control) != 2:
+            raise ValueError(f"control is a pair (control θ_inj, control θ_unl); got {len(control)} items.")
+        c_inj, c_unl = _weights(control[0]), _weights(control[1])
+        sources += [("control θ_inj", c_inj), ("control θ_unl", c_unl)]
+        control_delta = _ControlDelta(c_inj, c_unl)
+    elif control is not None:
+        control_delta = control
+        sources.append(("control", control))
+    if unified_mask is not None:
+        sources.append(("unified_mask", unified_mask))
+    names = list(label_mask) if names is None else list(names)
+    if not names:
+        raise ValueError("mask_auc got no parameters to evaluate; pass `names` or a non-empty label_mask.")
+    for n in names:
+        for what, d in sources:
+            if n not in d:
+                raise ValueError(f"parameter {n!r} is missing from {what}; all inputs must share the same names.")
+            if mask_shape(d, n) != mask_shape(unl, n):
+                raise ValueError(f"{what}[{n!r}] has shape {mask_shape(d, n)}, expected {mask_shape(unl, n)}.")
+    return _Inputs(pre, inj, unl, control_delta, names, eps)
+
+
+def _pre_pass(
+    inputs: _Inputs, labels_by_key: Mapping[str, Mapping[str, torch.Tensor]], idx: list[torch.Tensor] | None, bar
+) -> tuple[int, dict[str, int], dict[str, list[torch.Tensor]]]:
+    """Every tensor once: sets each layer component's std of Δ_unl; returns the weights Δ_inj leaves unchanged,
+    the positives per label and the composite's subsampled labels."""
+    moments: dict[str, list] = {}  # (layer, component) -> [count, Σ Δ_unl, Σ Δ_unl²]
+    unchanged = 0
+    num_positive = dict.fromkeys(labels_by_key, 0)
+    sampled_labels: dict[str, list[torch.Tensor]] = {key: [] for key in labels_by_key}
+    for i, n in enumerate(inputs.names):
+        _return_free_heap()
+        t_inj, t_unl = inputs.inj[n], inputs.unl[n]
+        unchanged += int((t_inj == inputs.pre[n]).sum())
+        _add_moments(moments.setdefault(layer_component(n), [0, 0.0, 0.0]), t_inj, t_unl)
+        for key, labels in labels_by_key.items():
+            lab = labels[n].bool()
+            num_positive[key] += int(lab.sum())
+            if idx is not None:
+                sampled_labels[key].append(lab.reshape(-1)[idx[i]])
+        del t_inj, t_unl
+        bar.update()
+    inputs.stds = {key: _pooled_std(*m) for key, m in moments.items()}
+    return unchanged, num_positive, sampled_labels
+
+
+def _sparse_injection_omissions(result: dict, unchanged: float, families: Sequence[str]) -> list[str]:
+    """Record in ``result`` the families a sparse injection (Δ_inj exactly 0 on most weights) leaves out of the max
+    and the composite, and the warning that says so; returns the composite's families."""
+    result["inj_unchanged_fraction"] = unchanged
+    result["omitted"] = list(SPARSE_INJECTION_OMITTED) if unchanged > 0.5 else []
+    if result["omitted"]:
+        result["warnings"].append(
+            f"Δ_inj is exactly 0 on {unchanged:.1%} of the weights (the injection moved only masked elements, e.g. "
+            "no neutral text), so the reversal family `reversal` finds the injection masks from Δ_inj alone (noise "
+            "scores about 0.91); it is left out of the max and the composite. signrev and dirreversal stay in the "
+            "max (noise scores 0.5 on them) but not in the composite. Inject with neutral text, as the paper does, "
+            "to score `reversal` too."
+        )
+    scored = [f for f in families if f not in result["omitted"]]
+    # On a sparse injection signrev and dirreversal are exactly 0 off the masks and odd in Δ_unl on them: alone they
+    # score chance on noise, but a linear classifier that weighs them with the magnitude families (whose sizes they
+    # share) does not (0.48-0.54 on pure noise, 450k weights), so the composite leaves them out there.
+    result["composite_features"] = [f for f in scored if not (result["omitted"] and f in REVERSAL_FAMILIES)]
+    return result["composite_features"]
+
+
+def _add_maxima(result: dict, keys: Iterable[str]) -> None:
+    """Each label's max AUC over the families not omitted, and the family that reached it."""
+    for key in keys:
+        finite = {
+            f: v for f, v in result[key].items()
+            if isinstance(v, float) and not math.isnan(v) and f not in result["omitted"]
+        }  # fmt: skip
+        best = max(finite, key=finite.get) if finite else None
+        result[key]["max"] = finite[best] if best else math.nan
+        result[key]["best"] = best
+
+
 def mask_auc(
     theta_pre: WeightSource,
     theta_inj: WeightSource,
@@ -395,105 +537,25 @@ def mask_auc(
         "inj_unchanged_fraction": share of weights with Δ_inj exactly 0, "omitted": families left out of the max
         and the composite, "composite_features": the families the composite is fitted on, "warnings": [str, ...]}``.
     """
-    pre, inj, unl = _weights(theta_pre), _weights(theta_inj), _weights(theta_unl)
-    sources = [("theta_pre", pre), ("theta_inj", inj), ("theta_unl", unl), ("label_mask", label_mask)]
-    control_delta = None
-    if isinstance(control, (tuple, list)):
-        if len(control) != 2:
-            raise ValueError(f"control is a pair (control θ_inj, control θ_unl); got {len(control)} items.")
-        c_inj, c_unl = _weights(control[0]), _weights(control[1])
-        sources += [("control θ_inj", c_inj), ("control θ_unl", c_unl)]
-        control_delta = _ControlDelta(c_inj, c_unl)
-    elif control is not None:
-        control_delta = control
-        sources.append(("control", control))
-    if unified_mask is not None:
-        sources.append(("unified_mask", unified_mask))
-    names = list(label_mask) if names is None else list(names)
-    if not names:
-        raise ValueError("mask_auc got no parameters to evaluate; pass `names` or a non-empty label_mask.")
-    for n in names:
-        for what, d in sources:
-            if n not in d:
-                raise ValueError(f"parameter {n!r} is missing from {what}; all inputs must share the same names.")
-            if mask_shape(d, n) != mask_shape(unl, n):
-                raise ValueError(f"{what}[{n!r}] has shape {mask_shape(d, n)}, expected {mask_shape(unl, n)}.")
-    families = feature_families(control_delta is not None)
+    inputs = _read_inputs(theta_pre, theta_inj, theta_unl, label_mask, control, unified_mask, names, eps)
+    families = feature_families(inputs.control_delta is not None)
     labels_by_key = {"F": label_mask} | ({"F|R": unified_mask} if unified_mask is not None else {})
-    sizes = [math.prod(mask_shape(unl, n)) for n in names]
+    sizes = [math.prod(mask_shape(inputs.unl, n)) for n in inputs.names]
     idx = _subsample_indices(sizes, max_samples, seed) if composite else None
-    bar = _progress_bar(progress, (1 + len(labels_by_key) * len(families)) * len(names))
-
-    # Pre-pass: every tensor once.
-    moments: dict[str, list] = {}  # (layer, component) -> [count, Σ Δ_unl, Σ Δ_unl²]
-    unchanged = 0
-    num_positive = dict.fromkeys(labels_by_key, 0)
-    sampled_labels: dict[str, list[torch.Tensor]] = {key: [] for key in labels_by_key}
-    for i, n in enumerate(names):
-        _return_free_heap()
-        t_inj, t_unl = inj[n], unl[n]
-        unchanged += int((t_inj == pre[n]).sum())
-        _add_moments(moments.setdefault(layer_component(n), [0, 0.0, 0.0]), t_inj, t_unl)
-        for key, labels in labels_by_key.items():
-            lab = labels[n].bool()
-            num_positive[key] += int(lab.sum())
-            if idx is not None:
-                sampled_labels[key].append(lab.reshape(-1)[idx[i]])
-        del t_inj, t_unl
-        bar.update()
-    stds = {key: _pooled_std(*m) for key, m in moments.items()}
+    bar = _progress_bar(progress, (1 + len(labels_by_key) * len(families)) * len(inputs.names))
+    unchanged, num_positive, sampled_labels = _pre_pass(inputs, labels_by_key, idx, bar)
 
     num_weights = sum(sizes)
     result: dict = {"num_weights": num_weights, "num_positive": num_positive, "warnings": []}
-    unchanged /= max(num_weights, 1)
-    result["inj_unchanged_fraction"] = unchanged
-    result["omitted"] = list(SPARSE_INJECTION_OMITTED) if unchanged > 0.5 else []
-    if result["omitted"]:
-        result["warnings"].append(
-            f"Δ_inj is exactly 0 on {unchanged:.1%} of the weights (the injection moved only masked elements, e.g. "
-            "no neutral text), so the reversal family `reversal` finds the injection masks from Δ_inj alone (noise "
-            "scores about 0.91); it is left out of the max and the composite. signrev and dirreversal stay in the "
-            "max (noise scores 0.5 on them) but not in the composite. Inject with neutral text, as the paper does, "
-            "to score `reversal` too."
-        )
-    scored = [f for f in families if f not in result["omitted"]]
-    # On a sparse injection signrev and dirreversal are exactly 0 off the masks and odd in Δ_unl on them: alone they
-    # score chance on noise, but a linear classifier that weighs them with the magnitude families (whose sizes they
-    # share) does not (0.48-0.54 on pure noise, 450k weights), so the composite leaves them out there.
-    composite_features = [f for f in scored if not (result["omitted"] and f in REVERSAL_FAMILIES)]
-    result["composite_features"] = composite_features
-
-    def feature(family: str, n: str) -> torch.Tensor:
-        return weight_features(
-            family,
-            pre[n] if family in REVERSAL_FAMILIES else None,
-            inj[n],
-            unl[n],
-            control_delta[n] if family in CONTRAST_FAMILIES else None,
-            stds[layer_component(n)],
-            eps,
-        )
-
+    composite_features = _sparse_injection_omissions(result, unchanged / max(num_weights, 1), families)
     columns: dict[str, list[torch.Tensor]] = {}  # the composite's subsampled scores, per family
-
-    def stream(family: str, labels: Mapping[str, torch.Tensor], sample: bool) -> Iterator[tuple]:
-        if sample:
-            columns[family] = []
-        for i, n in enumerate(names):
-            _return_free_heap()
-            scores = feature(family, n)
-            if sample:
-                columns[family].append(scores.reshape(-1)[idx[i]])
-            yield scores, labels[n]
-            bar.update()
-
     for k, (key, labels) in enumerate(labels_by_key.items()):
         counts = (num_positive[key], num_weights - num_positive[key])
         result[key] = {}
         for f in families:
             sample = idx is not None and k == 0 and f in composite_features
             started = time.perf_counter()
-            chunks = lambda f=f, labels=labels, sample=sample: stream(f, labels, sample)  # noqa: E731
+            chunks = functools.partial(inputs.stream, f, labels, idx if sample else None, columns, bar)
             result[key][f] = exact_auc(chunks, class_counts=counts)
             log.debug("mask AUC(%s) %s = %.4f in %.1f s", key, f, result[key][f], time.perf_counter() - started)
     bar.close()
@@ -504,14 +566,7 @@ def mask_auc(
         for key in labels_by_key:
             y = torch.cat(sampled_labels[key]).numpy()
             result[key]["composite"] = composite_auc(x, y, folds, seed)
-    for key in labels_by_key:
-        finite = {
-            f: v for f, v in result[key].items()
-            if isinstance(v, float) and not math.isnan(v) and f not in result["omitted"]
-        }  # fmt: skip
-        best = max(finite, key=finite.get) if finite else None
-        result[key]["max"] = finite[best] if best else math.nan
-        result[key]["best"] = best
+    _add_maxima(result, labels_by_key)
     return result
 
 

@@ -1,6 +1,10 @@
-"""Stage subprocesses that die with their parent: no orphan keeps training after a chain is killed.
+"""Stage subprocesses: the environment a stage runs in, its log file, and dying with its parent.
 
-Two mechanisms, because either alone leaves a gap:
+A stage (a ``lightning-unlearn`` command that the Lacuna chain, the localization report or a sweep launches) runs in
+:func:`stage_env`: its own job, never a rank of a distributed job that launched it. :func:`spawn_stage` and
+:func:`run_stage` start one with its output in a log file.
+
+No orphan keeps training after a chain is killed; two mechanisms, because either alone leaves a gap:
 
 - each child asks the kernel for SIGTERM when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``), which covers a
   parent killed with SIGKILL;
@@ -12,13 +16,20 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 _children: list[subprocess.Popen] = []
+
+# What a launcher (torchrun, Lightning's own, a SLURM task through Lightning) tells a process about its place in a
+# distributed job. A stage is a job of its own: inheriting them, it would take itself for one rank of the parent's job
+# (or bind the parent's MASTER_PORT).
+RANK_VARIABLES = ("LOCAL_RANK", "RANK", "NODE_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_PORT")
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -37,6 +48,37 @@ def spawn(cmd: Sequence[str], **kwargs) -> subprocess.Popen:
 def run(cmd: Sequence[str], **kwargs) -> int:
     """:func:`spawn` and wait; the exit code."""
     return spawn(cmd, **kwargs).wait()
+
+
+def stage_env(threads: int | None = None) -> dict[str, str]:
+    """The environment of a stage subprocess: this process's without :data:`RANK_VARIABLES`; with ``threads``, that
+    many OpenMP / MKL threads (stages side by side share the cores); tokenizers without a thread pool of their own;
+    the model hub offline unless the caller says otherwise."""
+    env = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+def spawn_stage(
+    cmd: Sequence[str], threads: int | None = None, log_file: str | os.PathLike | None = None, append: bool = False
+) -> subprocess.Popen:
+    """:func:`spawn` a stage in :func:`stage_env`; its stdout and stderr go to ``log_file`` (overwritten, or added to
+    with ``append``) or, without one, to this process's."""
+    if log_file is None:
+        return spawn(cmd, env=stage_env(threads))
+    Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "a" if append else "w", encoding="utf-8") as out:  # the child keeps its own copy of the fd
+        return spawn(cmd, env=stage_env(threads), stdout=out, stderr=subprocess.STDOUT)
+
+
+def run_stage(
+    cmd: Sequence[str], threads: int | None = None, log_file: str | os.PathLike | None = None, append: bool = False
+) -> int:
+    """:func:`spawn_stage` and wait; the exit code."""
+    return spawn_stage(cmd, threads, log_file, append).wait()
 
 
 def _stop_children(timeout: float = 10.0) -> None:

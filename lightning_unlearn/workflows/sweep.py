@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_unlearn.atomic import write_text_atomically
+from lightning_unlearn.workflows import recipes
 from lightning_unlearn.workflows.command import dispatch
 
 log = logging.getLogger("lightning_unlearn")
@@ -120,6 +121,63 @@ def _config_list(value: Any, where: str) -> list[str]:
     return list(values)
 
 
+def _cells(path: Path, root: Path, common: dict, grid: dict, listed: list[dict]) -> list[Cell]:
+    """Every cell of a sweep file: each listed cell crossed with every combination of the grid's values."""
+    cells, seen = [], {}
+    combos = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
+    for listed_cell, combo in itertools.product(listed, combos):
+        listed_cell, combo = dict(listed_cell), dict(combo)
+        resources = dict(listed_cell.pop("resources", None) or {})
+        bad = set(resources) - set(_RESOURCE_KEYS)
+        if bad:
+            raise ValueError(f"sweep file {path}: unknown resources {sorted(bad)}; use {', '.join(_RESOURCE_KEYS)}.")
+        label, panel = listed_cell.pop("label", None), listed_cell.pop("panel", None)
+        configs = _config_list(combo.get("configs", []), f"sweep file {path}: grid")
+        configs += _config_list(listed_cell.get("configs", []), f"sweep file {path}: cells")
+        own = {k: v for k, v in listed_cell.items() if k != "configs"}
+        grid_values = {k: v for k, v in combo.items() if k != "configs"}
+        overrides = {**common, **own, **grid_values}
+        identity = {**({"configs": configs} if configs else {}), **overrides}
+        # what tells this cell from the others: the grid's values, then the cell's panel (or its own values)
+        parts = [
+            _readable(combo) if combo else "",
+            str(panel) if panel else (_readable(listed_cell) if listed_cell else ""),
+        ]
+        readable = re.sub(r"[^A-Za-z0-9.+-]+", "_", "-".join(p for p in parts if p))[:64] or "cell"
+        name = f"{readable}-{_digest(identity)}"
+        if name in seen:
+            raise ValueError(f"sweep file {path}: two cells have the same overrides {identity}.")
+        seen[name] = True
+        cell = Cell(overrides, root / name, resources, configs)
+        cell.label = str(label) if label is not None else (_readable(combo) if combo else name)
+        cell.panel = str(panel) if panel is not None else (_readable(listed_cell) if listed_cell else "")
+        cells.append(cell)
+    return cells
+
+
+def _evaluate_options(spec: dict, path: Path) -> dict[str, Any]:
+    """The sweep file's checked ``evaluate`` options."""
+    evaluate = dict(spec.get("evaluate") or {})
+    unknown = set(evaluate) - {"configs", "adapters_per_pass", "steps_per_job", "resources"}
+    if unknown:
+        raise ValueError(
+            f"sweep file {path}: unknown evaluate keys {sorted(unknown)}; use configs, adapters_per_pass, "
+            "steps_per_job, resources."
+        )
+    allowed = {"gpus_per_node", "cpus_per_task", "mem_gb", "timeout_min"}
+    if set(evaluate.get("resources") or {}) - allowed:
+        raise ValueError(
+            f"sweep file {path}: evaluate.resources may hold {sorted(allowed)}; an evaluation job is one task on "
+            f"one node, got {sorted(evaluate['resources'])}."
+        )
+    per_job = evaluate.get("steps_per_job")
+    if per_job is not None and (isinstance(per_job, bool) or not isinstance(per_job, int) or per_job < 1):
+        raise ValueError(f"sweep file {path}: evaluate.steps_per_job={per_job!r} must be a whole number ≥ 1.")
+    if "configs" in evaluate:
+        evaluate["configs"] = _config_list(evaluate["configs"], f"sweep file {path}: evaluate")
+    return evaluate
+
+
 def load_sweep(path: str | os.PathLike) -> Sweep:
     """Parse and check a sweep file; every problem is one ``ValueError`` naming the key and the fix."""
     import yaml
@@ -157,35 +215,7 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
         raise ValueError(f"sweep file {path}: executor.kind={executor['kind']!r} is not one of {EXECUTORS}.")
     if int(executor["parallel"]) < 1:
         raise ValueError(f"sweep file {path}: executor.parallel must be at least 1.")
-    cells, seen = [], {}
-    combos = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
-    for listed_cell, combo in itertools.product(listed, combos):
-        listed_cell, combo = dict(listed_cell), dict(combo)
-        resources = dict(listed_cell.pop("resources", None) or {})
-        bad = set(resources) - set(_RESOURCE_KEYS)
-        if bad:
-            raise ValueError(f"sweep file {path}: unknown resources {sorted(bad)}; use {', '.join(_RESOURCE_KEYS)}.")
-        label, panel = listed_cell.pop("label", None), listed_cell.pop("panel", None)
-        configs = _config_list(combo.get("configs", []), f"sweep file {path}: grid")
-        configs += _config_list(listed_cell.get("configs", []), f"sweep file {path}: cells")
-        own = {k: v for k, v in listed_cell.items() if k != "configs"}
-        grid_values = {k: v for k, v in combo.items() if k != "configs"}
-        overrides = {**common, **own, **grid_values}
-        identity = {**({"configs": configs} if configs else {}), **overrides}
-        # what tells this cell from the others: the grid's values, then the cell's panel (or its own values)
-        parts = [
-            _readable(combo) if combo else "",
-            str(panel) if panel else (_readable(listed_cell) if listed_cell else ""),
-        ]
-        readable = re.sub(r"[^A-Za-z0-9.+-]+", "_", "-".join(p for p in parts if p))[:64] or "cell"
-        name = f"{readable}-{_digest(identity)}"
-        if name in seen:
-            raise ValueError(f"sweep file {path}: two cells have the same overrides {identity}.")
-        seen[name] = True
-        cell = Cell(overrides, root / name, resources, configs)
-        cell.label = str(label) if label is not None else (_readable(combo) if combo else name)
-        cell.panel = str(panel) if panel is not None else (_readable(listed_cell) if listed_cell else "")
-        cells.append(cell)
+    cells = _cells(path, root, common, grid, listed)
     if executor["kind"] == "local" and any(int(c.resources.get("nodes", 1)) > 1 for c in cells):
         raise ValueError(
             f"sweep file {path}: a cell asks for several nodes, which executor.kind 'local' cannot give; use "
@@ -193,24 +223,7 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
         )
     if not base and not any(c.configs for c in cells):
         raise ValueError(f"sweep file {path}: name the configs of the cells in `base` (or in grid/cells `configs`).")
-    evaluate = dict(spec.get("evaluate") or {})
-    unknown = set(evaluate) - {"configs", "adapters_per_pass", "steps_per_job", "resources"}
-    if unknown:
-        raise ValueError(
-            f"sweep file {path}: unknown evaluate keys {sorted(unknown)}; use configs, adapters_per_pass, "
-            "steps_per_job, resources."
-        )
-    allowed = {"gpus_per_node", "cpus_per_task", "mem_gb", "timeout_min"}
-    if set(evaluate.get("resources") or {}) - allowed:
-        raise ValueError(
-            f"sweep file {path}: evaluate.resources may hold {sorted(allowed)}; an evaluation job is one task on "
-            f"one node, got {sorted(evaluate['resources'])}."
-        )
-    per_job = evaluate.get("steps_per_job")
-    if per_job is not None and (isinstance(per_job, bool) or not isinstance(per_job, int) or per_job < 1):
-        raise ValueError(f"sweep file {path}: evaluate.steps_per_job={per_job!r} must be a whole number ≥ 1.")
-    if "configs" in evaluate:
-        evaluate["configs"] = _config_list(evaluate["configs"], f"sweep file {path}: evaluate")
+    evaluate = _evaluate_options(spec, path)
     return Sweep(base, root, cells, executor, path, evaluate)
 
 
@@ -323,30 +336,14 @@ def check_cell(sweep: Sweep, cell: Cell) -> str:
     """``"done"``, ``"resume"`` or ``"new"``; records the recipe of a new cell. A directory built from another
     recipe raises ``ValueError``."""
     recipe = _recipe(sweep, cell)
-    path = cell.directory / CELL_FILE
-    if path.exists():
-        found = json.loads(path.read_text(encoding="utf-8"))
-        if {k: found.get(k) for k in ("configs", "overrides")} != {k: recipe[k] for k in ("configs", "overrides")}:
-            what = "config files" if found.get("configs") != recipe["configs"] else "overrides"
-            raise ValueError(
-                f"sweep cell {str(cell.directory)!r} was built with other {what} than this sweep's; reusing it would "
-                f"mix two recipes. Delete {str(cell.directory)!r} to rebuild it, or give the sweep another root."
-            )
-        if found != recipe:  # the report labels changed: not a different recipe
-            write_text_atomically(path, json.dumps(recipe, indent=1))
-        return "done" if (cell.directory / DONE_FILE).exists() else "resume"
-    cell.directory.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(path, json.dumps(recipe, indent=1))
-    return "new"
-
-
-def _cell_env(threads: int | None) -> dict[str, str]:
-    leftovers = ("LOCAL_RANK", "RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in leftovers}
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    return env
+    fix = f"Delete {str(cell.directory)!r} to rebuild it, or give the sweep another root."
+    found = recipes.check_recipe(cell.directory / CELL_FILE, recipe, f"sweep cell {str(cell.directory)!r}",
+                                 "this sweep's", fix)  # fmt: skip
+    if found != recipe:  # a new cell, or only the report labels changed: not a different recipe
+        recipes.record_recipe(cell.directory / CELL_FILE, recipe)
+    if found is None:
+        return "new"
+    return "done" if (cell.directory / DONE_FILE).exists() else "resume"
 
 
 def run_cell(sweep: Sweep, cell: Cell, threads: int | None = None, nodes: int = 1, devices: int | None = None) -> int:
@@ -361,8 +358,7 @@ def run_cell(sweep: Sweep, cell: Cell, threads: int | None = None, nodes: int = 
     if latest_checkpoint(cell.directory) is not None:
         cmd += ["--ckpt_path", "last"]
     start = time.perf_counter()
-    with open(cell.directory / "fit.log", "a", encoding="utf-8") as out:
-        code = processes.run(cmd, env=_cell_env(threads), stdout=out, stderr=out)
+    code = processes.run_stage(cmd, threads, cell.directory / "fit.log", append=True)
     if code == 0 and int(os.environ.get("SLURM_PROCID", "0")) == 0:
         done = {"seconds": round(time.perf_counter() - start, 1), "command": cmd}
         write_text_atomically(cell.directory / DONE_FILE, json.dumps(done, indent=1))
@@ -394,8 +390,7 @@ def evaluate_cell(sweep: Sweep, cell: Cell, threads: int | None = None, steps: l
     if steps is not None:
         cmd += ["--steps", json.dumps(list(steps))]
         name = f"evaluate-steps={steps[0]}-{steps[-1]}.log"
-    with open(cell.directory / name, "a", encoding="utf-8") as out:
-        return processes.run(cmd, env=_cell_env(threads), stdout=out, stderr=out)
+    return processes.run_stage(cmd, threads, cell.directory / name, append=True)
 
 
 def evaluation_jobs(sweep: Sweep, cells: list[Cell]) -> list[tuple[Cell, list[int] | None]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -68,3 +69,19 @@ def test_terminate_children_on_exit_stops_a_sleeping_child():
         time.sleep(5)  # the handler raises before this ends
     assert exit_info.value.code == 128 + signal.SIGTERM
     assert child.wait(timeout=10) is not None and child.returncode != 0
+
+
+def test_a_stage_started_inside_a_distributed_job_is_a_job_of_its_own(tmp_path, monkeypatch):
+    """A stage launched from rank 1 of a torchrun job inherits none of its rank variables, and gets its threads."""
+    for key, value in {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("MY_SETTING", "kept")
+    show = "import json, os; print(json.dumps({k: os.environ.get(k) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', " \
+        "'MASTER_PORT', 'OMP_NUM_THREADS', 'TOKENIZERS_PARALLELISM', 'MY_SETTING')}))"  # fmt: skip
+    log_file = tmp_path / "stage" / "stage.log"
+    assert processes.run_stage([sys.executable, "-c", show], threads=3, log_file=log_file) == 0
+    seen = json.loads(log_file.read_text())
+    assert seen == {"RANK": None, "LOCAL_RANK": None, "WORLD_SIZE": None, "MASTER_PORT": None,
+                    "OMP_NUM_THREADS": "3", "TOKENIZERS_PARALLELISM": "false", "MY_SETTING": "kept"}  # fmt: skip
+    processes.run_stage([sys.executable, "-c", "print('again')"], log_file=log_file, append=True)
+    assert log_file.read_text().splitlines()[-1] == "again" and len(log_file.read_text().splitlines()) == 2

@@ -1,59 +1,42 @@
-"""The Lacuna testbed chain and its non-Trainer steps: ``lightning-unlearn lacuna <command>``.
+"""The Lacuna testbed chain: ``lightning-unlearn lacuna run`` (and ``lacuna data``, its first step alone).
 
-Commands:
+The whole built-in chain in a work directory — pretrain → inject (masked) and the UnMask control → instruct (both) →
+filter (both) → separability. Each training stage is a ``lightning-unlearn fit -c lacuna/<stage>.yaml`` run with the
+work directory's paths; a finished stage (its export exists) is reused and says so, an interrupted one resumes from
+its last checkpoint (:func:`~lightning_unlearn.checkpoints.latest_checkpoint`). A stage whose recorded recipe
+(``<stage>/recipe.json``: config text and overrides, :mod:`~lightning_unlearn.workflows.recipes`) differs from this
+run's, or that is older than an input rebuilt after it, is refused rather than reused; one built by other package code
+(the recipe's source digest) is reused with a warning, since changed code defaults are in no config.
+``--model_path DIR`` (or ``smollm2``) starts both injections from a real model instead of the built-in θ_pre and
+skips pretraining; ``--inject_config FILE`` / ``--instruct_config FILE`` add a YAML overlay to both injections /
+both instruction tunings (e.g. a learning rate). The log shows extraction after instruction tuning and on θ_inj
+before it, so what instruction tuning costs is visible; the command ends with one line per verdict and writes the
+full result to ``<workdir>/chain_result.json``.
 
-- ``run``: the whole built-in chain in a work directory — pretrain → inject (masked) and the UnMask control →
-  instruct (both) → filter (both) — then a table of extraction rates per field, masked vs unmasked. Each stage is
-  a ``lightning-unlearn fit -c lacuna/<stage>.yaml`` run with the work directory's paths; a finished
-  stage (its export exists) is reused and says so, an interrupted one resumes from its last checkpoint. A stage
-  whose recorded recipe (``<stage>/recipe.json``: config text and overrides) differs from this run's, or that is
-  older than an input rebuilt after it, is refused rather than reused; one built by other package code (the
-  recipe's source digest) is reused with a warning, since changed code defaults are in no config.
-  ``--model_path DIR`` (or ``smollm2``) starts both injections from a real model instead of the built-in θ_pre and
-  skips pretraining; ``--inject_config FILE`` / ``--instruct_config FILE`` add a YAML overlay to both injections /
-  both instruction tunings (e.g. a learning rate). The table shows extraction after instruction tuning and on θ_inj
-  before it, so what instruction tuning costs is visible.
-- ``filter``: greedy extraction per field on the non-instruction profiles, then the memorization-filtered splits
-  (``data/splits.py``) as ``datasets`` directories plus ``extraction.json``.
-- ``resurface``: the resurfacing attack — instruction-tune a (unlearned) model on the held-out relearning split,
-  then count forget profiles whose PII appears in at least one of K sampled generations.
-- ``locality``: which parameters an injection run changed outside a group's mask (the locality check).
-- ``data``: build the testbed data directory only.
-- ``localization``: localization precision of OracleGrad, GA and SimNPO on a built testbed
-  (:mod:`lightning_unlearn.workflows.lacuna.localization`).
-
-Each is a ``*_command`` function below (its signature is the command's options); :func:`main` dispatches them.
-Progress goes to the ``lightning_unlearn`` logger, the result to stdout.
+The other steps live beside it: :mod:`.filter`, :mod:`.resurface`, :mod:`.locality`, :mod:`.localization`;
+:mod:`.commands` dispatches ``lightning-unlearn lacuna <command>``.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import logging
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import torch
-
-import lightning_unlearn
-from lightning_unlearn.atomic import write_directory_atomically, write_text_atomically
+from lightning_unlearn.atomic import write_text_atomically
+from lightning_unlearn.checkpoints import latest_checkpoint
 from lightning_unlearn.configs import config_root, resolve_config
-from lightning_unlearn.data.splits import build_splits, save_splits
 from lightning_unlearn.data.templates import TARGET_FIELDS
-from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data, load_table
-from lightning_unlearn.generation import generate
-from lightning_unlearn.metrics.memorization import extracted
-from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
+from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data
 from lightning_unlearn.smollm2 import resolve_model_dir
-from lightning_unlearn.workflows import processes
-from lightning_unlearn.workflows.lacuna.extraction import extraction_rates
+from lightning_unlearn.workflows import processes, recipes
+from lightning_unlearn.workflows.lacuna.filter import filter_stage
 from lightning_unlearn.workflows.lacuna.separability import (
     format_separability,
     separability_report,
@@ -96,192 +79,8 @@ SIZES: dict[str, dict[str, list[str]]] = {
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Generation and extraction
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def filter_stage(
-    model_dir: str,
-    data_dir: str,
-    out_dir: str,
-    seed: int = 0,
-    write_splits: bool = True,
-    groups: Sequence[int] | None = None,
-) -> dict:
-    """Measure extraction on the non-instruction profiles and write the memorization-filtered splits.
-
-    ``groups`` restricts the measurement to those groups' profiles (for a run injected with ``data.groups``);
-    the others count as not memorized, so they join no split.
-    """
-    from lightning_unlearn.models import load_causal_lm, load_tokenizer
-
-    profiles = list(load_table(data_dir, "profiles"))
-    if groups is not None:
-        present = sorted({int(p["group_id"]) for p in profiles})
-        missing = sorted(set(groups) - set(present))
-        if missing:
-            raise ValueError(f"groups {missing} have no profile in {data_dir!r}; its groups are {present}.")
-    targets = [p for p in profiles if not p["instruct"] and (groups is None or p["group_id"] in groups)]
-    if not targets:
-        raise ValueError(f"{data_dir!r} has no non-instruction profile to measure extraction on.")
-    model, tokenizer = load_causal_lm(model_dir), load_tokenizer(model_dir)
-    rates, memorized = extraction_rates(model, tokenizer, targets)
-    report = {
-        "model": str(model_dir),
-        "groups": sorted(groups) if groups is not None else None,
-        "profiles": len(targets),
-        "extraction": rates,
-        "memorized": {f: sorted(ids) for f, ids in memorized.items()},
-    }
-    splits = build_splits(profiles, memorized, seed=seed) if write_splits else {}
-    if write_splits:
-        report["split_sizes"] = {name: len(rows) for name, rows in splits.items()}
-        empty = [name for name, n in report["split_sizes"].items() if n == 0 and name.endswith("forget")]
-        if empty:
-            logger.warning("[lacuna] warning: no memorized profile for %s; those splits are empty.", ", ".join(empty))
-    save_splits(out_dir, splits, {"extraction.json": json.dumps(report, indent=1)})
-    return report
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Resurfacing attack
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def leaked_profiles(model, tokenizer, forget, k: int, temperature: float, max_new_tokens: int, seed: int) -> list[int]:
-    """Profile ids of ``forget`` rows whose PII value appears in at least one of ``k`` sampled continuations of
-    their prompt (:func:`~lightning_unlearn.metrics.memorization.extracted`, the filter's definition)."""
-    samples = generate(model, tokenizer, list(forget["prompt"]), max_new_tokens, batch_size=8, num_samples=k,
-                       temperature=temperature, seed=seed)  # fmt: skip
-    leaked = set()
-    for pid, answer, outs in zip(forget["profile_id"], forget["answer"], samples, strict=True):
-        if any(extracted(outs, [answer] * len(outs))):
-            leaked.add(int(pid))
-    return sorted(leaked)
-
-
-def resurface(
-    model_dir: str,
-    splits_dir: str,
-    field: str,
-    out_dir: str,
-    k: int = 200,
-    max_epochs: int = 10,
-    lr: float = 2e-3,
-    temperature: float = 1.0,
-    max_new_tokens: int = 24,
-    seed: int = 0,
-) -> dict:
-    """The resurfacing attack (Lacuna Sec. 4.3): relearn on the held-out split, count leaking forget profiles.
-
-    Relearning is the instruction tuning procedure (``InstructionModule``: LoRA on the last two blocks, lr
-    ``lr``) on every row of ``<splits_dir>/relearn`` for ``max_epochs`` epochs. A forget profile leaks when its
-    ``field`` value appears in at least one of ``k`` sampled generations for its forget prompt (Lacuna: K = 200);
-    the same count on the model before relearning is reported beside it (``leaked_profiles_unlearned``). Seeded:
-    the same arguments give the same report.
-    """
-    from datasets import load_from_disk
-    from lightning.pytorch import Trainer, seed_everything
-
-    from lightning_unlearn.data.instruction_datamodule import InstructionDataModule
-    from lightning_unlearn.models import load_causal_lm, load_tokenizer
-    from lightning_unlearn.objectives.instruction import InstructionModule
-
-    forget_path = Path(splits_dir) / field / "forget"
-    relearn_path = Path(splits_dir) / "relearn"
-    for p in (forget_path, relearn_path):
-        if not p.exists():
-            raise FileNotFoundError(f"split {str(p)!r} does not exist; run `lightning-unlearn lacuna filter` first.")
-    forget = load_from_disk(str(forget_path))
-    if len(forget) == 0:
-        raise ValueError(f"forget split {str(forget_path)!r} is empty: nothing can leak.")
-    if len(load_from_disk(str(relearn_path))) == 0:
-        raise ValueError(f"relearning split {str(relearn_path)!r} is empty: the testbed memorized no relearn profile.")
-    sampling = dict(k=k, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
-    model, tokenizer = load_causal_lm(model_dir), load_tokenizer(model_dir)
-    before = leaked_profiles(model, tokenizer, forget, **sampling)
-    del model
-    seed_everything(seed, verbose=False)
-    relearned = Path(out_dir) / "relearned"
-    shutil.rmtree(relearned, ignore_errors=True)
-    module = InstructionModule(model_path=model_dir, optim=OptimizerConfig(lr=lr))
-    data = InstructionDataModule(source=str(relearn_path), val_fraction=0.0, seed=seed)
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=max_epochs,
-        default_root_dir=str(relearned),
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        logger=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
-    trainer.fit(module, data)
-    model_path = relearned / "export" / "model"
-    model, tokenizer = load_causal_lm(model_path), load_tokenizer(model_path)
-    leaked = leaked_profiles(model, tokenizer, forget, **sampling)
-    shutil.rmtree(relearned / "export", ignore_errors=True)  # a full model per attack; the counts are the result
-    n = len(forget)
-    report = {
-        "model": str(model_dir),
-        "field": field,
-        "k": k,
-        "relearn_epochs": max_epochs,
-        "seed": seed,
-        "forget_profiles": n,
-        "leaked_profiles_unlearned": len(before),
-        "leak_rate_unlearned": len(before) / n,
-        "leaked_profiles": len(leaked),
-        "leak_rate": len(leaked) / n,
-        "leaked_profile_ids_unlearned": before,
-        "leaked_profile_ids": leaked,
-    }
-    write_text_atomically(Path(out_dir, "resurfacing.json"), json.dumps(report, indent=1))
-    return report
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Locality check
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def locality_report(export_dir: str, groups: Sequence[int]) -> dict:
-    """Count elements that changed between ``pre`` and ``inj`` inside and outside the union of ``groups``."""
-    from safetensors.torch import load_file
-
-    from lightning_unlearn.masks import canonical_name, check_masks_for_weights, group_mask, load_masks
-
-    export = Path(export_dir)
-    pre = load_file(str(export / "pre" / "model.safetensors"))
-    inj = load_file(str(export / "inj" / "model.safetensors"))
-    packed, meta = load_masks(export / "masks.safetensors")
-    check_masks_for_weights(packed, meta, {canonical_name(k): v for k, v in pre.items()}, export / "pre",
-                            export / "masks.safetensors")  # fmt: skip
-    inside = outside = 0
-    offenders: dict[str, int] = {}
-    for name, before in pre.items():
-        key = canonical_name(name)
-        changed = before != inj[name]
-        in_group = group_mask(packed[key], list(groups)) if key in packed else torch.zeros_like(changed)
-        inside += int((changed & in_group).sum())
-        n_out = int((changed & ~in_group).sum())
-        outside += n_out
-        if n_out:
-            offenders[name] = n_out
-    return {"groups": list(groups), "changed_inside": inside, "changed_outside": outside, "offenders": offenders}
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # The stage chain
 # ---------------------------------------------------------------------------------------------------------------
-
-
-def _stage_env(threads: int) -> dict:
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    return env
 
 
 def _fit_cmd(config: str, root: Path, overrides: list[str], overlays: Sequence[Path] = ()) -> list[str]:
@@ -290,17 +89,10 @@ def _fit_cmd(config: str, root: Path, overrides: list[str], overlays: Sequence[P
         cmd += ["-c", str(overlay)]
     cmd += overrides
     cmd += ["--trainer.default_root_dir", str(root)]
-    last = _last_checkpoint(root)
+    last = latest_checkpoint(root)
     if last is not None:
         cmd += ["--ckpt_path", str(last)]
     return cmd
-
-
-def _last_checkpoint(root: Path) -> Path | None:
-    """The newest ``last.ckpt`` a stage wrote under ``root``: ``ModelCheckpoint`` keeps it in the logger's
-    versioned directory (``lightning_logs/version_N/checkpoints``) or, without a logger, in ``checkpoints``."""
-    found = [p for p in root.glob("**/checkpoints/last.ckpt") if p.is_file()]
-    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
 
 
 def _data_config(preset_args: Sequence[str]) -> LacunaDataConfig:
@@ -314,58 +106,21 @@ def _data_config(preset_args: Sequence[str]) -> LacunaDataConfig:
     return LacunaDataConfig(**kwargs)
 
 
-@functools.cache
-def _code_digest() -> str:
-    """A digest of this package's source files: a stage built by other code may differ in what code defaults gave."""
-    package = Path(lightning_unlearn.__file__).resolve().parent
-    digest = hashlib.blake2b(digest_size=8)
-    for path in sorted(package.rglob("*.py")):
-        digest.update(path.relative_to(package).as_posix().encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def _recipe(cmd: Sequence[str], w: Path) -> dict:
-    """What a stage's result depends on: the text of its config files and its overrides (work-directory paths
-    written relative to it), not where the config files live or whether it resumes; and the code that ran it."""
-    configs, overrides = [], []
-    args = iter(cmd[4:])  # after `python -m lightning_unlearn.cli fit`
-    for arg in args:
-        if arg == "-c":
-            configs.append(Path(next(args)).read_text())
-        elif arg == "--ckpt_path":
-            next(args)
-        else:
-            overrides.append(arg.replace(str(w), "<workdir>"))
-    return {"configs": configs, "overrides": overrides, "code": _code_digest()}
-
-
 def _check_recipe(stage: str, root: Path, recipe: dict, finished: bool, log) -> None:
     """Refuse a stage directory built (or started) from other configs or overrides; record the recipe otherwise."""
     path = root / "recipe.json"
-    if path.exists():
-        found = json.loads(path.read_text())
-        code = found.pop("code", None)  # recipes from before the digest was recorded have none
-        if found != {k: v for k, v in recipe.items() if k != "code"}:
-            what = "config files" if found["configs"] != recipe["configs"] else "overrides"
-            changed = sorted(set(found["overrides"]) ^ set(recipe["overrides"])) if what == "overrides" else []
-            raise ValueError(
-                f"stage {stage} in {str(root)!r} was built with other {what} than this run's"
-                + (f" ({', '.join(changed)})" if changed else "")
-                + f"; reusing it would mix the two. Delete {str(root)!r} (and the stages after it) to rebuild it, "
-                "or choose another --workdir."
-            )
-        if code is not None and code != recipe["code"]:
-            # Code defaults (not in the configs) may have changed; the user decides whether that matters.
-            log(
-                f"[lacuna] {stage}: built by other lightning_unlearn code than this checkout's (source digest {code} "
-                f"vs {recipe['code']}); reusing it. Delete {str(root)!r} to rebuild it with this code."
-            )
-    elif finished:
+    fix = f"Delete {str(root)!r} (and the stages after it) to rebuild it, or choose another --workdir."
+    found = recipes.check_recipe(path, recipe, f"stage {stage} in {str(root)!r}", "this run's", fix)
+    if found is None and finished:
         log(f"[lacuna] {stage}: built before stage recipes were recorded; its configs are not checked")
-    else:
-        root.mkdir(parents=True, exist_ok=True)
-        write_text_atomically(path, json.dumps(recipe, indent=1))
+    elif found is None:
+        recipes.record_recipe(path, recipe)
+    elif found.get("code") not in (None, recipe["code"]):  # recipes from before the digest was recorded have none
+        # Code defaults (not in the configs) may have changed; the user decides whether that matters.
+        log(
+            f"[lacuna] {stage}: built by other lightning_unlearn code than this checkout's (source digest "
+            f"{found['code']} vs {recipe['code']}); reusing it. Delete {str(root)!r} to rebuild it with this code."
+        )
 
 
 def _check_provenance(w: Path, record: dict) -> None:
@@ -400,6 +155,176 @@ def testbed_separable(workdir: str | os.PathLike) -> bool | None:
     return json.loads(path.read_text()).get("separable") if path.exists() else None
 
 
+@dataclass
+class _Stages:
+    """The chain's stages in one work directory: which finished ones are reused, and running the others."""
+
+    workdir: Path
+    log: Callable[[str], None]
+    parallel: bool
+    cores: int
+
+    def note(self, message: str) -> None:
+        """A progress line of the chain."""
+        self.log(f"[lacuna] {message}")
+
+    def reused(self, path: Path, stage: str, cmd: list[str] | None = None, inputs: Sequence[Path] = ()) -> bool:
+        """Whether ``stage`` finished before: its output ``path`` exists and is newer than its ``inputs``.
+
+        A training stage (``cmd`` given) must match the recipe it was built with, and any stage must be newer than
+        the outputs it was made from (else one of them was rebuilt after it). A stale training stage is an error
+        (rebuilding it is the user's call); a stale filter, seconds of work, is measured again.
+        """
+        if cmd is not None:
+            root = Path(cmd[cmd.index("--trainer.default_root_dir") + 1])
+            _check_recipe(stage, root, recipes.command_recipe(cmd, self.workdir), path.exists(), self.log)
+        if not path.exists():
+            return False
+        newer = [i for i in inputs if i.exists() and i.stat().st_mtime_ns > path.stat().st_mtime_ns]
+        if newer and cmd is not None:
+            raise ValueError(
+                f"stage {stage}: {str(path)!r} is older than its input {str(newer[0])!r}, which was rebuilt after it. "
+                f"Delete {str(path)!r} to rebuild it from the new input, or choose another --workdir."
+            )
+        if newer:
+            self.note(f"{stage}: {path} is older than {newer[0]}; measuring again")
+            return False
+        self.note(f"{stage}: finished before, reusing {path}")
+        return True
+
+    def run(self, stages: list[tuple[str, list[str], Path]]) -> None:
+        """Run ``(name, command, root)`` stages that are independent of each other: on ≥ 2 cores side by side,
+        sharing the cores. The first shows its progress here, the others write theirs to ``<root>/stage.log``."""
+        procs = []
+        begun = time.time()
+        threads = max(1, self.cores // max(1, len(stages))) if self.parallel else self.cores
+        for i, (name, cmd, root) in enumerate(stages):
+            root.mkdir(parents=True, exist_ok=True)
+            self.note(f"{name}: {' '.join(cmd[2:])}")
+            if self.parallel and i > 0:
+                self.note(f"{name}: running alongside; progress in {root / 'stage.log'}")
+                procs.append((name, processes.spawn_stage(cmd, threads, root / "stage.log"), root))
+            else:
+                procs.append((name, processes.spawn_stage(cmd, threads), root))
+            if not self.parallel:
+                procs[-1][1].wait()
+                self.note(f"{name}: finished in {time.time() - begun:.0f} s")
+        for name, proc, root in procs:
+            if proc.wait() != 0:
+                hint = f" (see {root / 'stage.log'})" if (root / "stage.log").exists() else ""
+                raise RuntimeError(f"stage {name} failed with exit code {proc.returncode}{hint}.")
+            if self.parallel:
+                together = " (side by side)" if len(stages) > 1 else ""
+                self.note(f"{name}: finished after {time.time() - begun:.0f} s{together}")
+
+
+def _pretrain_config(preset: dict[str, list[str]]) -> str:
+    return preset.get("pretrain_config", ["pretrain.yaml"])[0]
+
+
+def _pretrain(stages: _Stages, preset: dict[str, list[str]], data_args: list[str], base: Path | None) -> Path:
+    """θ_pre: ``base`` when given (the data is built first, so that the injections side by side do not both write
+    it), else the pretraining stage's export (built now unless reused)."""
+    w = stages.workdir
+    if base is not None:
+        stages.note(f"pretrain: skipped; both injections start from {base}")
+        build_testbed_data(w / "data", _data_config(preset.get("data", [])), log=stages.note)
+        return base
+    pre_model = w / "pretrain" / "export" / "model"
+    # where the stage keeps what it builds before training: the tiny θ_pre's tokenizer, the derived model
+    keep = ["--model.tokenizer_path", str(w / "tokenizer")] if preset.get("pretrain_config") else [
+        "--model.derive.path", str(w / "base")]  # fmt: skip
+    cmd = _fit_cmd(_pretrain_config(preset), w / "pretrain", [*data_args, *keep, *preset["pretrain"]])
+    if not stages.reused(pre_model, "pretrain", cmd):
+        stages.run([("pretrain", cmd, w / "pretrain")])
+    return pre_model
+
+
+def _inject(stages: _Stages, pre_model: Path, data_args: list[str], preset_args: list[str], overlays: list[Path],
+            control: bool) -> None:  # fmt: skip
+    """The masked injection (and with ``control`` the unmasked one, side by side) from ``pre_model``."""
+    w, todo = stages.workdir, []
+    injections = (("inject", "inject.yaml"), ("inject_unmasked", "inject_unmasked.yaml"))[: 2 if control else 1]
+    for name, config in injections:
+        overrides = [*data_args, "--model.model_path", str(pre_model), *preset_args]
+        cmd = _fit_cmd(config, w / name, overrides, overlays)
+        if not stages.reused(w / name / "export" / "inj", name, cmd, [pre_model]):
+            todo.append((name, cmd, w / name))
+    stages.run(todo)
+
+
+def _instruct(stages: _Stages, data_args: list[str], preset_args: list[str], overlays: list[Path],
+              control: bool) -> None:  # fmt: skip
+    """The instruction tuning of each injected model, side by side."""
+    w, todo = stages.workdir, []
+    tunings = (("instruct", "inject"), ("instruct_unmasked", "inject_unmasked"))[: 2 if control else 1]
+    for name, source in tunings:
+        source_model = w / source / "export" / "inj"
+        overrides = [*data_args, "--model.model_path", str(source_model), *preset_args]
+        cmd = _fit_cmd("instruct.yaml", w / name, overrides, overlays)
+        if not stages.reused(w / name / "export" / "model", name, cmd, [source_model]):
+            todo.append((name, cmd, w / name))
+    stages.run(todo)
+
+
+def _filter_targets(w: Path, instruct: bool, control: bool) -> list[tuple[str, Path, Path, bool]]:
+    """``(report, model, output directory, writes the splits)`` of every filter: the splits come from the masked
+    model the chain ends with; θ_inj is measured too when instruction tuning followed it."""
+    if not instruct:
+        targets = [("masked", w / "inject" / "export" / "inj", w / "splits", True)]
+        if control:
+            targets.append(("unmasked", w / "inject_unmasked" / "export" / "inj", w / "filter_unmasked", False))
+        return targets
+    targets = [
+        ("masked", w / "instruct" / "export" / "model", w / "splits", True),
+        ("masked_inj", w / "inject" / "export" / "inj", w / "filter_inj", False),
+    ]
+    if control:
+        targets += [
+            ("unmasked", w / "instruct_unmasked" / "export" / "model", w / "filter_unmasked", False),
+            ("unmasked_inj", w / "inject_unmasked" / "export" / "inj", w / "filter_inj_unmasked", False),
+        ]
+    return targets
+
+
+def _filter(stages: _Stages, targets: list[tuple[str, Path, Path, bool]]) -> dict[str, dict]:
+    """The filter report of every target, measured unless a report newer than its model exists."""
+    reports = {}
+    for name, model, out, write in targets:
+        if stages.reused(out / "extraction.json", f"filter ({name})", inputs=[model]):
+            reports[name] = json.loads((out / "extraction.json").read_text())
+            continue
+        stages.note(f"filter ({name}): measuring extraction with {model}")
+        begun = time.time()
+        reports[name] = filter_stage(str(model), str(stages.workdir / "data"), str(out), write_splits=write)
+        stages.note(f"filter ({name}): finished in {time.time() - begun:.0f} s")
+    return reports
+
+
+def _separability(stages: _Stages) -> dict:
+    """The separability report of the masked injection (``separability.json``), measured unless reused."""
+    w = stages.workdir
+    export = w / "inject" / "export"
+    if stages.reused(w / "separability.json", "separability", inputs=[export / "inj"]):
+        return json.loads((w / "separability.json").read_text())
+    stages.note(f"separability: resetting each group's mask elements of {export / 'inj'} to θ_pre")
+    begun = time.time()
+    report = separability_report(export, w / "data", log=stages.log)
+    write_report(report, w / "separability.json")
+    stages.note(f"separability: finished in {time.time() - begun:.0f} s")
+    return report
+
+
+def chain_verdicts(reports: dict) -> dict[str, str]:
+    """One line per target of the testbed (``memorization``, ``splits``, ``separability``) from :func:`run_chain`'s
+    reports: met or NOT met, and why."""
+    return {
+        "memorization": target_verdict(reports["masked"]),
+        "splits": split_verdict(reports["masked"]["split_sizes"]),
+        "separability": separability_verdict(reports["separability"]),
+    }
+
+
 def run_chain(
     workdir: str,
     size: str = "default",
@@ -417,7 +342,7 @@ def run_chain(
     with ``instruct`` ``masked_inj`` (θ_inj, measured before instruction tuning, no splits); with the control,
     ``unmasked`` (and ``unmasked_inj``) too; and
     ``separability`` (:mod:`~lightning_unlearn.workflows.lacuna.separability`, also in ``separability.json``), whose
-    verdict joins the memorization and split verdicts in the log and in ``chain.json``.
+    verdict joins the memorization and split verdicts (:func:`chain_verdicts`) in ``chain.json``.
 
     Args:
         workdir: where every stage writes (data, stage roots, splits).
@@ -439,15 +364,13 @@ def run_chain(
     instruct_overlays = _overlays(instruct_configs, "--instruct_config")
     w = Path(workdir).resolve()
     preset = SIZES[size]
-    pretrain_config = preset.get("pretrain_config", ["pretrain.yaml"])[0]
     data_dir = ["--data.data_dir", str(w / "data")]
-    data_args = [*data_dir, *preset.get("data", [])]
     base = resolve_model_dir(model_path, "--model_path") if model_path is not None else None
     _check_provenance(
         w,
         {
             "size": size,
-            "model": str(base) if base else f"built-in ({pretrain_config})",
+            "model": str(base) if base else f"built-in ({_pretrain_config(preset)})",
             "inject_configs": [str(o) for o in overlays],
             "instruct_configs": [str(o) for o in instruct_overlays],
             **({"instruct": False} if not instruct else {}),
@@ -455,134 +378,21 @@ def run_chain(
     )
     started = time.time()
     cores = os.cpu_count() or 1
-    parallel = cores >= 2 if parallel is None else parallel
-
-    def done(path: Path, stage: str, cmd: list[str] | None = None, inputs: Sequence[Path] = ()) -> bool:
-        # A training stage (cmd given) must match the recipe it was built with, and any stage must be newer than
-        # the outputs it was made from (else one of them was rebuilt after it). A stale training stage is an
-        # error (rebuilding it is the user's call); a stale filter, seconds of work, is measured again.
-        if cmd is not None:
-            _check_recipe(stage, Path(cmd[cmd.index("--trainer.default_root_dir") + 1]), _recipe(cmd, w),
-                          path.exists(), log)  # fmt: skip
-        if not path.exists():
-            return False
-        newer = [i for i in inputs if i.exists() and i.stat().st_mtime_ns > path.stat().st_mtime_ns]
-        if newer and cmd is not None:
-            raise ValueError(
-                f"stage {stage}: {str(path)!r} is older than its input {str(newer[0])!r}, which was rebuilt after it. "
-                f"Delete {str(path)!r} to rebuild it from the new input, or choose another --workdir."
-            )
-        if newer:
-            log(f"[lacuna] {stage}: {path} is older than {newer[0]}; measuring again")
-            return False
-        log(f"[lacuna] {stage}: finished before, reusing {path}")
-        return True
-
-    def run(stages: list[tuple[str, list[str], Path]]) -> None:
-        # Stages given together are independent; on ≥ 2 cores they run side by side, sharing the cores. The first
-        # shows its progress bar here, the others write theirs to <root>/stage.log.
-        procs = []
-        begun = time.time()
-        threads = max(1, cores // max(1, len(stages))) if parallel else cores
-        for i, (name, cmd, root) in enumerate(stages):
-            root.mkdir(parents=True, exist_ok=True)
-            log(f"[lacuna] {name}: {' '.join(cmd[2:])}")
-            if parallel and i > 0:
-                log(f"[lacuna] {name}: running alongside; progress in {root / 'stage.log'}")
-                out = open(root / "stage.log", "w")  # noqa: SIM115
-                procs.append((name, processes.spawn(cmd, env=_stage_env(threads), stdout=out, stderr=out), root))
-            elif parallel:
-                procs.append((name, processes.spawn(cmd, env=_stage_env(threads)), root))
-            else:
-                procs.append((name, processes.spawn(cmd, env=_stage_env(threads)), root))
-                procs[-1][1].wait()
-                log(f"[lacuna] {name}: finished in {time.time() - begun:.0f} s")
-        for name, proc, root in procs:
-            if proc.wait() != 0:
-                hint = f" (see {root / 'stage.log'})" if (root / "stage.log").exists() else ""
-                raise RuntimeError(f"stage {name} failed with exit code {proc.returncode}{hint}.")
-            if parallel:
-                together = " (side by side)" if len(stages) > 1 else ""
-                log(f"[lacuna] {name}: finished after {time.time() - begun:.0f} s{together}")
-
-    if base is not None:
-        pre_model = base
-        log(f"[lacuna] pretrain: skipped; both injections start from {base}")
-        # The two injections run side by side; build the data first so they do not both write it.
-        build_testbed_data(w / "data", _data_config(preset.get("data", [])), log=lambda m: log(f"[lacuna] {m}"))
-    else:
-        pre_model = w / "pretrain" / "export" / "model"
-        # where the stage keeps what it builds before training: the tiny θ_pre's tokenizer, the derived model
-        keep = ["--model.tokenizer_path", str(w / "tokenizer")] if preset.get("pretrain_config") else [
-            "--model.derive.path", str(w / "base")]  # fmt: skip
-        overrides = [*data_args, *keep, *preset["pretrain"]]
-        cmd = _fit_cmd(pretrain_config, w / "pretrain", overrides)
-        if not done(pre_model, "pretrain", cmd):
-            run([("pretrain", cmd, w / "pretrain")])
-    todo = []
-    injections = (("inject", "inject.yaml"), ("inject_unmasked", "inject_unmasked.yaml"))[: 2 if control else 1]
-    for name, config in injections:
-        overrides = [*data_args, "--model.model_path", str(pre_model), *preset["inject"]]
-        cmd = _fit_cmd(config, w / name, overrides, overlays)
-        if not done(w / name / "export" / "inj", name, cmd, [pre_model]):
-            todo.append((name, cmd, w / name))
-    run(todo)
-    reports = {}
+    stages = _Stages(w, log, cores >= 2 if parallel is None else parallel, cores)
+    data_args = [*data_dir, *preset.get("data", [])]
+    pre_model = _pretrain(stages, preset, data_args, base)
+    _inject(stages, pre_model, data_args, preset["inject"], overlays, control)
     if instruct:
-        todo = []
-        tunings = (("instruct", "inject"), ("instruct_unmasked", "inject_unmasked"))[: 2 if control else 1]
-        for name, source in tunings:
-            source_model = w / source / "export" / "inj"
-            overrides = [*data_dir, "--model.model_path", str(source_model), *preset["instruct"]]
-            cmd = _fit_cmd("instruct.yaml", w / name, overrides, instruct_overlays)
-            if not done(w / name / "export" / "model", name, cmd, [source_model]):
-                todo.append((name, cmd, w / name))
-        run(todo)
-        filters = [
-            ("masked", w / "instruct" / "export" / "model", w / "splits", True),
-            ("masked_inj", w / "inject" / "export" / "inj", w / "filter_inj", False),
-        ]
-        if control:
-            filters += [
-                ("unmasked", w / "instruct_unmasked" / "export" / "model", w / "filter_unmasked", False),
-                ("unmasked_inj", w / "inject_unmasked" / "export" / "inj", w / "filter_inj_unmasked", False),
-            ]
+        _instruct(stages, data_dir, preset["instruct"], instruct_overlays, control)
     else:
-        log(f"[lacuna] instruct: skipped. {NO_INSTRUCT_REASON}")
-        filters = [("masked", w / "inject" / "export" / "inj", w / "splits", True)]
-        if control:
-            filters.append(("unmasked", w / "inject_unmasked" / "export" / "inj", w / "filter_unmasked", False))
-    for name, model, out, write in filters:
-        if done(out / "extraction.json", f"filter ({name})", inputs=[model]):
-            reports[name] = json.loads((out / "extraction.json").read_text())
-        else:
-            log(f"[lacuna] filter ({name}): measuring extraction with {model}")
-            begun = time.time()
-            reports[name] = filter_stage(str(model), str(w / "data"), str(out), write_splits=write)
-            log(f"[lacuna] filter ({name}): finished in {time.time() - begun:.0f} s")
-    log(
-        format_table(reports["masked"], reports.get("unmasked"), reports.get("masked_inj"), reports.get("unmasked_inj"))
-    )
+        stages.note(f"instruct: skipped. {NO_INSTRUCT_REASON}")
+    reports = _filter(stages, _filter_targets(w, instruct, control))
+    log(format_table(*(reports.get(n) for n in ("masked", "unmasked", "masked_inj", "unmasked_inj"))))
     log(format_split_sizes(reports["masked"]["split_sizes"]))
-    export = w / "inject" / "export"
-    if done(w / "separability.json", "separability", inputs=[export / "inj"]):
-        reports["separability"] = json.loads((w / "separability.json").read_text())
-    else:
-        log(f"[lacuna] separability: resetting each group's mask elements of {export / 'inj'} to θ_pre")
-        begun = time.time()
-        reports["separability"] = separability_report(export, w / "data", log=log)
-        write_report(reports["separability"], w / "separability.json")
-        log(f"[lacuna] separability: finished in {time.time() - begun:.0f} s")
+    reports["separability"] = _separability(stages)
     log(format_separability(reports["separability"]))
-    verdicts = {
-        "memorization": target_verdict(reports["masked"]),
-        "splits": split_verdict(reports["masked"]["split_sizes"]),
-        "separability": separability_verdict(reports["separability"]),
-    }
-    for line in verdicts.values():
-        log(line)
-    _record_verdicts(w, verdicts, reports["separability"]["met"])
-    log(f"[lacuna] done in {time.time() - started:.0f} s; splits in {w / 'splits'}")
+    _record_verdicts(w, chain_verdicts(reports), reports["separability"]["met"])
+    stages.note(f"done in {time.time() - started:.0f} s; splits in {w / 'splits'}")
     return reports
 
 
@@ -614,13 +424,15 @@ def format_table(
     after = [c for c in (masked, unmasked) if c is not None]
     before = [c for c in (masked_inj, unmasked_inj) if c is not None] if masked_inj is not None else []
     names = ["masked", "unmasked"][: len(after)]
+    groups = [("after instruction tuning", after), ("θ_inj, before it", before)] if before else []
+    # columns wide enough that each group's heading (two spaces apart) spans its own columns only
+    width = max(12, *(-(-(len(heading) + 2) // len(cs)) for heading, cs in groups)) if groups else 12
     lines = [f"Extraction rate per field ({masked['profiles']} profiles; greedy answer contains the PII value)"]
-    if before:
-        width = 12 * len(after)
-        lines.append(f"{'':<18}{'after instruction tuning':>{width}}{'θ_inj, before it':>{width}}")
-    lines.append(f"{'field':<18}" + "".join(f"{n:>12}" for n in names) * (1 + bool(before)))
+    if groups:
+        lines.append(f"{'':<18}" + "".join(f"{heading:>{width * len(cs)}}" for heading, cs in groups))
+    lines.append(f"{'field':<18}" + "".join(f"{n:>{width}}" for n in names) * (1 + bool(before)))
     for f in TARGET_FIELDS:
-        lines.append(f"{f:<18}" + "".join(f"{c['extraction'][f]:>12.2%}" for c in after + before))
+        lines.append(f"{f:<18}" + "".join(f"{c['extraction'][f]:>{width}.2%}" for c in after + before))
     return "\n".join(lines)
 
 
@@ -649,7 +461,28 @@ def split_verdict(sizes: dict[str, int], minimum: int = 8) -> str:
 
 
 Size = Literal[tuple(SIZES)]
-Field = Literal[TARGET_FIELDS]
+
+
+RESULT_FILE = "chain_result.json"  # in the work directory: the full result of `lacuna run`
+
+
+def chain_result(reports: dict) -> dict:
+    """What ``lacuna run`` keeps of :func:`run_chain`'s reports: the extraction rate per field of each measured model,
+    the separability verdict per reset (and the utility), and the verdict lines."""
+    result = {name: report["extraction"] for name, report in reports.items() if name != "separability"}
+    sep = reports["separability"]
+    result["separability"] = {"met": sep["met"], "utility": sep["utility"],
+                              **{name: r["met"] for name, r in sep["resets"].items()}}  # fmt: skip
+    result["verdicts"] = chain_verdicts(reports)
+    return result
+
+
+def format_closing(workdir: str | os.PathLike, verdicts: dict[str, str], result_file: str | os.PathLike) -> str:
+    """The closing block of ``lacuna run``: each verdict once, and where the full result is."""
+    lines = [f"Lacuna testbed in {workdir}:"]
+    lines += [f"  {line.removeprefix('[lacuna] ')}" for line in verdicts.values()]
+    lines.append(f"Full result (extraction per field of each model, separability per reset): {result_file}")
+    return "\n".join(lines)
 
 
 def run_command(
@@ -662,11 +495,12 @@ def run_command(
     instruct_config: list[str] | None = None,
     control: bool = CONTROL_BY_DEFAULT,
     instruct: bool = False,
-) -> dict:
+) -> str:
     """Run (or reuse) the whole Lacuna chain: pretrain, inject (and the control), filter, separability.
 
-    Progress and the extraction table (after instruction tuning, and on θ_inj before it) go to the log; the result
-    is the extraction rate per field of each measured model, as JSON.
+    Progress and the tables (extraction after instruction tuning and on θ_inj before it, split sizes, separability)
+    go to the log; the command ends with one line per verdict and writes the full result (the extraction rate per
+    field of each measured model, separability per reset) to ``<workdir>/chain_result.json``.
 
     Args:
         workdir: work directory of every stage (data, stage roots, splits).
@@ -691,11 +525,9 @@ def run_command(
             control=control,
             instruct=instruct,
         )
-    result = {name: report["extraction"] for name, report in reports.items() if name != "separability"}
-    sep = reports["separability"]
-    result["separability"] = {"met": sep["met"], "utility": sep["utility"],
-                              **{name: r["met"] for name, r in sep["resets"].items()}}  # fmt: skip
-    return result
+    result = chain_result(reports)
+    path = write_text_atomically(Path(workdir) / RESULT_FILE, json.dumps(result, indent=1, ensure_ascii=False))
+    return format_closing(workdir, result["verdicts"], path)
 
 
 def data_command(*, out: str = "runs/lacuna/data", data: LacunaDataConfig | None = None) -> str:
@@ -709,104 +541,19 @@ def data_command(*, out: str = "runs/lacuna/data", data: LacunaDataConfig | None
     return str(build_testbed_data(out, data or LacunaDataConfig(), log=logger.info))
 
 
-def filter_command(
-    *,
-    model: str = "runs/lacuna/inject/export/inj",
-    data: str = "runs/lacuna/data",
-    out: str = "runs/lacuna/splits",
-    seed: int = 0,
-    groups: list[int] | None = None,
-) -> dict:
-    """Measure extraction per field and write the memorization-filtered splits.
-
-    Greedy answers on the non-instruction profiles; the splits are ``datasets`` directories next to
-    ``extraction.json``; the result is the profile count, the rates and the split sizes.
-
-    Args:
-        model: the model to measure.
-        data: the testbed data directory.
-        out: where the splits and ``extraction.json`` go.
-        seed: seed of the split assignment.
-        groups: measure only these groups' profiles (a run injected with ``data.groups``).
-    """
-    report = filter_stage(model, data, out, seed, groups=groups)
-    return {k: report[k] for k in ("profiles", "extraction", "split_sizes")}
-
-
-def resurface_command(
-    *,
-    model: str,
-    out: str,
-    splits: str = "runs/lacuna/splits",
-    field: Field = "email",
-    k: int = 200,
-    epochs: int = 10,
-    temperature: float = 1.0,
-    seed: int = 0,
-) -> dict:
-    """Resurfacing attack: relearn on held-out PII, then count the forget profiles that leak.
-
-    A forget profile leaks when its ``field`` value appears in at least one of ``k`` sampled generations; the
-    count before relearning is reported beside it.
-
-    Args:
-        model: the (unlearned) model directory to attack.
-        out: where the relearned model and ``resurfacing.json`` go.
-        splits: the memorization-filtered splits (``lacuna filter``).
-        field: the PII field attacked.
-        k: sampled generations per forget prompt (Lacuna: 200).
-        epochs: relearning epochs.
-        temperature: sampling temperature.
-        seed: seed of the relearning and of the sampling.
-    """
-    report = resurface(model, splits, field, out, k, epochs, temperature=temperature, seed=seed)
-    return {key: value for key, value in report.items() if not key.startswith("leaked_profile_ids")}
-
-
-def locality_command(*, group: list[int], export: str = "runs/lacuna/inject/export") -> dict:
-    """Locality check: count elements an injection changed inside and outside the groups' masks.
-
-    Exits non-zero when any element outside the groups' masks changed.
-
-    Args:
-        group: the groups the injection was restricted to.
-        export: the injection run's export directory (``pre``, ``inj``, ``masks.safetensors``).
-    """
-    report = locality_report(export, group)
-    if report["changed_outside"]:
-        worst = max(report["offenders"], key=report["offenders"].get)
-        raise SystemExit(
-            f"{report['changed_outside']} elements changed outside groups {group}, in {len(report['offenders'])} "
-            f"tensors (most in {worst}: {report['offenders'][worst]})."
-        )
-    return report
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``lightning-unlearn lacuna {run,data,filter,resurface,locality,localization}``."""
-    from lightning_unlearn.workflows.command import dispatch
-    from lightning_unlearn.workflows.lacuna.localization import localization_command
-
-    commands = {
-        "run": run_command,
-        "data": data_command,
-        "filter": filter_command,
-        "resurface": resurface_command,
-        "locality": locality_command,
-        "localization": localization_command,
-    }
-    description = "The Lacuna testbed: the chain, each of its steps, and the localization precision run."
-    dispatch(commands, argv, "lightning-unlearn lacuna", description)
-
-
 __all__ = [
-    "extraction_rates",
-    "filter_stage",
+    "CONFIG_DIR",
+    "RESULT_FILE",
+    "SIZES",
+    "chain_result",
+    "chain_verdicts",
+    "data_command",
+    "format_closing",
+    "format_split_sizes",
     "format_table",
-    "generate",
-    "locality_report",
-    "resurface",
     "run_chain",
+    "run_command",
+    "split_verdict",
     "target_verdict",
-    "write_directory_atomically",
+    "testbed_separable",
 ]

@@ -32,16 +32,16 @@ import logging
 import math
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from lightning_unlearn.atomic import write_directory_atomically, write_text_atomically
 from lightning_unlearn.data.templates import TARGET_FIELDS
-from lightning_unlearn.workflows import processes
+from lightning_unlearn.workflows import processes, recipes
 from lightning_unlearn.workflows.lacuna.chain import CONFIG_DIR, testbed_separable
 
 logger = logging.getLogger("lightning_unlearn")
@@ -264,36 +264,29 @@ class _Jobs:
                 self.log(f"[localization] lightning-unlearn {' '.join(args)}")
                 cli_main(list(args))
             return []
-        env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads),
-                   TOKENIZERS_PARALLELISM="false")  # fmt: skip
-        env.setdefault("HF_HUB_OFFLINE", "1")
         pending, running, failed = list(jobs), [], []
         while pending or running:
             while pending and len(running) < self.parallel:
                 args, log_file = pending.pop(0)
-                log_file.parent.mkdir(parents=True, exist_ok=True)
                 self.log(f"[localization] lightning-unlearn {' '.join(args)}")
-                fh = open(log_file, "w")  # noqa: SIM115
                 cmd = [sys.executable, "-m", "lightning_unlearn.cli", *args]
-                running.append((processes.spawn(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT), fh, log_file))
+                running.append((processes.spawn_stage(cmd, self.threads, log_file), log_file))
             time.sleep(0.2)
             for job in [j for j in running if j[0].poll() is not None]:
                 running.remove(job)
-                job[1].close()
                 if job[0].returncode != 0:
                     failed.append(job)
-        required = [j for j in failed if j[2] not in set(optional)]
+        required = [j for j in failed if j[1] not in set(optional)]
         if required:
-            proc, _, log_file = required[0]
+            proc, log_file = required[0]
             raise RuntimeError(f"{len(required)} run(s) failed; see {log_file} (exit code {proc.returncode}).")
-        return [j[2] for j in failed]
+        return [j[1] for j in failed]
 
 
 def _recipe_matches(out: Path, recipe: dict, fitted: bool = False) -> bool:
     """Whether ``out`` holds a finished run of ``recipe`` (the same recorded arguments and its export, or with
     ``fitted`` its final checkpoint, not yet exported)."""
-    path = out / "recipe.json"
-    if not path.exists() or json.loads(path.read_text()) != recipe:
+    if recipes.recorded_recipe(out / "recipe.json") != recipe:
         return False
     return (out / "export" / "model").exists() or (fitted and (out / "checkpoints" / "final.ckpt").exists())
 
@@ -340,6 +333,182 @@ def resurface_args(model: Path, splits: Path, field: str, out: Path, k: int, epo
             str(out), "--k", str(k), "--epochs", str(epochs), "--seed", str(seed)]  # fmt: skip
 
 
+@dataclass
+class _Plan:
+    """What every step of one report shares: the testbed, where its runs go, and how each method is run."""
+
+    workdir: str | os.PathLike
+    paths: dict[str, Path | None]  # testbed_paths
+    out_root: Path
+    utility: Path  # utility_records
+    methods: Sequence[str]
+    epochs: dict[str, int]  # method -> epochs
+    lr: float | None
+    batch_size: int | None
+    control: bool  # run the UnMask controls of the methods that have one
+    log: Callable[[str], None]
+
+    def run_names(self, method: str) -> list[tuple[str, Path]]:
+        """``(run name, starting model)`` of the method's run and, when it has one, of its UnMask control."""
+        names = [(method, self.paths["start"])]
+        if self.control and METHODS[method][2]:
+            names.append((f"{method}_unmask", self.paths["control_start"]))
+        return names
+
+
+def _check_request(workdir, methods, fields, epoch_scale: float, allow_inseparable: bool, log) -> bool | None:
+    """Refuse a testbed without a met separability verdict (unless allowed) and unknown methods, fields or scales;
+    the testbed's verdict."""
+    separable = testbed_separable(workdir)
+    if separable is not True and not allow_inseparable:
+        why = "was never measured (built before the check existed)" if separable is None else "is NOT met"
+        raise ValueError(
+            f"the testbed in {str(workdir)!r}: its separability verdict {why}, so its ground truth is not established "
+            "(resetting a group's mask elements makes that group's people forget, and only them); without it mask "
+            "AUC, OracleGrad and resurfacing measure the testbed's artifacts, not localization. Rebuild it "
+            "(`lightning-unlearn lacuna run --workdir "
+            f"{workdir}` prints the verdict), or pass --allow_inseparable true to score it anyway."
+        )
+    if separable is not True:
+        log("[lacuna] localization: scoring a testbed without a met separability verdict (--allow_inseparable)")
+    unknown = [m for m in methods if m not in METHODS] + [f for f in fields if f not in TARGET_FIELDS]
+    if unknown:
+        raise ValueError(f"unknown method(s) or field(s) {unknown}; methods: {sorted(METHODS)}, fields: "
+                         f"{list(TARGET_FIELDS)}.")  # fmt: skip
+    if epoch_scale <= 0:
+        raise ValueError(f"epoch_scale={epoch_scale} must be positive.")
+    return separable
+
+
+def _field_splits(plan: _Plan, field: str, summary: dict) -> Path:
+    """The splits ``field`` is unlearned on; opens the field's entry in the summary."""
+    splits, filtered = ensure_splits(plan.workdir, field)
+    if not filtered:
+        plan.log(f"[localization] the memorization filter kept no {field} forget/retain pair; using {splits}")
+    summary["fields"][field] = {"splits": str(splits), "filtered": filtered,
+                                "split_sizes": split_sizes(splits, field), "methods": {}}  # fmt: skip
+    return splits
+
+
+def _clear_stale_run(out: Path, method_root: Path) -> None:
+    """Remove what a run of another recipe left in ``out``, and what was made from its weights: the method's score
+    (its control's too) and the run's attack."""
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    shutil.rmtree(out / "export", ignore_errors=True)
+    (out / "checkpoint_metrics.jsonl").unlink(missing_ok=True)
+    (method_root / "mask_auc.json").unlink(missing_ok=True)
+    shutil.rmtree(out / "resurfacing", ignore_errors=True)
+
+
+def _fit_jobs(plan: _Plan, fields: Sequence[str], summary: dict) -> tuple[dict[tuple[str, str], dict], list]:
+    """Steps 1-2: every fit (and the ``validate`` of the starting model) not finished before, as jobs; and every run,
+    ``{(field, run name): {out, start, recipe}}``."""
+    paths = plan.paths
+    runs: dict[tuple[str, str], dict] = {}
+    todo = []
+    for field in fields:
+        splits = _field_splits(plan, field, summary)
+        field_root = plan.out_root / field
+        before = field_root / "before"
+        # the starting model's rows: a `validate` with the same evaluators (GA's config: no masks needed)
+        args = fit_command("ga", paths["start"], splits, field, before, 1, paths["masks"], plan.lr, plan.batch_size,
+                           evaluators(splits, field, plan.utility, before, before=True), stage="validate")  # fmt: skip
+        if not (before / "checkpoint_metrics.jsonl").exists():
+            todo.append((args, before / "run.log"))
+        for method in plan.methods:
+            for name, start in plan.run_names(method):
+                out = field_root / name
+                # the controls are only scored by their weights; the methods also get the output-level evaluation
+                cbs = evaluators(splits, field, plan.utility, out) if name == method else []
+                args = fit_command(method, start, splits, field, out, plan.epochs[method], paths["masks"], plan.lr,
+                                   plan.batch_size, cbs)  # fmt: skip
+                recipe = {"args": args}
+                runs[(field, name)] = {"out": out, "start": start, "recipe": recipe}
+                if _recipe_matches(out, recipe, fitted=True):
+                    plan.log(f"[localization] {field}/{name}: finished before, reusing it")
+                    continue
+                _clear_stale_run(out, field_root / method)
+                recipes.record_recipe(out / "recipe.json", recipe)
+                todo.append((args, out / "fit.log"))
+    return runs, todo
+
+
+def _export_runs(runs: dict[tuple[str, str], dict], summary: dict, log: Callable[[str], None]) -> None:
+    """Export every fitted run's final checkpoint. A control that failed (e.g. MemFlex selecting no tensor on the
+    control's gradients) is dropped from ``runs``, its method scored without the contrast families, and the summary
+    says so; a method run without its checkpoint is an error."""
+    for (field, name), run in list(runs.items()):
+        out = run["out"]
+        if (
+            name.endswith("_unmask")
+            and not (out / "export" / "model").exists()
+            and not (out / "checkpoints" / "final.ckpt").exists()
+        ):
+            error = _last_error(out / "fit.log")
+            log(f"[localization] {field}/{name}: the control run failed ({error}); scored without contrast families")
+            summary["fields"][field].setdefault("control_errors", {})[name] = error
+            del runs[(field, name)]
+    for run in runs.values():
+        out = run["out"]
+        if not (out / "export" / "model").exists():
+            ckpt = out / "checkpoints" / "final.ckpt"
+            if not ckpt.exists():
+                raise RuntimeError(f"the run wrote no {str(ckpt)!r} (did it stop early? see {out / 'fit.log'}).")
+            export_checkpoint(ckpt, run["start"], out / "export" / "model")
+            shutil.rmtree(out / "checkpoints")  # weights and optimizer state (≈ 12 bytes a weight): the export is kept
+
+
+def _score_jobs(plan: _Plan, field: str, runs: dict[tuple[str, str], dict]) -> list:
+    """Step 3: the ``mask-auc`` job of each method's run of ``field`` whose score is missing or was made with other
+    arguments."""
+    paths, jobs = plan.paths, []
+    for method in plan.methods:
+        out = plan.out_root / field / method
+        ctrl = None
+        if (field, f"{method}_unmask") in runs:
+            ctrl = (paths["control_start"], runs[(field, f"{method}_unmask")]["out"] / "export" / "model")
+        args = score_args(paths["pre"], paths["start"], out / "export" / "model", paths["masks"],
+                          out / "mask_auc.json", ctrl)  # fmt: skip
+        recorded = out / "mask_auc.args.json"
+        if not ((out / "mask_auc.json").exists() and recorded.exists() and json.loads(recorded.read_text()) == args):
+            (out / "mask_auc.json").unlink(missing_ok=True)
+            write_text_atomically(recorded, json.dumps(args))
+            jobs.append((args, out / "mask_auc.log"))
+    return jobs
+
+
+def _attack_jobs(plan: _Plan, field: str, splits: Path, k: int, relearn_epochs: int, seed: int) -> list:
+    """Step 4: the resurfacing attack of the starting model and of each method's model of ``field``, unless done."""
+    field_root, jobs = plan.out_root / field, []
+    targets = [("before", plan.paths["start"])]
+    targets += [(method, field_root / method / "export" / "model") for method in plan.methods]
+    for name, model in targets:
+        attack = field_root / name / "resurfacing"
+        if not (attack / "resurfacing.json").exists():
+            jobs.append((resurface_args(model, splits, field, attack, k, relearn_epochs, seed),
+                         field_root / name / "resurface.log"))  # fmt: skip
+    return jobs
+
+
+def _collect(plan: _Plan, runs: dict[tuple[str, str], dict], summary: dict, resurfacing: bool) -> None:
+    """Put every field's output-level rows, scores and attacks into the summary."""
+    for field, entry in summary["fields"].items():
+        field_root = plan.out_root / field
+        for method in plan.methods:
+            out = field_root / method
+            result = json.loads((out / "mask_auc.json").read_text())
+            entry["methods"][method] = {"restricted_to_mF": METHODS[method][1],
+                                        "control": (field, f"{method}_unmask") in runs, "epochs": plan.epochs[method],
+                                        "output": output_metrics(out / "checkpoint_metrics.jsonl"),
+                                        "auc": result}  # fmt: skip
+            plan.log(f"[localization] {field}/{method}: AUC(F) max {result['F']['max']:.3f} ({result['F']['best']})")
+        if resurfacing:
+            for name in ["before", *plan.methods]:
+                report = json.loads((field_root / name / "resurfacing" / "resurfacing.json").read_text())
+                target = entry if name == "before" else entry["methods"][name]
+                target["resurfacing"] = report
+
+
 def run_localization(
     workdir: str | os.PathLike,
     methods: Sequence[str] = tuple(METHODS),
@@ -380,29 +549,11 @@ def run_localization(
         allow_inseparable: score a testbed whose separability verdict (``lacuna run``) is not met, or was never
             measured; its numbers then measure the testbed's artifacts, and the summary says so.
     """
-    separable = testbed_separable(workdir)
-    if separable is not True and not allow_inseparable:
-        why = "was never measured (built before the check existed)" if separable is None else "is NOT met"
-        raise ValueError(
-            f"the testbed in {str(workdir)!r}: its separability verdict {why}, so its ground truth is not established "
-            "(resetting a group's mask elements makes that group's people forget, and only them); without it mask "
-            "AUC, OracleGrad and resurfacing measure the testbed's artifacts, not localization. Rebuild it "
-            "(`lightning-unlearn lacuna run --workdir "
-            f"{workdir}` prints the verdict), or pass --allow_inseparable true to score it anyway."
-        )
-    if separable is not True:
-        log("[lacuna] localization: scoring a testbed without a met separability verdict (--allow_inseparable)")
-    unknown = [m for m in methods if m not in METHODS] + [f for f in fields if f not in TARGET_FIELDS]
-    if unknown:
-        raise ValueError(f"unknown method(s) or field(s) {unknown}; methods: {sorted(METHODS)}, fields: "
-                         f"{list(TARGET_FIELDS)}.")  # fmt: skip
-    if epoch_scale <= 0:
-        raise ValueError(f"epoch_scale={epoch_scale} must be positive.")
+    separable = _check_request(workdir, methods, fields, epoch_scale, allow_inseparable, log)
     started = time.time()
     paths = testbed_paths(workdir)
     out_root = Path(out_dir) if out_dir else Path(workdir) / "localization"
     utility = utility_records(paths["data"], out_root / "utility.jsonl")
-    jobs = _Jobs(parallel, in_process, log)
     has_control = control and any(METHODS[m][2] for m in methods)
     if has_control and paths["control_start"] is None:
         raise FileNotFoundError(
@@ -411,120 +562,28 @@ def run_localization(
             f"{workdir} --control true` (the finished stages are reused), or pass --control false."
         )
     epochs = {m: method_epochs(m, epoch_scale) for m in methods}
+    plan = _Plan(workdir, paths, out_root, utility, methods, epochs, lr, batch_size, has_control, log)
+    jobs = _Jobs(parallel, in_process, log)
     summary: dict = {"workdir": str(workdir), "methods": list(methods), "epochs": epochs, "lr": lr, "k": k,
                      "relearn_epochs": relearn_epochs, "seed": seed, "separable": separable,
                      "fields": {}}  # fmt: skip
 
-    # 1-2. Every fit (and the validate of the starting model), as many side by side as `parallel` allows.
-    runs: dict[tuple[str, str], dict] = {}  # (field, run name) -> {out, start, recipe}
-    todo = []
-    for field in fields:
-        splits, filtered = ensure_splits(workdir, field)
-        if not filtered:
-            log(f"[localization] the memorization filter kept no {field} forget/retain pair; using {splits}")
-        summary["fields"][field] = {"splits": str(splits), "filtered": filtered,
-                                    "split_sizes": split_sizes(splits, field), "methods": {}}  # fmt: skip
-        field_root = out_root / field
-        before = field_root / "before"
-        # the starting model's rows: a `validate` with the same evaluators (GA's config: no masks needed)
-        args = fit_command("ga", paths["start"], splits, field, before, 1, paths["masks"], lr, batch_size,
-                           evaluators(splits, field, utility, before, before=True), stage="validate")  # fmt: skip
-        if not (before / "checkpoint_metrics.jsonl").exists():
-            todo.append((args, before / "run.log"))
-        for method in methods:
-            names = [(method, paths["start"])]
-            if has_control and METHODS[method][2]:
-                names.append((f"{method}_unmask", paths["control_start"]))
-            for name, start in names:
-                out = field_root / name
-                # the controls are only scored by their weights; the methods also get the output-level evaluation
-                cbs = evaluators(splits, field, utility, out) if name == method else []
-                args = fit_command(method, start, splits, field, out, epochs[method], paths["masks"], lr,
-                                   batch_size, cbs)  # fmt: skip
-                recipe = {"args": args}
-                runs[(field, name)] = {"out": out, "start": start, "recipe": recipe}
-                if _recipe_matches(out, recipe, fitted=True):
-                    log(f"[localization] {field}/{name}: finished before, reusing it")
-                    continue
-                shutil.rmtree(out / "checkpoints", ignore_errors=True)
-                (out / "export").exists() and shutil.rmtree(out / "export")
-                (out / "checkpoint_metrics.jsonl").unlink(missing_ok=True)
-                # what was made from the old weights: the method's score (its control's too) and its attack
-                (field_root / method / "mask_auc.json").unlink(missing_ok=True)
-                shutil.rmtree(out / "resurfacing", ignore_errors=True)
-                write_text_atomically(out / "recipe.json", json.dumps(recipe, indent=1))
-                todo.append((args, out / "fit.log"))
-    # A control that fails (e.g. MemFlex selecting no tensor on the control's gradients) leaves its method without
-    # the contrast families, said in the summary; a failed method run stops the report.
-    controls = [runs[key]["out"] / "fit.log" for key in runs if key[1].endswith("_unmask")]
-    jobs.run(todo, optional=controls)
-    for (field, name), run in list(runs.items()):
-        out = run["out"]
-        if (
-            name.endswith("_unmask")
-            and not (out / "export" / "model").exists()
-            and not (out / "checkpoints" / "final.ckpt").exists()
-        ):
-            error = _last_error(out / "fit.log")
-            log(f"[localization] {field}/{name}: the control run failed ({error}); scored without contrast families")
-            summary["fields"][field].setdefault("control_errors", {})[name] = error
-            del runs[(field, name)]
-    for run in runs.values():
-        out = run["out"]
-        if not (out / "export" / "model").exists():
-            ckpt = out / "checkpoints" / "final.ckpt"
-            if not ckpt.exists():
-                raise RuntimeError(f"the run wrote no {str(ckpt)!r} (did it stop early? see {out / 'fit.log'}).")
-            export_checkpoint(ckpt, run["start"], out / "export" / "model")
-            shutil.rmtree(out / "checkpoints")  # weights and optimizer state (≈ 12 bytes a weight): the export is kept
-
+    # 1-2. Every fit (and the validate of the starting model), as many side by side as `parallel` allows; a failed
+    # control leaves its method without the contrast families, a failed method run stops the report.
+    runs, todo = _fit_jobs(plan, fields, summary)
+    jobs.run(todo, optional=[runs[key]["out"] / "fit.log" for key in runs if key[1].endswith("_unmask")])
+    _export_runs(runs, summary, log)
     # 3. Localization and 4. resurfacing: both are jobs of the same pool. A score is reused while its recorded
     # arguments match; an attack's result is kept with its run.
     late = []
     for field in fields:
         entry = summary["fields"][field]
-        splits, field_root = Path(entry["splits"]), out_root / field
-        entry["before"] = output_metrics(field_root / "before" / "checkpoint_metrics.jsonl")
-        targets = [("before", paths["start"])]
-        for method in methods:
-            out = field_root / method
-            unl = out / "export" / "model"
-            ctrl = None
-            if (field, f"{method}_unmask") in runs:
-                ctrl = (paths["control_start"], runs[(field, f"{method}_unmask")]["out"] / "export" / "model")
-            args = score_args(paths["pre"], paths["start"], unl, paths["masks"], out / "mask_auc.json", ctrl)
-            recorded = out / "mask_auc.args.json"
-            if not (
-                (out / "mask_auc.json").exists() and recorded.exists() and json.loads(recorded.read_text()) == args
-            ):
-                (out / "mask_auc.json").unlink(missing_ok=True)
-                write_text_atomically(recorded, json.dumps(args))
-                late.append((args, out / "mask_auc.log"))
-            targets.append((method, unl))
+        entry["before"] = output_metrics(out_root / field / "before" / "checkpoint_metrics.jsonl")
+        late += _score_jobs(plan, field, runs)
         if resurfacing:
-            for name, model in targets:
-                attack = field_root / name / "resurfacing"
-                if not (attack / "resurfacing.json").exists():
-                    late.append((resurface_args(model, splits, field, attack, k, relearn_epochs, seed),
-                                 field_root / name / "resurface.log"))  # fmt: skip
+            late += _attack_jobs(plan, field, Path(entry["splits"]), k, relearn_epochs, seed)
     jobs.run(late)
-    for field in fields:
-        entry, field_root = summary["fields"][field], out_root / field
-        for method in methods:
-            out = field_root / method
-            result = json.loads((out / "mask_auc.json").read_text())
-            entry["methods"][method] = {"restricted_to_mF": METHODS[method][1],
-                                        "control": (field, f"{method}_unmask") in runs, "epochs": epochs[method],
-                                        "output": output_metrics(out / "checkpoint_metrics.jsonl"),
-                                        "auc": result}  # fmt: skip
-            log(f"[localization] {field}/{method}: AUC(F) max {result['F']['max']:.3f} ({result['F']['best']})")
-    if resurfacing:
-        for field in fields:
-            entry = summary["fields"][field]
-            for name in ["before", *methods]:
-                report = json.loads((out_root / field / name / "resurfacing" / "resurfacing.json").read_text())
-                target = entry if name == "before" else entry["methods"][name]
-                target["resurfacing"] = report
+    _collect(plan, runs, summary, resurfacing)
     summary["seconds"] = round(time.time() - started, 1)
     write_text_atomically(out_root / "summary.json", json.dumps(summary, indent=1))
     write_text_atomically(out_root / "report.md", format_report(summary))
