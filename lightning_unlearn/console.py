@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import warnings
 
@@ -28,6 +29,10 @@ NOISE = (
     r"`is_gradient_checkpointing` is deprecated",
 )
 TIP_PREFIX = "💡 Tip"
+# What a quiet run of this package never prints, whatever the cause (its tests check each command's output with it): a
+# Python warning (its "file.py:LINE: SomethingWarning:" line or the `warnings.warn(` source line under it), a
+# traceback, Lightning's product tips, an epoch shown as "Epoch 7/-2".
+UNWANTED_OUTPUT = re.compile(r"Warning:|warnings\.warn\(|Traceback|💡|Epoch \d+/-\d")
 LIGHTNING_INFO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
 
 

@@ -5,21 +5,38 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import yaml
 from datasets import load_from_disk
 
+from lightning_unlearn.console import UNWANTED_OUTPUT
 from lightning_unlearn.data.splits import FIELD_SPLITS, SPLIT_COLUMNS
 from lightning_unlearn.data.templates import TARGET_FIELDS
-from lightning_unlearn.workflows.lacuna.chain import chain_verdicts, run_chain
+from lightning_unlearn.workflows.lacuna.chain import RESULT_FILE, chain_result, chain_verdicts, run_chain
 from lightning_unlearn.workflows.lacuna.resurface import resurface
 
 
 @pytest.mark.slow
 def test_chain_tiny(tmp_path):
-    lines: list[str] = []
-    reports = run_chain(str(tmp_path), size="tiny", instruct=True, log=lines.append)
+    # As a user runs it, in a fresh process: the output carries no warning or traceback, and ends with the verdicts.
+    cmd = [sys.executable, "-m", "lightning_unlearn.cli", "lacuna", "run", "--workdir", str(tmp_path), "--size", "tiny",
+           "--instruct", "true"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONWARNINGS", "HF_HUB_DISABLE_PROGRESS_BARS")}
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    output = out.stdout + out.stderr
+    assert out.returncode == 0, output[-4000:]
+    assert not UNWANTED_OUTPUT.search(output), "\n".join(li for li in output.splitlines() if UNWANTED_OUTPUT.search(li))
+    # the closing block ends the output: each verdict once, then where the full result is
+    _, closing = out.stdout.rsplit(f"Lacuna testbed in {tmp_path}:\n", 1)
+    *verdict_lines, last = closing.splitlines()
+    assert last.endswith(str(tmp_path / RESULT_FILE)) and all(line.startswith("  ") for line in verdict_lines)
+    assert all(sum(line.strip() in li for li in output.splitlines()) == 1 for line in verdict_lines)
+    lines = output.splitlines()
+    reports = run_chain(str(tmp_path), size="tiny", instruct=True, log=[].append)  # every stage reused
+    assert json.loads((tmp_path / RESULT_FILE).read_text()) == chain_result(reports)
     # the default builds the masked testbed only
     assert set(reports) == {"masked", "masked_inj", "separability"} and not (tmp_path / "inject_unmasked").exists()
     sizes = reports["masked"]["split_sizes"]
