@@ -30,6 +30,7 @@ class PreferenceDataModule(ForgetRetainDataModule):
         batch_size: forget pairs per batch and rank.
         retain_batch_size: retain pairs per batch and rank; ``None`` means ``batch_size``.
         max_length: longest tokenised (forget) pair; the preferred pair is not cut again.
+        random_answers: also yield ``"mismatch"`` batches (forget prompts with random retain answers).
         seed: seed of the batch order.
         num_workers: dataloader workers.
         prompt_key: column of the prompt in both sets.
@@ -49,6 +50,7 @@ class PreferenceDataModule(ForgetRetainDataModule):
         batch_size: int = 4,
         retain_batch_size: int | None = None,
         max_length: int = 256,
+        random_answers: bool = False,
         seed: int = 0,
         num_workers: int = 0,
         prompt_key: str = "prompt",
@@ -66,14 +68,14 @@ class PreferenceDataModule(ForgetRetainDataModule):
             batch_size,
             retain_batch_size,
             max_length,
-            False,
+            random_answers,
             seed,
             num_workers,
             prompt_key,
             answer_key,
             chat_template,
             truncation,
-        )  # its save_hyperparameters() records this __init__'s arguments too (preferred_key)
+        )  # its save_hyperparameters() records this __init__'s arguments (all of the parent's, and preferred_key)
 
     @override
     def setup(self, stage: str | None = None) -> None:
