@@ -227,3 +227,165 @@ def weighted_nll_loss(
     return forget_factor * nll_loss(forget_logps, forget_lengths) + retain_factor * nll_loss(
         retain_logps, retain_lengths
     )
+
+
+def idk_nll_loss(
+    idk_logps: torch.Tensor,
+    idk_lengths: torch.Tensor,
+    retain_logps: torch.Tensor,
+    retain_lengths: torch.Tensor,
+    gamma: float = 1.0,
+    alpha: float = 1.0,
+    token_average: str = "sequence",
+) -> torch.Tensor:
+    """IdkNLL (TOFU's "I don't know" baseline; Maini et al. 2024): L = γ·NLL̄(forget prompt, idk answer) + α·NLL̄(retain).
+
+    Gradient *descent* on an "I don't know" answer to each forget prompt, so the forget answer is replaced by a
+    refusal rather than pushed down. ``token_average`` as in :func:`nll_loss` (``batch`` = TOFU's and
+    OpenUnlearning's HF mean over the batch's answer tokens, per term).
+
+    Args:
+        idk_logps, idk_lengths: ``(B,)`` summed log-probs and lengths of the idk answers to the forget prompts.
+        retain_logps, retain_lengths: ``(B_r,)`` the same for the retain pairs.
+        gamma, alpha: weights γ (idk term) and α (retain term).
+    """
+    return gamma * nll_loss(idk_logps, idk_lengths, token_average) + alpha * nll_loss(
+        retain_logps, retain_lengths, token_average
+    )
+
+
+DPO_SCALES = ("one", "two_over_beta")
+
+
+def dpo_loss(
+    chosen_logps: torch.Tensor,
+    rejected_logps: torch.Tensor,
+    reference_chosen_logps: torch.Tensor,
+    reference_rejected_logps: torch.Tensor,
+    beta: float = 0.1,
+    scale: str = "one",
+) -> torch.Tensor:
+    """Direct preference optimisation (Rafailov et al. 2023, Eq. 7); TOFU's IdkDPO with chosen = an idk answer.
+
+    L = −c · mean_i log σ(β·[(log π_θ(y_w,i|x_i) − log π_ref(y_w,i|x_i)) − (log π_θ(y_l,i|x_i) − log π_ref(y_l,i|x_i))])
+
+    with y_w the preferred (chosen) and y_l the dispreferred (rejected: the forget) answer. At π_θ = π_ref,
+    L = c·log 2. ``scale`` sets c: ``one`` (the paper's DPO) or ``two_over_beta`` (c = 2/β, as OpenUnlearning's
+    ``compute_dpo_loss`` writes it, NPO's scaling; 20× at β 0.1, which with Adam mainly shifts the balance against
+    a retain term).
+
+    Args:
+        chosen_logps, rejected_logps: ``(B,)`` summed answer log-probs of y_w and y_l under the trained model.
+        reference_chosen_logps, reference_rejected_logps: ``(B,)`` the same under the frozen reference.
+        beta: inverse temperature β > 0.
+        scale: ``one`` or ``two_over_beta``.
+    """
+    if beta <= 0:
+        raise ValueError(f"dpo beta must be positive, got {beta}.")
+    factor = 1.0 if check_choice("scale", scale, DPO_SCALES) == "one" else 2.0 / beta
+    margin = (chosen_logps - reference_chosen_logps) - (rejected_logps - reference_rejected_logps)
+    return -factor * F.logsigmoid(beta * margin).mean()
+
+
+def answer_token_mean(values: torch.Tensor, answer_mask: torch.Tensor, token_average: str = "sequence") -> torch.Tensor:
+    """Mean of a per-token quantity over answer tokens, ``(B, T-1)`` → scalar.
+
+    ``sequence``: mean_i (Σ_t values_it / |y_i|) (each sequence weighs the same; a sequence without answer tokens
+    counts 0); ``batch``: Σ_it values_it / Σ_i |y_i| (each answer token weighs the same, OpenUnlearning's mean over
+    the batch's valid tokens).
+    """
+    masked = values * answer_mask
+    if check_choice("token_average", token_average, TOKEN_AVERAGES) == "sequence":
+        return (masked.sum(-1) / answer_mask.sum(-1).clamp(min=1).to(values.dtype)).mean()
+    return masked.sum() / answer_mask.sum().clamp(min=1).to(values.dtype)
+
+
+def undial_loss(
+    policy_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    labels: torch.Tensor,
+    strength: float = 10.0,
+    token_average: str = "sequence",
+) -> torch.Tensor:
+    """UNDIAL (Dong et al. 2024, "UNDIAL: Self-Distillation with Adjusted Logits for Robust Unlearning in LLMs").
+
+    Self-distillation toward the start model with the target token's logit lowered by γ (``strength``):
+
+        q_t = softmax(z_ref,t − γ·e_{y_t}),   L = mean over answer tokens t of H(q_t, p_θ,t) = −Σ_v q_t(v) log p_θ,t(v),
+
+    where z_ref,t are the frozen start model's logits at position t, y_t the forget token they predict and p_θ,t the
+    trained model's next-token distribution. H(q, p_θ) = KL(q ‖ p_θ) + H(q): the same gradient as the KL.
+    OpenUnlearning (``compute_undial_loss``) takes the mean over every position of the batch, prompt and padding
+    included (there its −100 label index wraps to lowering vocabulary entry V−100); here only answer tokens count,
+    and on a batch whose every position is an answer token ``token_average="batch"`` equals it.
+
+    Args:
+        policy_logits: ``(B, T, V)`` logits of the trained model.
+        teacher_logits: ``(B, T, V)`` logits of the frozen start model on the same inputs (no gradient needed).
+        labels: ``(B, T)`` HF-style labels, ``IGNORE_INDEX`` on prompt and padding.
+        strength: γ ≥ 0 (OpenUnlearning's ``beta``, 10 in its UNDIAL config); 0 distils onto the start model.
+        token_average: ``sequence`` or ``batch``, as in :func:`answer_token_mean`.
+    """
+    if strength < 0:
+        raise ValueError(f"undial strength must be non-negative, got {strength}.")
+    shift_labels = labels[:, 1:]
+    answer_mask = shift_labels != IGNORE_INDEX
+    safe_labels = shift_labels.masked_fill(~answer_mask, 0).unsqueeze(-1)  # (B, T-1, 1)
+    teacher = teacher_logits[:, :-1].float().detach()
+    adjusted = teacher.scatter_add(-1, safe_labels, torch.full_like(safe_labels, -strength, dtype=teacher.dtype))
+    soft_target = F.softmax(adjusted, dim=-1)
+    cross_entropy = -(soft_target * F.log_softmax(policy_logits[:, :-1].float(), dim=-1)).sum(-1)  # (B, T-1)
+    return answer_token_mean(cross_entropy, answer_mask, token_average)
+
+
+def token_weighted_ga_loss(
+    token_logps: torch.Tensor, answer_mask: torch.Tensor, weights: torch.Tensor, token_average: str = "sequence"
+) -> torch.Tensor:
+    """Token-weighted gradient ascent: L = mean over answer tokens of w_t · log π_θ(y_t|·) = −mean w_t·NLL_t.
+
+    ``weights`` ``(B, T-1)`` are constants (detached): they scale each token's gradient, not what it points to.
+    """
+    return answer_token_mean(weights.detach() * token_logps, answer_mask, token_average)
+
+
+def wga_loss(
+    token_logps: torch.Tensor, answer_mask: torch.Tensor, beta: float = 1.0, token_average: str = "sequence"
+) -> torch.Tensor:
+    """Weighted gradient ascent, WGA (Wang et al. 2025, "Rethinking LLM Unlearning Objectives: A Gradient Perspective
+    and Go Beyond"; OpenUnlearning's ``compute_wga_loss``).
+
+    w_t = p_t^β with p_t = π_θ(y_t|x, y_<t) detached; L = −mean_t w_t·NLL_t. Tokens the model still predicts
+    confidently get the largest push; tokens already forgotten (p_t → 0) stop contributing, which keeps GA from
+    diverging.
+
+    Args:
+        token_logps, answer_mask: ``(B, T-1)`` from :func:`answer_token_logprobs`.
+        beta: the weight's power β ≥ 0 (OpenUnlearning 1.0); 0 is plain GA.
+        token_average: ``sequence`` or ``batch`` (OpenUnlearning's), as in :func:`answer_token_mean`.
+    """
+    weights = (beta * token_logps.detach()).exp()
+    return token_weighted_ga_loss(token_logps, answer_mask, weights, token_average)
+
+
+def satimp_loss(
+    token_logps: torch.Tensor,
+    answer_mask: torch.Tensor,
+    beta1: float = 5.0,
+    beta2: float = 1.0,
+    token_average: str = "sequence",
+) -> torch.Tensor:
+    """SatImp (Yang et al. 2025, "Exploring Criteria of Loss Reweighting to Enhance LLM Unlearning"; OpenUnlearning's
+    ``compute_satimp_loss``): saturation × importance token weights on gradient ascent.
+
+    w_t = p_t^β1 · (1 − p_t)^β2 with p_t = π_θ(y_t|x, y_<t) detached; L = −mean_t w_t·NLL_t. 1 − p_t is computed
+    as −expm1(log p_t), exact for p_t near 1.
+
+    Args:
+        token_logps, answer_mask: ``(B, T-1)`` from :func:`answer_token_logprobs`.
+        beta1: power of p_t (OpenUnlearning 5.0).
+        beta2: power of 1 − p_t (OpenUnlearning 1.0).
+        token_average: ``sequence`` or ``batch`` (OpenUnlearning's), as in :func:`answer_token_mean`.
+    """
+    logp = token_logps.detach()
+    weights = (beta1 * logp).exp() * (-torch.expm1(logp)).pow(beta2)
+    return token_weighted_ga_loss(token_logps, answer_mask, weights, token_average)

@@ -9,16 +9,22 @@ import torch
 
 from lightning_unlearn.losses import (
     IGNORE_INDEX,
+    answer_token_logprobs,
+    dpo_loss,
     ga_loss,
     ga_retain_loss,
     gd_loss,
+    idk_nll_loss,
     kl_divergence,
     nll_loss,
     normalized_nll,
     npo_loss,
+    satimp_loss,
     sequence_logprobs,
     simnpo_loss,
+    undial_loss,
     weighted_nll_loss,
+    wga_loss,
 )
 
 T = torch.tensor
@@ -138,3 +144,194 @@ def test_simnpo_delta_is_beta_times_openunlearnings_delta():
     assert simnpo_loss(logps, lengths, beta=10.0, delta=1.5).item() == pytest.approx(
         -0.2 * math.log(1 / (1 + math.exp(-13.5))), rel=1e-6
     )
+
+
+# --- issue 32: IdkNLL, DPO, UNDIAL, WGA, SatImp: hand-worked values, then OpenUnlearning's formulas inline --------
+
+
+def test_idk_nll_fixed_numbers():
+    # idk answers: NLL sums 4 over 2 tokens, 1 over 1 → NLL̄ [2, 1], mean 1.5; retain 3 over 3 → 1. γ 2, α 0.5:
+    # 2·1.5 + 0.5·1 = 3.5. Per token of the batch: idk (4 + 1)/3 = 5/3 → 2·5/3 + 0.5·1 = 3.8333.
+    idk, idk_len, ret, ret_len = T([-4.0, -1.0]), T([2, 1]), T([-3.0]), T([3])
+    assert idk_nll_loss(idk, idk_len, ret, ret_len, 2.0, 0.5).item() == pytest.approx(3.5)
+    assert idk_nll_loss(idk, idk_len, ret, ret_len, 2.0, 0.5, "batch").item() == pytest.approx(2 * 5 / 3 + 0.5)
+
+
+def test_dpo_fixed_numbers_and_scales():
+    # Row 0: chosen log-ratio −2 − (−3) = 1, rejected −3 − (−3) = 0 → margin 1; row 1: −5 − (−4) = −1 and
+    # −1 − (−2) = 1 → margin −2. β 0.5: −mean(log σ(0.5), log σ(−1)) = (0.474077 + 1.313262)/2 = 0.893670.
+    args = T([-2.0, -5.0]), T([-3.0, -1.0]), T([-3.0, -4.0]), T([-3.0, -2.0])
+    assert dpo_loss(*args, beta=0.5).item() == pytest.approx(0.893670, abs=1e-6)
+    assert dpo_loss(*args, beta=0.5, scale="two_over_beta").item() == pytest.approx(4 * 0.893670, abs=1e-5)
+    same = T([-3.0, -7.0])
+    assert dpo_loss(same, same, same, same, beta=0.1).item() == pytest.approx(math.log(2), rel=1e-6)
+    with pytest.raises(ValueError, match="beta"):
+        dpo_loss(same, same, same, same, beta=0.0)
+    with pytest.raises(ValueError, match="scale"):
+        dpo_loss(same, same, same, same, scale="ou")
+
+
+def _undial_batch():
+    """V = 3. Row 0 answers at positions 0 and 1 (labels[1:] = [1, 1]); row 1 only at position 1 (its position 0 is
+    prompt and carries logits that would change the value if it counted). Teacher logits are 0 everywhere."""
+    ln2 = math.log(2)
+    policy = T([[[ln2, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]], [[5.0, -5.0, 0.0], [0.0, 0.0, 0.0], [0.0] * 3]])
+    labels = T([[IGNORE_INDEX, 1, 1], [IGNORE_INDEX, IGNORE_INDEX, 1]])
+    return policy, torch.zeros_like(policy), labels
+
+
+def test_undial_fixed_numbers():
+    # strength ln 4: adjusted teacher (0, −ln 4, 0) → q = (1, 1/4, 1)/(9/4) = (4/9, 1/9, 4/9).
+    # Policy (ln 2, 0, 0) → p = (1/2, 1/4, 1/4): H(q, p) = 4/9·ln 2 + 1/9·ln 4 + 4/9·ln 4 = 14/9·ln 2 = 1.078227.
+    # Policy (0, 0, 0) → p uniform: H(q, p) = ln 3 = 1.098612.
+    # Per sequence: mean((1.078227 + 1.098612)/2, 1.098612) = 1.093516; per token: (1.078227 + 2·1.098612)/3.
+    policy, teacher, labels = _undial_batch()
+    h0, h1 = 14 / 9 * math.log(2), math.log(3)
+    assert undial_loss(policy, teacher, labels, math.log(4)).item() == pytest.approx(((h0 + h1) / 2 + h1) / 2, rel=1e-6)
+    assert undial_loss(policy, teacher, labels, math.log(4), "batch").item() == pytest.approx(
+        (h0 + 2 * h1) / 3, rel=1e-6
+    )
+    # strength 0 on the teacher's own logits: the loss is the teacher's entropy, ln 3 at a uniform teacher.
+    assert undial_loss(teacher, teacher, labels, 0.0).item() == pytest.approx(math.log(3), rel=1e-6)
+
+
+def test_undial_gradient_vanishes_at_the_adjusted_teacher():
+    # H(q, p_θ) is smallest at p_θ = q: with the policy's logits = the adjusted teacher's, the gradient is 0.
+    teacher = torch.randn(2, 4, 6)
+    labels = T([[IGNORE_INDEX, 2, 3, 0], [IGNORE_INDEX, IGNORE_INDEX, 5, 1]])
+    adjusted = teacher.clone()
+    for b, t in [(0, 0), (0, 1), (0, 2), (1, 1), (1, 2)]:
+        adjusted[b, t, labels[b, t + 1]] -= 3.0
+    policy = adjusted.clone().requires_grad_(True)
+    undial_loss(policy, teacher, labels, 3.0).backward()
+    assert policy.grad.abs().max().item() < 1e-6
+
+
+def _token_batch():
+    """Token log-probs: row 0 answers with p = 0.5 and 0.25, row 1 with p = 0.8 (its second slot is padding)."""
+    token_logps = torch.log(T([[0.5, 0.25], [0.8, 1.0]]))
+    return token_logps.clone().requires_grad_(True), T([[True, True], [True, False]])
+
+
+def test_wga_fixed_numbers_and_gradient():
+    # β 1: w = p, terms w·log p: 0.5·ln 0.5, 0.25·ln 0.25 | 0.8·ln 0.8.
+    logps, mask = _token_batch()
+    a, b, c = 0.5 * math.log(0.5), 0.25 * math.log(0.25), 0.8 * math.log(0.8)
+    assert wga_loss(logps, mask, beta=1.0).item() == pytest.approx(((a + b) / 2 + c) / 2, rel=1e-6)
+    assert wga_loss(logps, mask, 1.0, "batch").item() == pytest.approx((a + b + c) / 3, rel=1e-6)
+    # The weights are constants: ∂L/∂log p_t = w_t / |y_i| / B (per sequence) = [[0.5/4, 0.25/4], [0.8/2, 0]].
+    wga_loss(logps, mask, beta=1.0).backward()
+    assert torch.allclose(logps.grad, T([[0.125, 0.0625], [0.4, 0.0]]))
+    # β 0 is plain GA on the answer tokens: mean log p.
+    plain = ((math.log(0.5) + math.log(0.25)) / 2 + math.log(0.8)) / 2
+    assert wga_loss(logps, mask, beta=0.0).item() == pytest.approx(plain, rel=1e-6)
+
+
+def test_satimp_fixed_numbers_and_gradient():
+    # β1 1, β2 1: w = p(1 − p) = 0.25, 0.1875 | 0.16. β1 5, β2 1 (OU's defaults): w = p^5 (1 − p).
+    logps, mask = _token_batch()
+    a, b, c = 0.25 * math.log(0.5), 0.1875 * math.log(0.25), 0.16 * math.log(0.8)
+    assert satimp_loss(logps, mask, 1.0, 1.0).item() == pytest.approx(((a + b) / 2 + c) / 2, rel=1e-6)
+    assert satimp_loss(logps, mask, 1.0, 1.0, "batch").item() == pytest.approx((a + b + c) / 3, rel=1e-6)
+    a5, b5, c5 = 0.5**6 * math.log(0.5), 0.25**5 * 0.75 * math.log(0.25), 0.8**5 * 0.2 * math.log(0.8)
+    assert satimp_loss(logps, mask).item() == pytest.approx(((a5 + b5) / 2 + c5) / 2, rel=1e-6)
+    satimp_loss(logps, mask, 1.0, 1.0, "batch").backward()
+    assert torch.allclose(logps.grad, T([[0.25 / 3, 0.1875 / 3], [0.16 / 3, 0.0]]))
+
+
+def _random_lm_batch(seed: int, prompt_lengths=(2, 3), lengths=(6, 4), vocab: int = 11):
+    """Random logits and HF labels: row i has prompt_lengths[i] prompt tokens and is right-padded to 6."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(len(lengths), 6, vocab, generator=g, dtype=torch.float64)
+    ids = torch.randint(0, vocab, (len(lengths), 6), generator=g)
+    labels = ids.clone()
+    for i, (p, n) in enumerate(zip(prompt_lengths, lengths)):
+        labels[i, :p] = IGNORE_INDEX
+        labels[i, n:] = IGNORE_INDEX
+    return logits, labels
+
+
+def _ou_token_ce(logits, labels):
+    """OpenUnlearning's per-token CE (``nn.CrossEntropyLoss(ignore_index=-100, reduction="none")`` on the flattened
+    shifted logits), and its valid-token mask."""
+    shift_logits, shift_labels = logits[..., :-1, :], labels[..., 1:]
+    ce = torch.nn.CrossEntropyLoss(ignore_index=-100, reduction="none")(
+        shift_logits.reshape(-1, shift_logits.size(-1)), shift_labels.reshape(-1)
+    )
+    return ce, shift_labels.reshape(-1) != -100
+
+
+def test_dpo_with_two_over_beta_is_openunlearnings_compute_dpo_loss():
+    # OU: compute_batch_nll = per-sequence SUM of CE over valid tokens; win/lose log-ratio = −(nll − nll_ref);
+    # loss = −2/β·mean logsigmoid(β·(win − lose)).
+    win, win_labels = _random_lm_batch(1)
+    lose, lose_labels = _random_lm_batch(2)
+    win_ref, lose_ref = _random_lm_batch(3)[0], _random_lm_batch(4)[0]
+
+    def ou_nll(logits, labels):
+        ce = torch.nn.CrossEntropyLoss(ignore_index=-100, reduction="none")
+        return ce(logits[..., :-1, :].transpose(-1, -2), labels[..., 1:]).sum(-1)
+
+    beta = 0.1
+    win_ratio = -(ou_nll(win, win_labels) - ou_nll(win_ref, win_labels))
+    lose_ratio = -(ou_nll(lose, lose_labels) - ou_nll(lose_ref, lose_labels))
+    ou = -2 / beta * torch.nn.functional.logsigmoid(beta * (win_ratio - lose_ratio)).mean()
+    ours = dpo_loss(
+        sequence_logprobs(win, win_labels)[0],
+        sequence_logprobs(lose, lose_labels)[0],
+        sequence_logprobs(win_ref, win_labels)[0],
+        sequence_logprobs(lose_ref, lose_labels)[0],
+        beta,
+        "two_over_beta",
+    )
+    assert ours.item() == pytest.approx(ou.item(), rel=1e-6)
+
+
+def test_idk_nll_batch_average_is_the_hf_loss_of_both_batches():
+    # TOFU's idk loss (and OU's GradDiff-style retain term): HF's model(**inputs).loss = mean CE over valid tokens.
+    idk, idk_labels = _random_lm_batch(5)
+    ret, ret_labels = _random_lm_batch(6, prompt_lengths=(1, 1), lengths=(5, 6))
+    ce_idk, valid_idk = _ou_token_ce(idk, idk_labels)
+    ce_ret, valid_ret = _ou_token_ce(ret, ret_labels)
+    hf = ce_idk[valid_idk].mean() + ce_ret[valid_ret].mean()
+    ours = idk_nll_loss(*sequence_logprobs(idk, idk_labels), *sequence_logprobs(ret, ret_labels), 1.0, 1.0, "batch")
+    assert ours.item() == pytest.approx(hf.item(), rel=1e-6)
+
+
+def test_undial_batch_average_is_openunlearnings_on_fully_labelled_rows():
+    # OU's compute_undial_loss: mask one-hot of the shifted labels, soft = softmax(teacher − mask·β), CE(student,
+    # soft) with reduction none, then .mean() over EVERY position. With every position an answer token the
+    # conventions agree; with prompt or padding positions OU also averages those in (where label −100 indexes
+    # vocabulary entry V−100), which this code does not.
+    student, labels = _random_lm_batch(7, prompt_lengths=(0, 0), lengths=(6, 6))
+    teacher = _random_lm_batch(8)[0]
+    shift_labels, shift_student, shift_teacher = labels[..., 1:], student[..., :-1, :], teacher[..., :-1, :]
+    mask = torch.zeros_like(shift_teacher)
+    mask[torch.arange(2).view(-1, 1, 1), torch.arange(5).view(1, -1, 1), shift_labels.unsqueeze(-1)] = 1.0
+    soft = torch.softmax(shift_teacher - mask * 10.0, dim=-1)
+    ou = torch.nn.CrossEntropyLoss(reduction="none")(
+        shift_student.reshape(-1, student.size(-1)), soft.reshape(-1, soft.size(-1))
+    ).mean()
+    assert undial_loss(student, teacher, labels, 10.0, "batch").item() == pytest.approx(ou.item(), rel=1e-6)
+    # equal answer lengths: the per-sequence mean agrees too
+    assert undial_loss(student, teacher, labels, 10.0).item() == pytest.approx(ou.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("method", ["wga", "satimp"])
+def test_token_weighted_ga_batch_average_is_openunlearnings(method):
+    # OU's compute_wga_loss / compute_satimp_loss: weights from exp(−CE) detached, −(w·CE)[valid].mean().
+    logits, labels = _random_lm_batch(9)
+    ce, valid = _ou_token_ce(logits, labels)
+    p = (-ce).exp()
+    weights = p**1.0 if method == "wga" else p**5.0 * (1 - p) ** 1.0
+    ou = -(weights * ce)[valid].mean()
+    token_logps, answer_mask = answer_token_logprobs(logits, labels)
+    ours = (
+        wga_loss(token_logps, answer_mask, 1.0, "batch")
+        if method == "wga"
+        else satimp_loss(token_logps, answer_mask, 5.0, 1.0, "batch")
+    )
+    assert ours.item() == pytest.approx(ou.item(), rel=1e-6)
+    # Different answer lengths (5 and 1 tokens): the per-sequence default weighs the rows equally and differs.
+    seq = wga_loss(token_logps, answer_mask) if method == "wga" else satimp_loss(token_logps, answer_mask)
+    assert abs(seq.item() - ou.item()) > 0.05 * abs(ou.item())

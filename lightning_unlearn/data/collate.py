@@ -38,13 +38,45 @@ def encode_pair_with_cuts(
         prompt = model_prompt(tokenizer, prompt, chat_template=True)
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    a = encode_answer(tokenizer, answer)
     full_p, full_a = len(p), len(a)
     a = a[: max_length - len(bos) - 1]
     p = p[max(0, len(p) - (max_length - len(bos) - len(a))) :]
     ids = bos + p + a
     labels = [IGNORE_INDEX] * (len(bos) + len(p)) + a
     return {"input_ids": ids, "labels": labels}, full_p - len(p), full_a - len(a)
+
+
+def encode_answer(tokenizer, answer: str) -> list[int]:
+    """The token ids an answer takes in a pair: its tokens (no special tokens) and the EOS."""
+    return tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
+def with_answers(batch: dict, answers: Sequence[Sequence[int]], pad_token_id: int) -> dict:
+    """``batch``'s prompts with other answers: row i = its prompt tokens (BOS included, padding dropped) followed by
+    ``answers[i]`` (token ids ending in EOS, see :func:`encode_answer`), labelled on the answer only, right-padded.
+
+    A row equals :func:`encode_prompt_answer` of the same prompt and new answer whenever ``max_length`` did not cut
+    it (the new pair is not cut again). Other per-row fields (``index``, ``group_ids``) are kept; tensors are on the
+    batch's device.
+
+    Args:
+        batch: an LM batch (``input_ids``, ``labels``, ``attention_mask``; ``(B, T)``).
+        answers: ``B`` token-id lists.
+        pad_token_id: the tokenizer's pad id.
+    """
+    if len(answers) != len(batch["input_ids"]):
+        raise ValueError(f"{len(answers)} answers for a batch of {len(batch['input_ids'])} rows; give one per row.")
+    rows = []
+    for ids, labels, attention, answer in zip(batch["input_ids"], batch["labels"], batch["attention_mask"], answers):
+        labelled = (labels != IGNORE_INDEX).nonzero()
+        if len(labelled) == 0:
+            raise ValueError("a batch row has no answer token, so where its prompt ends is unknown.")
+        start = int(labelled[0])  # the first answer token; the prompt is everything unpadded before it
+        prompt = ids[:start][attention[:start].bool()].tolist()
+        rows.append({"input_ids": prompt + list(answer), "labels": [IGNORE_INDEX] * len(prompt) + list(answer)})
+    out = {k: v.to(batch["input_ids"].device) for k, v in pad_batch(rows, pad_token_id).items()}
+    return {**{k: v for k, v in batch.items() if k not in out}, **out}
 
 
 def encode_document(tokenizer, text: str, max_length: int) -> dict[str, list[int]]:

@@ -8,7 +8,9 @@ several ``Trainer.fit`` calls share one process group. Usage::
 SPEC: ``{"model_dir", "forget", "retain", "masks", "out", "cases": [{"name", "objective", "adapter", "strategy",
 "lr", "max_steps", "max_bad_loss", "checkpoint_every", "validate", "reference", "masked" (MaskedFSDPStrategy /
 MaskedDDPStrategy for any objective), "resume_from" ({"case", "step"}), "save_trainable" (rank 0 writes the trained
-tensors to ``out/<name>/trainable.pt``)}]}``. Rank 0 writes ``out/results.json``.
+tensors to ``out/<name>/trainable.pt``), "init_args" (more objective arguments), "seed" (torch seed set just before
+``fit``, so a LoRA adapter initialises as in a one-process run)}]}``; ``"forget_preferred"``: the forget set with a
+``preferred`` column, for DPO (``PreferenceDataModule``). Rank 0 writes ``out/results.json``.
 """
 
 from __future__ import annotations
@@ -30,16 +32,31 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy  # noqa: E402
 
 from lightning_unlearn.data.collate import encode_prompt_answer, pad_batch  # noqa: E402
+from lightning_unlearn.data.preference import PreferenceDataModule  # noqa: E402
 from lightning_unlearn.data.records import read_records  # noqa: E402
 from lightning_unlearn.data.unlearning import ForgetRetainDataModule  # noqa: E402
 from lightning_unlearn.losses import nll_loss, sequence_logprobs  # noqa: E402
 from lightning_unlearn.masks import load_masks, union_mask  # noqa: E402
 from lightning_unlearn.models import AdapterConfig, load_causal_lm  # noqa: E402
-from lightning_unlearn.objectives import NPO, GradientAscent, MemFlex, OracleGrad, SimNPO  # noqa: E402
+from lightning_unlearn.objectives import (  # noqa: E402
+    DPO,
+    NPO,
+    UNDIAL,
+    WGA,
+    GradientAscent,
+    IdkDPO,
+    IdkNLL,
+    MemFlex,
+    OracleGrad,
+    SatImp,
+    SimNPO,
+)
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig  # noqa: E402
 from lightning_unlearn.strategies import MaskedDDPStrategy, MaskedFSDPStrategy  # noqa: E402
 
-OBJECTIVES = {"npo": NPO, "simnpo": SimNPO, "oracle_grad": OracleGrad, "ga": GradientAscent, "memflex": MemFlex}
+OBJECTIVES = {"npo": NPO, "simnpo": SimNPO, "oracle_grad": OracleGrad, "ga": GradientAscent, "memflex": MemFlex,
+              "idk_nll": IdkNLL, "dpo": DPO, "idk_dpo": IdkDPO, "undial": UNDIAL, "wga": WGA,
+              "satimp": SatImp}  # fmt: skip
 
 
 def make_strategy(kind: str, masked: bool):
@@ -99,8 +116,12 @@ def run_case(spec: dict, case: dict) -> dict:
         extra = {"gradient_threshold": 1e-4}  # tiny-model gradient scale
     if case.get("reference"):
         extra["reference"] = case["reference"]
+    extra.update(case.get("init_args", {}))
     module = cls(spec["model_dir"], adapter=adapter, optim=optim, max_bad_loss=case.get("max_bad_loss"), **extra)
-    dm = ForgetRetainDataModule(spec["model_dir"], spec["forget"], spec["retain"], batch_size=2)
+    if cls is DPO:
+        dm = PreferenceDataModule(spec["model_dir"], spec["forget_preferred"], spec["retain"], batch_size=2)
+    else:
+        dm = ForgetRetainDataModule(spec["model_dir"], spec["forget"], spec["retain"], batch_size=2)
     recorder = RecordBatches()
     callbacks = [recorder]
     ckpt_dir = os.path.join(spec["out"], case["name"])
@@ -127,10 +148,13 @@ def run_case(spec: dict, case: dict) -> dict:
         if resume
         else None
     )
+    if "seed" in case:
+        torch.manual_seed(case["seed"])
     trainer.fit(module, dm, ckpt_path=ckpt_path)
     if case.get("save_trainable"):
         state = full_state(module)
         if trainer.global_rank == 0:
+            os.makedirs(ckpt_dir, exist_ok=True)
             trainable = {n for n, p in module.model.named_parameters() if p.requires_grad}
             torch.save({k: v for k, v in state.items() if k in trainable}, os.path.join(ckpt_dir, "trainable.pt"))
     forget, retain = read_records(spec["forget"]), read_records(spec["retain"])

@@ -1,5 +1,6 @@
 """NPO, SimNPO and OracleGrad with a real Lightning Trainer on 2 CPU processes (gloo): DDP and FSDP2, LoRA and full
-fine-tuning, in ONE launch of two ranks (see ``distributed_run.py``)."""
+fine-tuning, in ONE launch of two ranks (see ``distributed_run.py``); in the same launch, the issue-32 objectives
+(IdkNLL, DPO, IdkDPO, UNDIAL, WGA, SatImp) under FSDP2 against one process."""
 
 from __future__ import annotations
 
@@ -11,13 +12,26 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FORGET, RETAIN, mean_nll
+from conftest import FORGET, RETAIN, mean_nll, write_jsonl
 from peft import PeftModel
 
-from lightning_unlearn.models import load_causal_lm
+from lightning_unlearn.models import AdapterConfig, load_causal_lm
 
 RUNNER = Path(__file__).with_name("distributed_run.py")
 LR = {"lora": 1e-2, "full": 1e-3}
+# Issue-32 objectives, each 3 steps under FSDP2 (2 ranks × batch 2) and in one process (batch 4): the same batches.
+# Full fine-tuning (the reference a sharded frozen copy) for all; LoRA (the reference = adapter disabled) for two.
+EXACT_CASES = [
+    *[(obj, "full") for obj in ("idk_nll", "dpo", "idk_dpo", "undial", "wga", "satimp")],
+    ("idk_dpo", "lora"),
+    ("undial", "lora"),
+]
+EXACT_STEPS = 3
+# AdamW turns fp32 rounding differences of near-zero gradients (LoRA A while B ≈ 0; SatImp's p^5(1 − p) weights on
+# memorised tokens) into update differences up to ~lr per step (measured at lr 1e-3: 2.7e-5 for SatImp full, 6.7e-5
+# for UNDIAL LoRA at 1e-2). A wrong loss reduction over ranks moves weights by ~lr too, so lr 1e-4 keeps that
+# detectable above the 1e-5 tolerance while the rounding noise stays below it.
+EXACT_LR = 1e-4
 
 
 def _free_port() -> int:
@@ -144,7 +158,24 @@ def distributed_results(testbed, tmp_path_factory):
             "checkpoint_every": 1,
         }
     )
+    # Exactness against one process (test_issue32_objectives_under_fsdp_equal_one_process); not trained to forget.
+    cases += [
+        {
+            "name": f"exact_{obj}_{adapter}_fsdp",
+            "objective": obj,
+            "adapter": adapter,
+            "strategy": "fsdp",
+            "lr": EXACT_LR,
+            "max_steps": EXACT_STEPS,
+            "save_trainable": True,
+            "seed": 0,
+        }
+        for obj, adapter in EXACT_CASES
+    ]
+    preferred = out / "forget_preferred.jsonl"
+    write_jsonl(preferred, [{**r, "preferred": f"I do not know about {r['prompt'].split()[-2]}"} for r in FORGET])
     spec = {
+        "forget_preferred": str(preferred),
         "model_dir": testbed.model_dir,
         "forget": testbed.forget,
         "retain": testbed.retain,
@@ -164,7 +195,7 @@ def test_forget_nll_rises_more_than_retain_under_ddp_and_fsdp(testbed, distribut
     start = load_causal_lm(testbed.model_dir)
     f0, r0 = mean_nll(start, testbed.tokenizer, FORGET), mean_nll(start, testbed.tokenizer, RETAIN)
     for name, res in results.items():
-        if name.startswith("ga_stop"):
+        if name.startswith(("ga_stop", "exact_")):
             continue
         assert res["world_size"] == 2 and res["global_step"] == 20, (name, res)
         assert res["sharded"] == ("_fsdp" in name), name
@@ -284,3 +315,66 @@ def test_npo_precomputed_reference_matches_the_reference_copy_under_fsdp(distrib
     copy, precomputed = results["npo_full_fsdp"], results["npo_precomputed_full_fsdp"]
     assert precomputed["forget_nll"] == pytest.approx(copy["forget_nll"], rel=1e-4)
     assert precomputed["retain_nll"] == pytest.approx(copy["retain_nll"], rel=1e-4)
+
+
+def _one_process_trainable(testbed, spec_out: Path, objective: str, adapter: str) -> dict:
+    """The trainable tensors after EXACT_STEPS steps of ``objective`` in this process with batch 4."""
+    import torch
+    from lightning.pytorch import Trainer
+
+    from lightning_unlearn import objectives
+    from lightning_unlearn.data.preference import PreferenceDataModule
+    from lightning_unlearn.data.unlearning import ForgetRetainDataModule
+
+    names = {
+        "idk_nll": "IdkNLL",
+        "dpo": "DPO",
+        "idk_dpo": "IdkDPO",
+        "undial": "UNDIAL",
+        "wga": "WGA",
+        "satimp": "SatImp",
+    }
+    cls = getattr(objectives, names[objective])
+    optim = objectives.OptimizerConfig(lr=EXACT_LR)
+    module = cls(testbed.model_dir, adapter=AdapterConfig(kind=adapter, dropout=0.0), optim=optim)
+    forget = str(spec_out / "forget_preferred.jsonl") if objective == "dpo" else testbed.forget
+    datamodule = PreferenceDataModule if objective == "dpo" else ForgetRetainDataModule
+    dm = datamodule(testbed.model_dir, forget, testbed.retain, batch_size=4)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=EXACT_STEPS,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        default_root_dir=str(spec_out / f"single_{objective}_{adapter}"),
+    )
+    torch.manual_seed(0)
+    trainer.fit(module, dm)
+    return {n: p.detach() for n, p in module.model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("objective,adapter", EXACT_CASES)
+def test_issue32_objectives_under_fsdp_equal_one_process(testbed, distributed_results, objective, adapter):
+    import torch
+
+    out, results = distributed_results
+    name = f"exact_{objective}_{adapter}_fsdp"
+    assert results[name]["global_step"] == EXACT_STEPS and results[name]["sharded"], results[name]
+    sharded = torch.load(out / name / "trainable.pt", weights_only=True)
+    single = _one_process_trainable(testbed, out, objective, adapter)
+    start = load_causal_lm(testbed.model_dir).state_dict()
+    assert sharded.keys() == single.keys()
+    gap = max((sharded[k] - single[k]).abs().max().item() for k in single)
+    # how far training moved the weights: full fine-tuning from the start model, LoRA's B from its zero init
+    moved = max(
+        (single[k] - (start[k] if k in start else torch.zeros_like(single[k]))).abs().max().item()
+        for k in single
+        if k in start or "lora_B" in k
+    )
+    assert gap <= 1e-5 < moved, (gap, moved)
