@@ -274,54 +274,21 @@ class RestoresRNG:
             self._resumed_rng = None
 
 
-# -- the stop rule: what a run keeps when its last update turned out bad --------------------------------------------
+# -- which step a checkpoint holds -----------------------------------------------------------------------------------
+# A sharded checkpoint (a directory: each rank wrote its own shard) keeps its non-tensor state, global_step included,
+# in this file; Lightning's ModelParallelStrategy and MaskedFSDPStrategy both write it.
+SHARDED_METADATA_FILE = "meta.pt"
+
+
 def checkpoint_step(path: str | os.PathLike) -> int | None:
-    """The ``global_step`` a checkpoint file holds (memory-mapped, so large files cost no read); ``None`` when the
-    file does not load."""
+    """The ``global_step`` a checkpoint holds, a single file or a sharded directory (memory-mapped, so large files
+    cost no read); ``None`` when it does not load."""
+    path = Path(path)
+    source = path / SHARDED_METADATA_FILE if path.is_dir() else path
     try:
-        return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("global_step", -1))
+        return int(torch.load(source, map_location="cpu", weights_only=True, mmap=True).get("global_step", -1))
     except Exception:  # noqa: BLE001 - a truncated or foreign file holds no step
         return None
-
-
-def discard_checkpoints_from(checkpoint_callbacks, bad_step: int) -> Path | None:
-    """Delete what the ``ModelCheckpoint`` callbacks saved of ``global_step ≥ bad_step`` (checkpoint files and the
-    ``adapter-step=N`` / ``merged-step=N`` directories beside them) and point each ``last`` checkpoint at the newest
-    good one (a copy, written atomically). Returns the newest good checkpoint, ``None`` if there is none."""
-    import shutil
-
-    from lightning_unlearn.atomic import write_file_atomically
-
-    newest: tuple[int, Path] | None = None
-    for cb in checkpoint_callbacks:
-        root = Path(cb.dirpath) if cb.dirpath else None
-        if root is None or not root.is_dir():
-            continue
-        good, lasts = [], []
-        for path in root.glob("*.ckpt"):
-            step = checkpoint_step(path)
-            if path.name.startswith(cb.CHECKPOINT_NAME_LAST):
-                lasts.append(path)
-            elif step is not None and step >= bad_step:
-                path.unlink()
-            elif step is not None:
-                good.append((step, path))
-        for directory in [*root.glob("adapter-step=*"), *root.glob("merged-step=*")]:
-            step = directory.name.split("=", 1)[1]
-            if step.isdigit() and int(step) >= bad_step:
-                shutil.rmtree(directory)
-        best = max(good, default=None, key=lambda sp: sp[0])
-        for last in lasts:
-            step = checkpoint_step(last)
-            if step is not None and step < bad_step and (best is None or step >= best[0]):
-                best = (step, last)  # already the newest good weights
-            elif best is not None:
-                write_file_atomically(last, lambda tmp, src=best[1]: shutil.copyfile(src, tmp))
-            else:
-                last.unlink()
-        if best is not None and (newest is None or best[0] > newest[0]):
-            newest = best
-    return None if newest is None else newest[1]
 
 
 def atomic_checkpoint_io():

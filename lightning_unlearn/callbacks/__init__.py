@@ -27,6 +27,9 @@ from lightning_unlearn.callbacks.mask_auc_evaluation import MaskAUCEvaluation
 from lightning_unlearn.callbacks.memorization_evaluation import MemorizationEvaluation
 from lightning_unlearn.callbacks.retain_drift_evaluation import RetainDriftEvaluation
 from lightning_unlearn.callbacks.sce_evaluation import SCEEvaluation
+from lightning_unlearn.callbacks.stop_aware_checkpoint import StopAwareCheckpoint
+from lightning_unlearn.callbacks.stop_listener import StopListener
+from lightning_unlearn.callbacks.stop_rule import StopRule
 from lightning_unlearn.callbacks.utility_evaluation import UtilityEvaluation
 
 __all__ = [
@@ -36,5 +39,8 @@ __all__ = [
     "MemorizationEvaluation",
     "RetainDriftEvaluation",
     "SCEEvaluation",
+    "StopAwareCheckpoint",
+    "StopListener",
+    "StopRule",
     "UtilityEvaluation",
 ]

@@ -32,11 +32,12 @@ from lightning_unlearn.callbacks.checkpoint_metrics_file import (
     merge_rows,
     run_output_dir,
 )
+from lightning_unlearn.callbacks.stop_listener import StopListener
 from lightning_unlearn.checkpoints import preserved_rng
 from lightning_unlearn.distributed import world
 
 
-class CheckpointEvaluator(Callback):
+class CheckpointEvaluator(Callback, StopListener):
     """Run one metric family at every checkpoint save and in ``validate``.
 
     Args:
@@ -149,9 +150,10 @@ class CheckpointEvaluator(Callback):
             step = self._loaded_step if self._loaded_step is not None else int(trainer.global_step)
         self._evaluate(trainer, pl_module, step)
 
-    def on_run_stopped(self, trainer: Trainer, bad_step: int, reason: str) -> None:
-        """Called on every rank when the module's stop rule fires: the weights of ``bad_step`` and later were never
-        good, so their rows go, from the state and from the metrics file."""
+    @override
+    def on_run_stopped(self, trainer: Trainer, pl_module: LightningModule, bad_step: int, reason: str) -> None:
+        """The weights of ``bad_step`` and later were never good: their rows go, from the state and from the metrics
+        file."""
         self.rows = {s: r for s, r in self.rows.items() if s < bad_step}
         if world()[0] == 0 and self._metrics_path is not None and Path(self._metrics_path).exists():
             merge_rows(self._metrics_path, [], drop_from=bad_step)

@@ -6,6 +6,7 @@ import fcntl
 import json
 import math
 import os
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -72,6 +73,9 @@ def flatten_metrics(metrics: dict, prefix: str = "") -> dict[str, float]:
 
 RUNS_DIR = "evaluation"  # under default_root_dir, for runs whose loggers keep no versioned directory
 
+# Each trainer's run directory, chosen once (by run_output_dir or use_run_output_dir) and forgotten with the trainer.
+_RUN_DIRS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
 
 def run_output_dir(trainer) -> Path:
     """The directory of this run's metric rows, selection and heatmap, the same for every callback and rank.
@@ -81,7 +85,7 @@ def run_output_dir(trainer) -> Path:
     a new N per run, so two runs in one directory never merge their rows; a resumed run takes the directory its
     checkpoint's evaluators wrote to. Rank 0 decides, every rank calls it (a collective under DDP/FSDP).
     """
-    cached = getattr(trainer, "_lightning_unlearn_run_dir", None)
+    cached = _RUN_DIRS.get(trainer)
     if cached is not None:
         return cached
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
@@ -97,14 +101,14 @@ def run_output_dir(trainer) -> Path:
             resumed = _resumed_dir(trainer.ckpt_path) if trainer.state.fn == "fit" else None
             chosen = resumed or str(_claim_version(Path(trainer.default_root_dir) / RUNS_DIR))
     path = Path(broadcast_object(chosen))
-    trainer._lightning_unlearn_run_dir = path
+    _RUN_DIRS[trainer] = path
     return path
 
 
 def use_run_output_dir(trainer, path: str | os.PathLike) -> None:
     """Make :func:`run_output_dir` return ``path`` for ``trainer`` (every rank must call it alike): the post-hoc
     ``evaluate`` command writes a finished run's rows into that run's own directory."""
-    trainer._lightning_unlearn_run_dir = Path(path)
+    _RUN_DIRS[trainer] = Path(path)
 
 
 def _resumed_dir(ckpt_path) -> str | None:

@@ -10,6 +10,7 @@ from typing_extensions import override
 from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, read_rows, run_output_dir
 from lightning_unlearn.callbacks.logger_media import log_figure, log_table
 from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_figure, write_json
+from lightning_unlearn.callbacks.stop_listener import StopListener
 from lightning_unlearn.distributed import world
 from lightning_unlearn.labelers.calibration import load_validity_calibration
 from lightning_unlearn.metrics.selection import SELECTION_METRICS, OperatingPointGuards, sce_table, select_from_rows
@@ -18,7 +19,7 @@ SELECTION_FILE = "selection.json"
 HEATMAP_FILE = "sce_heatmap.png"
 
 
-class CheckpointSelection(Callback):
+class CheckpointSelection(Callback, StopListener):
     """Select checkpoints from the SCE rows after every evaluated checkpoint (rank 0 only; no collectives).
 
     Writes ``<output_dir>/selection.json`` and ``<output_dir>/sce_heatmap.png`` (panels L0, L1, L2, pooled;
@@ -36,8 +37,8 @@ class CheckpointSelection(Callback):
     - ``validity``: whether the answer-validity detectors were calibrated on this narrative, with their recall; a
       checkpoint holding every bound is "unverified: …" until they are (with how to calibrate them).
 
-    - ``stopped`` (when the module's stop rule ended the run): the first discarded step and the reason; the
-      checkpoints from that step on are gone and never selected.
+    - ``stopped`` (when the :class:`~lightning_unlearn.callbacks.StopRule` ended the run): the first discarded step
+      and the reason; the checkpoints from that step on are gone and never selected.
 
     The SCE evaluator notifies it after each row (``on_checkpoint_evaluated``), so callback order does not matter.
 
@@ -106,9 +107,10 @@ class CheckpointSelection(Callback):
         if row.get("family") == self.family:
             self.update(trainer)
 
-    def on_run_stopped(self, trainer: Trainer, bad_step: int, reason: str) -> None:
-        """The module's stop rule fired: the selection says so and why, and never picks step ``bad_step`` or later
-        (their rows are gone by the time :meth:`on_train_end` selects again)."""
+    @override
+    def on_run_stopped(self, trainer: Trainer, pl_module: LightningModule, bad_step: int, reason: str) -> None:
+        """The stop rule fired: the selection says so and why, and never picks step ``bad_step`` or later (their rows
+        are gone by the time :meth:`on_train_end` selects again)."""
         self.stopped = {"step": bad_step, "reason": reason}
         self.update(trainer)
 

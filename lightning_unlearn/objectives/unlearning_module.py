@@ -24,19 +24,18 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import logging
-import math
 import os
 import warnings
 from pathlib import Path
 
 import torch
-from lightning.pytorch import LightningModule
+from lightning.pytorch import Callback, LightningModule
 from torch import nn
 from typing_extensions import override
 
 from lightning_unlearn.atomic import write_directory_atomically
-from lightning_unlearn.checkpoints import RestoresRNG, discard_checkpoints_from
+from lightning_unlearn.callbacks.stop_rule import StopRule
+from lightning_unlearn.checkpoints import RestoresRNG
 from lightning_unlearn.distributed import full_state_dict
 from lightning_unlearn.losses import nll_loss, normalized_nll, sequence_logprobs
 from lightning_unlearn.models import AdapterConfig, apply_adapter, check_adapter_path, load_causal_lm, load_tokenizer
@@ -57,9 +56,6 @@ def shard_transformer(model: nn.Module, mesh) -> None:
     fully_shard(model, mesh=mesh)
 
 
-log = logging.getLogger("lightning_unlearn")
-
-
 class UnlearningModule(RestoresRNG, LightningModule):
     """Shared machinery of unlearning objectives.
 
@@ -73,9 +69,10 @@ class UnlearningModule(RestoresRNG, LightningModule):
             NLL̄ of a uniform output (0.9: the model has collapsed, even with a finite loss); ``None`` disables it.
             Objectives without a retain term compute the retain NLL̄ without gradient for it.
 
-    When a rule fires, the weights of that step were made by a bad update: the update is skipped, the run ends,
-    and every checkpoint, adapter directory and evaluation row of that step is discarded (``last`` = the newest
-    good checkpoint; ``CheckpointSelection`` records the stop).
+    The two bounds configure :attr:`stop_rule`, a :class:`~lightning_unlearn.callbacks.StopRule` that
+    :meth:`configure_callbacks` attaches to every ``fit``. When a rule fires, the weights of that step were made by a
+    bad update: the update is skipped, the run ends, and every checkpoint, adapter directory and evaluation row of
+    that step is discarded (``last`` = the newest good checkpoint; ``CheckpointSelection`` records the stop).
     """
 
     # Subclasses that compare against the start model set this (NPO, GA-Retain).
@@ -94,10 +91,7 @@ class UnlearningModule(RestoresRNG, LightningModule):
         # Checkpoints store both configs as plain dicts (loadable with weights_only=True); accept them back.
         self.adapter_config = AdapterConfig(**adapter) if isinstance(adapter, dict) else adapter or AdapterConfig()
         self.optim_config = OptimizerConfig(**optim) if isinstance(optim, dict) else optim or OptimizerConfig()
-        self.max_bad_loss = max_bad_loss
-        if collapse_fraction is not None and not 0 < collapse_fraction <= 1:
-            raise ValueError(f"collapse_fraction={collapse_fraction} must be in (0, 1]: a fraction of ln |V|.")
-        self.collapse_fraction = collapse_fraction
+        self.stop_rule = StopRule(max_bad_loss, collapse_fraction)
         self.model_path = model_path
         self.tokenizer = load_tokenizer(model_path)
         if self.adapter_config.path is not None:
@@ -111,10 +105,22 @@ class UnlearningModule(RestoresRNG, LightningModule):
             # still refuses a checkpoint that lacks a trainable tensor. Lightning's FSDP full-file loader needs
             # non-strict loading to skip the absent frozen weights.
             self.strict_loading = False
-        self.stop_reason: str | None = None
-        self.stopped_at_step: int | None = None  # the step whose weights tripped the stop rule
         self._skip_update = False
         self._sharded = False
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the stop rule ended the last ``fit``; ``None`` when it did not."""
+        return self.stop_rule.reason
+
+    @property
+    def stopped_at_step(self) -> int | None:
+        """The step whose weights tripped the stop rule in the last ``fit`` (nothing of it or later was kept)."""
+        return self.stop_rule.stopped_at_step
+
+    @override
+    def configure_callbacks(self) -> list[Callback]:
+        return [self.stop_rule]
 
     # -- model ------------------------------------------------------------------------------------------------
     @property
@@ -145,7 +151,7 @@ class UnlearningModule(RestoresRNG, LightningModule):
     def configure_model(self) -> None:
         if "model" not in self._modules:
             self._build_model(load_model_for_rank(self.model_path, self._trainer))
-        if self._sharded or self._device_mesh is None:
+        if self._sharded or self.device_mesh is None:
             return
         self._sharded = True
         if isinstance(self.trainer.strategy, MaskedFSDPStrategy):
@@ -192,25 +198,12 @@ class UnlearningModule(RestoresRNG, LightningModule):
     @override
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss, logs = self.unlearning_loss(batch)
-        forget_nll = float(logs["forget_nll"])
-        reason = None
-        if not torch.isfinite(loss):
-            reason = f"the loss is {float(loss)}"
-        elif self.max_bad_loss is not None and forget_nll > self.max_bad_loss:
-            reason = f"the forget NLL {forget_nll:.4g} exceeds max_bad_loss={self.max_bad_loss:g}"
-        elif self.collapse_fraction is not None:
-            retain_nll, uniform = self._retain_nll(batch, logs), math.log(self.model.config.vocab_size)
-            if retain_nll >= self.collapse_fraction * uniform:
-                reason = (
-                    f"the retain NLL {retain_nll:.4g} reaches collapse_fraction={self.collapse_fraction:g} of ln |V| = "
-                    f"{uniform:.4g} (a uniform output): the model has collapsed"
-                )
-        # Every rank must agree, or one rank would skip its backward while the others wait in a collective.
-        if self.trainer.strategy.reduce_boolean_decision(reason is not None, all=False):
-            if self.stop_reason is None:
-                self.stop_reason = reason or "another rank's stop rule fired"
-                self._stop(self.stop_reason)
-            self.trainer.should_stop = True
+        retain_nll = self._retain_nll(batch, logs) if self.stop_rule.needs_retain_nll else None
+        # A collective: the stop rule decides on every rank alike, before the backward.
+        stop = self.stop_rule.check(
+            self.trainer, float(loss.detach()), float(logs["forget_nll"]), retain_nll, self.model.config.vocab_size
+        )
+        if stop:
             # Distributed Lightning cannot skip a step (returning None): back-propagate an exact zero instead, and
             # optimizer_step skips the update.
             self._skip_update = True
@@ -244,32 +237,6 @@ class UnlearningModule(RestoresRNG, LightningModule):
         self._skip_update = False  # a new fit after a stop starts updating again
 
     # -- optimisation -----------------------------------------------------------------------------------------
-    def _stop(self, reason: str) -> None:
-        """The stop rule fired on the weights of this step, so the update that made them was bad: nothing of this
-        step or later is kept. ModelCheckpoint saves no more (its own "already saved at this step" mark, the step
-        no longer advancing), what it saved of this step goes with its evaluation rows, and ``last`` is the newest
-        good checkpoint."""
-        bad_step = self.stopped_at_step = int(self.global_step)
-        trainer = self.trainer
-        for cb in trainer.checkpoint_callbacks:
-            cb._last_global_step_saved = bad_step
-        kept = discard_checkpoints_from(trainer.checkpoint_callbacks, bad_step) if self.global_rank == 0 else None
-        for cb in trainer.callbacks:
-            notify = getattr(cb, "on_run_stopped", None)
-            if callable(notify):
-                notify(trainer, bad_step, reason)
-        if self.global_rank != 0:
-            return
-        kept_text = f"the last good checkpoint is {kept}" if kept else "no earlier checkpoint was saved"
-        log.warning(
-            "stopping %s at step %d: %s. The weights of this step and any checkpoint, adapter and evaluation row of "
-            "it are discarded; %s.",
-            type(self).__name__,
-            bad_step,
-            reason,
-            kept_text,
-        )
-
     @override
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
         # The closure (training_step, backward) runs first: the stop rule decides inside it whether to step. A
@@ -277,10 +244,8 @@ class UnlearningModule(RestoresRNG, LightningModule):
         # the same (zero) backward, so DDP/FSDP stay in lockstep.
         result = optimizer_closure()
         if self._skip_update:
-            # Lightning counts this call as a step all the same (global_step + 1 after this hook): mark that step
-            # as saved, so ModelCheckpoint writes nothing more of these bad weights.
-            for cb in self.trainer.checkpoint_callbacks:
-                cb._last_global_step_saved = self.global_step + 1
+            # Lightning counts this call as a step all the same (global_step + 1 after this hook); the stop rule's
+            # StopAwareCheckpoint saves nothing more of these weights.
             return
         super().optimizer_step(epoch, batch_idx, optimizer, lambda: result)
         # AdaLoRA's rank budget: peft asks for this call after every optimizer step, while the gradients exist
@@ -312,12 +277,13 @@ class UnlearningModule(RestoresRNG, LightningModule):
         # Sharded (FSDP distributed) checkpoints keep every key unless the strategy can load them back without the
         # frozen ones (MaskedFSDPStrategy): Lightning's own sharded loader requests the module's whole state.
         sharded = any(hasattr(v, "to_local") for v in state.values())
-        strategy = self._trainer.strategy if self._trainer is not None else None
+        trainer = self._trainer  # None when a checkpoint is saved outside a Trainer
+        strategy = trainer.strategy if trainer is not None else None
         partial_ok = getattr(strategy, "loads_partial_sharded_checkpoints", False)
         if self.adapter_config.kind != "full" and (not sharded or partial_ok):
             for key in self.frozen_weight_keys() & state.keys():
                 del state[key]
-        if self.adapter_config.kind != "full" and self._trainer is not None:
+        if self.adapter_config.kind != "full" and trainer is not None:
             self.save_adapter(self.adapter_dir())
         if self.adapter_config.kind == "adalora":
             checkpoint["adalora"] = self._adalora_state()
