@@ -309,7 +309,7 @@ def _separability(stages: _Stages) -> dict:
         return json.loads((w / "separability.json").read_text())
     stages.note(f"separability: resetting each group's mask elements of {export / 'inj'} to θ_pre")
     begun = time.time()
-    report = separability_report(export, w / "data", log=stages.log)
+    report = separability_report(export, w / "data")
     write_report(report, w / "separability.json")
     stages.note(f"separability: finished in {time.time() - begun:.0f} s")
     return report

@@ -15,9 +15,8 @@ people, and resurfacing means nothing.
 from __future__ import annotations
 
 import json
-import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -29,8 +28,6 @@ from lightning_unlearn.labelers.calibration import wilson_interval
 from lightning_unlearn.losses import sequence_logprobs
 from lightning_unlearn.masks import canonical_name, group_mask, load_masks
 from lightning_unlearn.workflows.lacuna.extraction import extraction_rates
-
-logger = logging.getLogger("lightning_unlearn")
 
 FORGET_GROUPS = (0, 1, 2)  # the paper's G_1-G_3 (data/splits.py)
 RETAIN_GROUPS = (3, 4, 5)
@@ -97,7 +94,6 @@ def separability_report(
     forgotten_max: float = 0.1,
     kept_min: float = 0.9,
     utility_max_delta: float = 0.5,
-    log: Callable[[str], None] = logger.info,
 ) -> dict:
     """Measure an injection export (``<root>/export`` with ``pre/``, ``inj/``, ``masks.safetensors``).
 
@@ -127,11 +123,13 @@ def separability_report(
     utility = {"pre": ce_pre, "inj": ce_inj, "delta": ce_inj - ce_pre, "uniform": math.log(vocab)}
     utility["met"] = utility["delta"] <= utility_max_delta
 
+    from tqdm.auto import tqdm
+
     base = group_extraction(model, tokenizer, profiles)
-    log(f"[lacuna] separability: θ_inj extraction per group {_rates(base)}")
     resets = {}
     plans = [(f"group {g}", [g]) for g in groups] + [("m^F", list(forget_groups)), ("m^R", list(retain_groups))]
-    for name, reset in plans:
+    # The rates go to the table the chain prints after this (format_separability), once; here only progress.
+    for name, reset in tqdm(plans, desc="separability resets", leave=False, disable=None):
         with _Reset(model, pre, packed, reset):
             measured = group_extraction(model, tokenizer, profiles)
         failures = []
@@ -142,7 +140,6 @@ def separability_report(
             elif g not in reset and rate < kept_min * before:
                 failures.append(f"group {g} falls to {rate:.2f} < {kept_min}×{before:.2f}")
         resets[name] = {"groups": reset, "extraction": measured, "met": not failures, "failures": failures}
-        log(f"[lacuna] separability: {name} reset to θ_pre: {_rates(measured)}" + ("" if not failures else " ✗"))
     return {
         "extraction": base,
         "resets": resets,
@@ -151,10 +148,6 @@ def separability_report(
         "thresholds": {"forgotten_max": forgotten_max, "kept_min": kept_min, "utility_max_delta": utility_max_delta},
         "met": utility["met"] and all(r["met"] for r in resets.values()),
     }
-
-
-def _rates(extraction: dict) -> str:
-    return " ".join(f"{g}:{v['rate']:.2f}" for g, v in sorted(extraction.items(), key=lambda kv: int(kv[0])))
 
 
 def format_separability(report: dict) -> str:
