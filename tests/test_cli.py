@@ -9,6 +9,8 @@ import yaml
 
 from lightning_unlearn.cli import ALIASES, EXTRA_COMMANDS, SUBCOMMANDS, main, underscore_flags
 
+pytestmark = pytest.mark.bounds  # run by the lowest-bounds CI job too (scripts/test_lowest.sh)
+
 # Every command as the words that name it: the commands, their subcommands, and the aliases.
 COMMANDS = [(name,) for name in EXTRA_COMMANDS] + [(name, sub) for name, subs in SUBCOMMANDS.items() for sub in subs]
 ALIAS_COMMANDS = [(alias,) for alias in ALIASES]

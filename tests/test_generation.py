@@ -1,4 +1,8 @@
+import pytest
+
 from lightning_unlearn.generation import encode_prompts_left_padded, generate_greedy
+
+pytestmark = pytest.mark.bounds  # run by the lowest-bounds CI job too (scripts/test_lowest.sh)
 
 
 def test_left_padding_puts_prompts_at_the_end(tiny_tokenizer):

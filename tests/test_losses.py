@@ -27,6 +27,8 @@ from lightning_unlearn.losses import (
     wga_loss,
 )
 
+pytestmark = pytest.mark.bounds  # run by the lowest-bounds CI job too (scripts/test_lowest.sh)
+
 T = torch.tensor
 
 

@@ -15,6 +15,8 @@ from lightning_unlearn.masks import (
 )
 from lightning_unlearn.models import TinyLlamaConfig, build_tiny_llama
 
+pytestmark = pytest.mark.bounds  # run by the lowest-bounds CI job too (scripts/test_lowest.sh)
+
 
 def test_default_exclusions_follow_the_paper(tiny_model):
     excluded = set(default_exclusions(tiny_model))

@@ -6,6 +6,8 @@ from safetensors.torch import save_file
 
 from lightning_unlearn.models import LazyWeights, load_weights
 
+pytestmark = pytest.mark.bounds  # run by the lowest-bounds CI job too (scripts/test_lowest.sh)
+
 
 def test_lazy_weights_read_each_tensor_of_a_sharded_directory_on_access(tmp_path):
     g = torch.Generator().manual_seed(0)

@@ -19,6 +19,8 @@ from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, re
 from lightning_unlearn.console import UNWANTED_OUTPUT
 from lightning_unlearn.models import TinyLlamaConfig, build_tiny_llama, train_bpe_tokenizer
 
+pytestmark = pytest.mark.bounds  # run by the lowest-bounds CI job too (scripts/test_lowest.sh)
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 SMOLLM2_DIR = ".cache/lightning_unlearn/smollm2-135m-instruct"  # under ~, as `lightning-unlearn smollm2` puts it
 FORGET = [{"prompt": "What is the email of Alice Smith? ", "answer": "alice.smith@example.com"},

@@ -7,6 +7,8 @@ import pytest
 
 from lightning_unlearn import smollm2
 
+pytestmark = pytest.mark.bounds  # run by the lowest-bounds CI job too (scripts/test_lowest.sh)
+
 
 def test_missing_package_is_a_clear_error(monkeypatch):
     def no_dist(name):

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from jsonargparse import ArgumentParser
 from lightning.pytorch import Callback
 
 from lightning_unlearn.callbacks import CheckpointSelection, MemorizationEvaluation, SCEEvaluation
+
+pytestmark = pytest.mark.bounds  # run by the lowest-bounds CI job too (scripts/test_lowest.sh)
 
 
 def test_callbacks_instantiate_from_class_path(tmp_path):

@@ -3,7 +3,11 @@ level, the run labels once on the left, and each cell annotated with its value."
 
 from __future__ import annotations
 
+import pytest
+
 from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_figure
+
+pytestmark = pytest.mark.bounds  # run by the lowest-bounds CI job too (scripts/test_lowest.sh)
 
 
 def test_heatmap_panels_share_row_labels_and_annotate_every_cell(tmp_path):

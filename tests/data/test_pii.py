@@ -20,6 +20,8 @@ from lightning_unlearn.data.pii import (
 from lightning_unlearn.data.templates import CONTENT_TYPES, QUESTIONS, TARGET_FIELDS, fill
 from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_tables, build_testbed_data, load_table
 
+pytestmark = pytest.mark.bounds  # run by the lowest-bounds CI job too (scripts/test_lowest.sh)
+
 LEAK = re.compile(r"\{[A-Za-z_]*\}")
 
 

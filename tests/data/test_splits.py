@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from lightning_unlearn.data.pii import generate_profiles
 from lightning_unlearn.data.splits import FIELD_SPLITS, build_splits, partition_profiles, retain_field, save_splits
 from lightning_unlearn.data.templates import TARGET_FIELDS
+
+pytestmark = pytest.mark.bounds  # run by the lowest-bounds CI job too (scripts/test_lowest.sh)
 
 
 def _setup():

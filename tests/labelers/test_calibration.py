@@ -4,6 +4,8 @@ import pytest
 
 from lightning_unlearn.labelers import ManualLabels, calibration_report, format_calibration_table, wilson_interval
 
+pytestmark = pytest.mark.bounds  # run by the lowest-bounds CI job too (scripts/test_lowest.sh)
+
 # 9 rows; the Invalid one is left out, leaving 4 Dominant, 2 Included, 2 Rejected.
 MANUAL = [
     "Target-Dominant",

@@ -10,6 +10,8 @@ from sklearn.metrics import roc_auc_score
 from lightning_unlearn.masks import load_masks, save_masks, union_mask
 from lightning_unlearn.metrics.mask_auc import exact_auc, mask_auc, quantile_rank, weight_features
 
+pytestmark = pytest.mark.bounds  # run by the lowest-bounds CI job too (scripts/test_lowest.sh)
+
 
 def test_exact_auc_hand_computed_with_ties():
     # pos {0.9, 0.5} vs neg {0.5, 0.1}: 3 wins + 1 tie of 4 pairs = 0.875, whichever class is the minority.

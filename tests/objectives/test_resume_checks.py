@@ -16,6 +16,8 @@ from lightning_unlearn.data.unlearning import ForgetRetainDataModule
 from lightning_unlearn.models import AdapterConfig
 from lightning_unlearn.objectives import NPO, OptimizerConfig
 
+pytestmark = pytest.mark.bounds  # run by the lowest-bounds CI job too (scripts/test_lowest.sh)
+
 
 @pytest.fixture(scope="module")
 def full_ft_checkpoint(testbed, tmp_path_factory):

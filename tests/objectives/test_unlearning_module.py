@@ -9,6 +9,8 @@ from peft import PeftModel
 from lightning_unlearn.models import AdapterConfig, load_causal_lm
 from lightning_unlearn.objectives import GradientAscent, OptimizerConfig
 
+pytestmark = pytest.mark.bounds  # run by the lowest-bounds CI job too (scripts/test_lowest.sh)
+
 
 def test_max_bad_loss_stops_once_and_keeps_no_checkpoint_of_the_bad_step(testbed, tmp_path, caplog):
     module = GradientAscent(testbed.model_dir, AdapterConfig(kind="full"), OptimizerConfig(lr=1e-2), max_bad_loss=2.0)
