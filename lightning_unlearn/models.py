@@ -289,6 +289,20 @@ def check_adapter_path(adapter: AdapterConfig) -> Path:
 
 
 @contextmanager
+def eval_mode(model: nn.Module, grad: bool = False):
+    """Inside, ``model`` is in eval mode (dropout off) and, unless ``grad``, autograd is off; on leaving, however the
+    block ends, every submodule gets its own mode back (frozen parts may be in eval mode on purpose during training)."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+            yield model
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+@contextmanager
 def lora_adapter_blocks(model: nn.Module, adapters: Sequence[str]):
     """Inside, ``model`` answers a batch of ``len(adapters)`` equal blocks of rows, block k with LoRA adapter
     ``adapters[k]`` (all loaded into ``model``); outside, it is unchanged.

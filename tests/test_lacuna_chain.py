@@ -204,19 +204,28 @@ def _separability_is_measured_and_its_arithmetic_holds(workdir, reports, lines):
     original = separability.group_extraction
     try:
         separability.group_extraction = fake_extraction({})
-        report = separability.separability_report(export, workdir / "data", log=lambda *_: None)
+        report = separability.separability_report(export, workdir / "data")
         assert all(r["met"] for r in report["resets"].values()), report["resets"]
         assert report["resets"]["group 3"]["extraction"]["3"]["rate"] == 0.0
         assert report["resets"]["group 3"]["extraction"]["4"]["rate"] == 1.0
         # group 1's people need group 0's weights too: resetting group 0 takes them along, and the verdict says so
         separability.group_extraction = fake_extraction({1: (0,)})
-        report = separability.separability_report(export, workdir / "data", log=lambda *_: None)
+        report = separability.separability_report(export, workdir / "data")
         assert not report["met"] and not report["resets"]["group 0"]["met"]
         assert report["resets"]["group 0"]["failures"] == ["group 1 falls to 0.00 < 0.9×1.00"]
         assert [n for n, r in report["resets"].items() if not r["met"]] == ["group 0"]  # m^F resets both: still met
         assert "NOT met (group 0" in separability.separability_verdict(report)
         table = separability.format_separability(report)
         assert "FAILS: group 1 falls to 0.00" in table and "1.00*" not in table.splitlines()[4]
+
+        # a group θ_inj does not memorize passes every reset vacuously: the verdict fails it instead
+        def without_group_5(model, tokenizer, profiles, fields=()):
+            return {**fake_extraction({})(model, tokenizer, profiles), "5": {"hits": 1, "trials": 4, "rate": 0.25}}
+
+        separability.group_extraction = without_group_5
+        report = separability.separability_report(export, workdir / "data")
+        assert all(r["met"] for r in report["resets"].values()) and report["unmemorized"] == [5]
+        assert not report["met"] and "groups [5] below 0.5" in separability.separability_verdict(report)
     finally:
         separability.group_extraction = original
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from lightning_unlearn.models import LazyWeights, load_weights
+from lightning_unlearn.models import LazyWeights, eval_mode, load_weights
 
 pytestmark = pytest.mark.bounds  # run by the lowest-bounds CI job too (scripts/test_lowest.sh)
 
@@ -113,3 +113,15 @@ def test_lora_adapter_blocks_refuse_what_they_cannot_compute(tiny_dir, tmp_path)
     with pytest.raises(ValueError, match="adapter 'default' of .*v_proj is a LoRA variant .*adapters_per_pass 1"):
         with lora_adapter_blocks(dora, ["default"]):
             pass
+
+
+def test_eval_mode_restores_each_submodule_mode_even_after_an_error():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5), torch.nn.Linear(2, 2))
+    model.train()
+    model[2].eval()  # a frozen part kept in eval mode on purpose
+    with pytest.raises(RuntimeError, match="inside"), eval_mode(model):
+        assert not any(m.training for m in model.modules()) and not torch.is_grad_enabled()
+        raise RuntimeError("inside")
+    assert [m.training for m in model.modules()] == [True, True, True, False] and torch.is_grad_enabled()
+    with eval_mode(model, grad=True):
+        assert torch.is_grad_enabled() and not model[1].training

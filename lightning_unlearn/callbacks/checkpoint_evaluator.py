@@ -22,7 +22,6 @@ import contextlib
 import time
 from pathlib import Path
 
-import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from typing_extensions import override
 
@@ -35,6 +34,7 @@ from lightning_unlearn.callbacks.checkpoint_metrics_file import (
 from lightning_unlearn.callbacks.stop_listener import StopListener
 from lightning_unlearn.checkpoints import preserved_rng
 from lightning_unlearn.distributed import world
+from lightning_unlearn.models import eval_mode
 
 
 class CheckpointEvaluator(Callback, StopListener):
@@ -168,14 +168,14 @@ class CheckpointEvaluator(Callback, StopListener):
         when they are already there (from a checkpoint, or set by the ``evaluate`` command)."""
         if self.base:
             return
-        with preserved_rng(), _eval_mode(pl_module.model):
+        with preserved_rng(), eval_mode(pl_module.model):
             self.base = self.compute_base(trainer, pl_module)
 
     def _evaluate(self, trainer: Trainer, pl_module: LightningModule, step: int) -> None:
         start = time.perf_counter()
         # The trainer's progress bar setting decides (enable_progress_bar: false turns these off too).
         self.progress = f"{self.family_name} @ step {step}" if trainer.progress_bar_callback is not None else None
-        with preserved_rng(), _eval_mode(pl_module.model):
+        with preserved_rng(), eval_mode(pl_module.model):
             metrics = self.compute(trainer, pl_module, step)
         self.progress = None
         self.record(trainer, step, metrics, time.perf_counter() - start)
@@ -231,16 +231,3 @@ class CheckpointEvaluator(Callback, StopListener):
             f"{type(self).__name__} needs base-model outputs, but the model has no adapter to disable and {where}. "
             "Evaluate from step 0 once (its state is saved in the checkpoint) or train a LoRA adapter."
         )
-
-
-@contextlib.contextmanager
-def _eval_mode(model: torch.nn.Module):
-    # Restore each submodule's own mode: frozen parts may be in eval mode on purpose during training.
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        for m, training in modes:
-            m.training = training

@@ -14,7 +14,7 @@ from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
 from lightning_unlearn.atomic import write_text_atomically
-from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator, _eval_mode
+from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.callbacks.logger_media import log_table
 from lightning_unlearn.callbacks.rank_split import map_batches
 from lightning_unlearn.checkpoints import preserved_rng
@@ -26,6 +26,7 @@ from lightning_unlearn.labelers.narrative_label import INVALID
 from lightning_unlearn.metrics.answer_validity import VALIDITY_FLAGS, answer_validity, load_validity_cues
 from lightning_unlearn.metrics.degeneration import DEGENERATION_FLAGS, DegenerationThresholds, degeneration_report
 from lightning_unlearn.metrics.sce import classify_output, sce_breakdown
+from lightning_unlearn.models import eval_mode
 
 SELECTION_LEVELS = ("L0", "L1", "L2")
 GENERATIONS_DIR = "sce_generations"
@@ -325,7 +326,7 @@ class SCEEvaluation(CheckpointEvaluator):
         start = time.perf_counter()
         steps = ", ".join(str(s) for s in adapters)
         self.progress = f"{self.family_name} @ steps {steps}" if trainer.progress_bar_callback is not None else None
-        with preserved_rng(), _eval_mode(pl_module.model):
+        with preserved_rng(), eval_mode(pl_module.model):
             results = self.compute_adapters(pl_module, adapters, trainer)
         self.progress = None
         seconds = (time.perf_counter() - start) / len(adapters)

@@ -20,7 +20,7 @@ from typing_extensions import override
 from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.checkpoints import RestoresRNG
 from lightning_unlearn.losses import nll_loss, sequence_logprobs
-from lightning_unlearn.models import AdapterConfig, apply_adapter, load_causal_lm, load_tokenizer
+from lightning_unlearn.models import AdapterConfig, apply_adapter, eval_mode, load_causal_lm, load_tokenizer
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.strategies.masked_fsdp import load_model_for_rank
 
@@ -109,14 +109,14 @@ class InstructionModule(RestoresRNG, LightningModule):
     def _untrained_val_loss(self, loader) -> float:
         # The whole validation set on every rank (same batches, same order), so ranks agree without a collective
         # and sharded (FSDP) forwards stay in step. Weighted by batch size like the logged val/loss.
-        self.model.eval()
         total, count = 0.0, 0
-        for batch in loader:
-            batch = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-            size = batch["input_ids"].shape[0]
-            total += float(self._loss(batch)) * size
-            count += size
-        self.model.train()
+        with eval_mode(self.model):
+            for batch in loader:
+                batch = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+                size = batch["input_ids"].shape[0]
+                total += float(self._loss(batch)) * size
+                count += size
+        self.model.train()  # as the training that follows expects (LoRA dropout on)
         if count == 0:
             raise ValueError("validate_untrained: the validation set is empty; raise val_fraction.")
         return total / count

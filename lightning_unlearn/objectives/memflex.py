@@ -17,7 +17,7 @@ from typing_extensions import override
 
 from lightning_unlearn.distributed import local_view
 from lightning_unlearn.losses import nll_loss, weighted_nll_loss
-from lightning_unlearn.models import AdapterConfig
+from lightning_unlearn.models import AdapterConfig, eval_mode
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.objectives.unlearning_module import UnlearningModule
 
@@ -83,11 +83,9 @@ class MemFlex(UnlearningModule):
         if not hasattr(datamodule, "forget_eval_dataloader"):
             raise TypeError("MemFlex localises with the whole forget/retain sets: use ForgetRetainDataModule.")
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        was_training = self.model.training
-        self.model.eval()
-        g_forget = self._mean_gradients(datamodule.forget_eval_dataloader(), named)
-        g_retain = self._mean_gradients(datamodule.retain_eval_dataloader(), named)
-        self.model.train(was_training)
+        with eval_mode(self.model, grad=True):
+            g_forget = self._mean_gradients(datamodule.forget_eval_dataloader(), named)
+            g_retain = self._mean_gradients(datamodule.retain_eval_dataloader(), named)
         # Per tensor: [f·r, f·f, r·r, Σ|f|]; sums over local shards, all-reduced when sharded.
         stats = torch.stack(
             [

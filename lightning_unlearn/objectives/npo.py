@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import move_data_to_device
 from typing_extensions import override
 
 from lightning_unlearn.losses import nll_loss, normalized_nll, npo_loss, sequence_logprobs
-from lightning_unlearn.models import AdapterConfig
+from lightning_unlearn.models import AdapterConfig, eval_mode
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.objectives.unlearning_module import UnlearningModule
 
@@ -93,14 +93,12 @@ class NPO(UnlearningModule):
         datamodule = getattr(self.trainer, "datamodule", None)
         if not hasattr(datamodule, "forget_eval_dataloader"):
             raise TypeError("NPO(reference='precomputed') reads the forget set from ForgetRetainDataModule.")
-        was_training = self.model.training
-        self.model.eval()
         values = torch.zeros(len(datamodule.forget_eval_dataloader().dataset), dtype=torch.float32)
-        for batch in datamodule.forget_eval_dataloader():
-            batch = move_data_to_device(batch, self.device)
-            logps, _, _ = self.sequence_logps(batch)
-            values[batch["index"].cpu()] = logps.float().cpu()
-        self.model.train(was_training)
+        with eval_mode(self.model):
+            for batch in datamodule.forget_eval_dataloader():
+                batch = move_data_to_device(batch, self.device)
+                logps, _, _ = self.sequence_logps(batch)
+                values[batch["index"].cpu()] = logps.float().cpu()
         return values
 
     @override

@@ -94,12 +94,16 @@ def separability_report(
     forgotten_max: float = 0.1,
     kept_min: float = 0.9,
     utility_max_delta: float = 0.5,
+    memorized_min: float = 0.5,
 ) -> dict:
     """Measure an injection export (``<root>/export`` with ``pre/``, ``inj/``, ``masks.safetensors``).
 
     Returns ``{"extraction": {g: {hits, trials, rate}}, "resets": {name: {"groups": [...], "extraction": {g: ...},
     "met": bool, "failures": [str]}}, "utility": {"pre": ce, "inj": ce, "delta": ce, "uniform": ln|V|, "met":
-    bool}, "thresholds": {...}, "met": bool}``, resets named ``group g``, ``m^F`` and ``m^R``.
+    bool}, "unmemorized": [g], "thresholds": {...}, "met": bool}``, resets named ``group g``, ``m^F`` and ``m^R``.
+
+    A group that θ_inj extracts below ``memorized_min`` has nothing a reset could take away: its resets pass
+    vacuously, so such a group fails the verdict (``unmemorized``) instead of passing it.
     """
     from lightning_unlearn.models import load_causal_lm, load_tokenizer, load_weights
 
@@ -140,13 +144,20 @@ def separability_report(
             elif g not in reset and rate < kept_min * before:
                 failures.append(f"group {g} falls to {rate:.2f} < {kept_min}×{before:.2f}")
         resets[name] = {"groups": reset, "extraction": measured, "met": not failures, "failures": failures}
+    unmemorized = [g for g in groups if base[str(g)]["rate"] < memorized_min]
     return {
         "extraction": base,
         "resets": resets,
         "utility": utility,
+        "unmemorized": unmemorized,
         "masks": {k: meta.get(k) for k in ("num_groups", "coverage", "mask_seed")},
-        "thresholds": {"forgotten_max": forgotten_max, "kept_min": kept_min, "utility_max_delta": utility_max_delta},
-        "met": utility["met"] and all(r["met"] for r in resets.values()),
+        "thresholds": {
+            "forgotten_max": forgotten_max,
+            "kept_min": kept_min,
+            "utility_max_delta": utility_max_delta,
+            "memorized_min": memorized_min,
+        },  # fmt: skip
+        "met": utility["met"] and not unmemorized and all(r["met"] for r in resets.values()),
     }
 
 
@@ -160,6 +171,8 @@ def format_separability(report: dict) -> str:
     lines.append(f"{'nothing (θ_inj)':<22}" + "".join(f"{base[g]['rate']:>10.2f}" for g in groups))
     cis = [wilson_interval(base[g]["hits"], base[g]["trials"]) for g in groups]
     lines.append(f"{'  95% interval':<22}" + "".join(f"{f'{lo:.2f}-{hi:.2f}':>10}" for lo, hi in cis))
+    if report.get("unmemorized"):
+        lines[-1] += f"  FAILS: groups {report['unmemorized']} below {report['thresholds']['memorized_min']}"
     for name, r in report["resets"].items():
         cells = "".join(f"{r['extraction'][g]['rate']:>9.2f}{'*' if int(g) in r['groups'] else ' '}" for g in groups)
         lines.append(f"{name:<22}{cells}  {'ok' if r['met'] else 'FAILS: ' + '; '.join(r['failures'])}")
@@ -184,6 +197,11 @@ def separability_verdict(report: dict) -> str:
     failed = [name for name, r in report["resets"].items() if not r["met"]]
     if not report["utility"]["met"]:
         failed.append(f"utility Δ {report['utility']['delta']:+.2f} nat")
+    unmemorized = report.get("unmemorized", [])  # reports written before the rule have none
+    if unmemorized:
+        failed.append(
+            f"θ_inj extracts groups {unmemorized} below {t.get('memorized_min')}: nothing there for a reset to remove"
+        )
     return (
         f"[lacuna] {what}: NOT met ({', '.join(failed)}). This testbed has no ground truth: mask AUC, OracleGrad and "
         "resurfacing on it measure artifacts (docs/lacuna_memorization.md)."
