@@ -3,8 +3,11 @@ chosen blocks' parameters trained, and u seeded and carried by checkpoints."""
 
 import pytest
 import torch
+import yaml
 from conftest import fit
 
+from lightning_unlearn.cli import main
+from lightning_unlearn.configs import config_root
 from lightning_unlearn.data.unlearning import ForgetRetainDataModule
 from lightning_unlearn.losses import IGNORE_INDEX
 from lightning_unlearn.models import AdapterConfig, load_causal_lm
@@ -117,3 +120,41 @@ def test_u_is_seeded_and_travels_in_the_state_dict(testbed):
 def test_bad_settings_are_refused_naming_the_setting(testbed, kwargs, message):
     with pytest.raises(ValueError, match=message):
         _ = _rmu(testbed, **kwargs).model
+
+
+def test_lens_config_states_the_lens_protocol_and_openunlearnings_rmu_settings():
+    text = (config_root() / "lens" / "rmu.yaml").read_text()
+    assert "lightning-unlearn fit -c lens/rmu.yaml" in text.split("seed_everything")[0]
+    cfg = yaml.safe_load(text)
+    assert cfg["trainer"]["max_steps"] == 260
+    assert cfg["trainer"]["callbacks"][0]["init_args"]["every_n_train_steps"] == 10
+    init = cfg["model"]["init_args"]
+    assert init["adapter"] == {"kind": "lora", "r": 8, "alpha": 16, "dropout": 0.05} and init["optim"]["lr"] == 1e-5
+    # OpenUnlearning's configs/experiment/unlearn/wmdp/default.yaml: model.layers.7, blocks 5-7 down_proj, c 2, α 1, γ 1
+    assert (init["layer"], init["updated_params"], init["steering_coeff"], init["alpha"], init["gamma"]) == (
+        7,
+        ["mlp.down_proj"],
+        2.0,
+        1.0,
+        1.0,
+    )
+
+
+def test_lens_config_trains_two_lora_steps_through_the_cli(testbed, tmp_path):
+    main([
+        "fit", "-c", "lens/rmu.yaml",
+        f"--model.init_args.model_path={testbed.model_dir}", f"--data.init_args.tokenizer_path={testbed.model_dir}",
+        f"--data.init_args.forget_path={testbed.forget}", f"--data.init_args.retain_path={testbed.retain}",
+        f"--model.init_args.layer={LAYER}",  # the testbed has 4 blocks
+        "--data.init_args.batch_size=2", "--data.init_args.max_length=64", "--model.init_args.optim.lr=1e-3",
+        "--trainer.max_steps=2", "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
+        "--trainer.logger=false", "--trainer.accelerator=cpu", f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.callbacks.init_args.every_n_train_steps=1",
+    ])  # fmt: skip
+    checkpoints = sorted(tmp_path.rglob("step=*.ckpt"))
+    assert [p.name for p in checkpoints] == ["step=1.ckpt", "step=2.ckpt"]
+    state = torch.load(checkpoints[-1], map_location="cpu", weights_only=True)["state_dict"]
+    assert torch.equal(state["control_vector"], _rmu(testbed).control_vector)  # seed 0
+    lora = sorted(k for k in state if "lora_" in k)
+    assert lora and all(".mlp.down_proj." in k and any(f"layers.{i}." in k for i in (0, 1, 2)) for k in lora), lora
+    assert (next(tmp_path.rglob("adapter-step=2")) / "adapter_config.json").exists()
