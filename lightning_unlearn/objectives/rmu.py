@@ -43,8 +43,8 @@ class RMU(UnlearningModule):
     optimizer); with LoRA / AdaLoRA, an adapter config that leaves ``layers`` / ``target_modules`` unset gets
     ``updated_layers`` / ``updated_params`` there (set them to override). The frozen reference for the retain term
     is the start model: LoRA's adapter disabled, or a frozen copy with full fine-tuning. u is a buffer
-    (``control_vector``, = c·u) drawn from ``seed``: the same on every rank, and saved in checkpoints, so a resumed
-    run steers toward the checkpoint's u whatever ``seed`` says.
+    (``control_vector``, = c·u) drawn from ``steering_seed``: the same on every rank, and saved in checkpoints, so a
+    resumed run steers toward the checkpoint's u whatever ``steering_seed`` says.
 
     Args:
         model_path: local model directory.
@@ -63,7 +63,8 @@ class RMU(UnlearningModule):
         steering_coeff: c, the norm of the forget target.
         alpha: weight α of the retain term.
         gamma: weight γ of the forget term.
-        seed: seed of u.
+        steering_seed: seed of u (not ``seed``: the datamodule's ``seed`` shares the run's hyperparameters, and
+            Lightning refuses two different values under one name).
         token_average: ``sequence`` (default: each sequence weighs the same, OpenUnlearning's intent) or ``batch``
             (each position weighs the same, the WMDP reference code's ``mse_loss``).
         positions: ``answer`` (default, OpenUnlearning's: answer-token positions) or ``all`` (every non-padding
@@ -86,7 +87,7 @@ class RMU(UnlearningModule):
         steering_coeff: float = 2.0,
         alpha: float = 1.0,
         gamma: float = 1.0,
-        seed: int = 0,
+        steering_seed: int = 0,
         token_average: str = "sequence",
         positions: str = "answer",
     ) -> None:
@@ -109,7 +110,7 @@ class RMU(UnlearningModule):
         self.restrict_updates = restrict_updates
         self.steering_coeff, self.alpha, self.gamma = steering_coeff, alpha, gamma
         self.token_average, self.positions = token_average, positions
-        self.register_buffer("control_vector", rmu_control_vector(config.hidden_size, steering_coeff, seed))
+        self.register_buffer("control_vector", rmu_control_vector(config.hidden_size, steering_coeff, steering_seed))
         if restrict_updates and self.adapter_config.kind != "full" and self.adapter_config.path is None:
             self.adapter_config = self._restricted_adapter(self.adapter_config)
 

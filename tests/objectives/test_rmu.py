@@ -93,19 +93,19 @@ def test_lora_adapters_go_only_where_rmu_updates_unless_the_adapter_config_says(
 
 
 def test_u_is_seeded_and_travels_in_the_state_dict(testbed):
-    first, again, other = _rmu(testbed, seed=5), _rmu(testbed, seed=5), _rmu(testbed, seed=6)
+    first, again, other = _rmu(testbed, steering_seed=5), _rmu(testbed, steering_seed=5), _rmu(testbed, steering_seed=6)
     assert torch.equal(first.control_vector, again.control_vector)
     assert not torch.equal(first.control_vector, other.control_vector)
     _ = first.model
     state = first.state_dict()
     assert torch.equal(state["control_vector"], first.control_vector)
-    other.load_state_dict(state)  # a resume steers toward the checkpoint's u, whatever seed says
+    other.load_state_dict(state)  # a resume steers toward the checkpoint's u, whatever steering_seed says
     assert torch.equal(other.control_vector, first.control_vector)
-    lora = _rmu(testbed, "lora", seed=5)
+    lora = _rmu(testbed, "lora", steering_seed=5)
     _ = lora.model
     lora_state = {k: v for k, v in lora.state_dict().items() if k not in lora.frozen_weight_keys()}
     assert "control_vector" in lora_state
-    _rmu(testbed, "lora", seed=6).load_state_dict(lora_state)
+    _rmu(testbed, "lora", steering_seed=6).load_state_dict(lora_state)
 
 
 @pytest.mark.parametrize(
@@ -154,7 +154,7 @@ def test_lens_config_trains_two_lora_steps_through_the_cli(testbed, tmp_path):
     checkpoints = sorted(tmp_path.rglob("step=*.ckpt"))
     assert [p.name for p in checkpoints] == ["step=1.ckpt", "step=2.ckpt"]
     state = torch.load(checkpoints[-1], map_location="cpu", weights_only=True)["state_dict"]
-    assert torch.equal(state["control_vector"], _rmu(testbed).control_vector)  # seed 0
+    assert torch.equal(state["control_vector"], _rmu(testbed).control_vector)  # steering_seed 0
     lora = sorted(k for k in state if "lora_" in k)
     assert lora and all(".mlp.down_proj." in k and any(f"layers.{i}." in k for i in (0, 1, 2)) for k in lora), lora
     assert (next(tmp_path.rglob("adapter-step=2")) / "adapter_config.json").exists()
