@@ -111,3 +111,17 @@ def test_lora_adapter_blocks_refuse_what_they_cannot_compute(tiny_dir, tmp_path)
     with pytest.raises(ValueError, match="adapter 'default' of .*v_proj is a LoRA variant .*adapters_per_pass 1"):
         with lora_adapter_blocks(dora, ["default"]):
             pass
+
+
+def test_block_output_is_hfs_hidden_state_after_the_block_with_or_without_an_adapter(tiny_dir):
+    from lightning_unlearn.models import AdapterConfig, apply_adapter, block_output, load_causal_lm
+
+    ids = torch.tensor([[1, 5, 9, 4], [1, 7, 3, 2]])
+    for model in (load_causal_lm(tiny_dir), apply_adapter(load_causal_lm(tiny_dir), AdapterConfig(kind="lora"))):
+        with torch.no_grad(), block_output(model, 0) as captured:
+            hidden = model(input_ids=ids, output_hidden_states=True).hidden_states
+        assert len(captured) == 1 and torch.equal(captured[0], hidden[1])
+        model(input_ids=ids)  # the hook is gone
+        assert len(captured) == 1
+        with pytest.raises(ValueError, match=r"found 0 modules named …layers.99"), block_output(model, 99):
+            pass

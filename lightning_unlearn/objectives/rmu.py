@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -28,9 +27,9 @@ from lightning_unlearn.losses import (
     rmu_retain_loss,
     sequence_logprobs,
 )
-from lightning_unlearn.models import AdapterConfig, block_index_pattern
+from lightning_unlearn.models import AdapterConfig, block_index_pattern, block_output
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
-from lightning_unlearn.objectives.unlearning_module import BLOCK_CONTAINERS, UnlearningModule
+from lightning_unlearn.objectives.unlearning_module import UnlearningModule
 
 log = logging.getLogger("lightning_unlearn")
 
@@ -145,31 +144,9 @@ class RMU(UnlearningModule):
                 "parameters as they appear inside a block (e.g. mlp.down_proj)."
             )
 
-    def _block(self, network: nn.Module) -> nn.Module:
-        containers = "|".join(BLOCK_CONTAINERS)
-        name = re.compile(rf"(?:^|\.)(?:{containers})\.{self.layer}$")
-        found = [module for n, module in network.named_modules() if name.search(n)]
-        if len(found) != 1:
-            raise ValueError(f"RMU: found {len(found)} modules for block {self.layer}; expected one (…layers.N).")
-        return found[0]
-
-    @contextmanager
-    def _capture(self, network: nn.Module):
-        """Inside, ``captured[0]`` becomes the ``(B, T, d)`` output of block ℓ of ``network`` once it runs."""
-        captured: list[torch.Tensor] = []
-
-        def hook(_module, _args, output):
-            captured.append(output[0] if isinstance(output, tuple) else output)
-
-        handle = self._block(network).register_forward_hook(hook)
-        try:
-            yield captured
-        finally:
-            handle.remove()
-
     def _forward(self, network: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """``(block-ℓ output (B, T, d), logits (B, T, V))`` of ``network`` on ``batch``."""
-        with self._capture(network) as captured:
+        with block_output(network, self.layer) as captured:
             logits = network(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         return captured[0], logits
 
