@@ -389,3 +389,90 @@ def satimp_loss(
     logp = token_logps.detach()
     weights = (beta1 * logp).exp() * (-torch.expm1(logp)).pow(beta2)
     return token_weighted_ga_loss(token_logps, answer_mask, weights, token_average)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Representation-level: RMU. ``activations`` are the hidden states output by one transformer block, ``(B, T, d)``.
+# ---------------------------------------------------------------------------------------------------------------
+
+RMU_POSITIONS = ("answer", "all")
+
+
+def rmu_control_vector(hidden_size: int, steering_coeff: float, seed: int) -> torch.Tensor:
+    """RMU's target c·u, shape ``(d,)``: u ~ U[0, 1)^d normalised to unit length (the WMDP reference code's draw,
+    as OpenUnlearning's ``get_control_vector``), from a generator seeded with ``seed`` so every rank and every
+    rebuild draws the same u."""
+    generator = torch.Generator().manual_seed(seed)
+    direction = torch.rand(hidden_size, generator=generator)
+    return steering_coeff * direction / direction.norm()
+
+
+def rmu_positions(labels: torch.Tensor, attention_mask: torch.Tensor, positions: str = "answer") -> torch.Tensor:
+    """Which hidden states RMU's terms average over, ``(B, T)`` bool.
+
+    ``answer``: the positions of answer tokens (``labels != IGNORE_INDEX``, unshifted: the hidden state *of* each
+    answer token, as OpenUnlearning's ``compute_activation_loss`` masks); ``all``: every non-padding position,
+    prompt included (the WMDP reference code averages over every position of its plain-text corpora, padding too;
+    on an unpadded batch the two agree).
+    """
+    if check_choice("positions", positions, RMU_POSITIONS) == "answer":
+        return labels != IGNORE_INDEX
+    return attention_mask.bool()
+
+
+def activation_mse(
+    activations: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, token_average: str = "sequence"
+) -> torch.Tensor:
+    """Mean over the masked positions of (1/d)·‖h_t − target_t‖², the reference code's ``mse_loss`` per position.
+
+    OpenUnlearning's ``compute_activation_loss`` means the ``sequence`` average, but divides the ``(B,)`` per-sample
+    sums by token counts of shape ``(B, 1)``, a ``(B, B)`` broadcast: its value is the per-sample mean only at batch
+    size 1 (its WMDP experiment's), otherwise mean_i(sum_i)·mean_j(1/n_j). This function does not copy that.
+
+    Args:
+        activations: ``(B, T, d)``.
+        targets: ``(B, T, d)`` or anything that broadcasts to it (RMU's ``(d,)`` control vector).
+        mask: ``(B, T)`` positions that count.
+        token_average: ``sequence`` (each sequence weighs the same, a sequence without positions counts 0:
+            OpenUnlearning's mean of per-sample means) or ``batch`` (each position weighs the same: the WMDP
+            reference code's mean over the batch), as in :func:`answer_token_mean`.
+    """
+    squared = (activations.float() - targets.float()).pow(2).mean(-1)  # (B, T)
+    return answer_token_mean(squared, mask, token_average)
+
+
+def rmu_forget_loss(
+    activations: torch.Tensor, control_vector: torch.Tensor, mask: torch.Tensor, token_average: str = "sequence"
+) -> torch.Tensor:
+    """RMU's forget term (Li et al. 2024, "The WMDP Benchmark", Sec. 5, Algorithm 1): push the hidden states of
+    block ℓ on forget text toward the fixed random direction c·u.
+
+        L_forget = mean over forget positions t of (1/d)·‖h_ℓ,t(x_f) − c·u‖².
+
+    The paper writes ‖·‖² summed over d; its reference code (and OpenUnlearning's) takes ``mse_loss``, the mean
+    over d, as here: the paper's value is d times this one, for both terms alike.
+
+    Args:
+        activations: ``(B, T, d)`` block-ℓ output of the trained model on the forget batch.
+        control_vector: ``(d,)`` c·u from :func:`rmu_control_vector`.
+        mask: ``(B, T)`` from :func:`rmu_positions`.
+        token_average: ``sequence`` or ``batch``, as in :func:`activation_mse`.
+    """
+    return activation_mse(activations, control_vector, mask, token_average)
+
+
+def rmu_retain_loss(
+    activations: torch.Tensor, frozen_activations: torch.Tensor, mask: torch.Tensor, token_average: str = "sequence"
+) -> torch.Tensor:
+    """RMU's retain term (Li et al. 2024, Algorithm 1): keep block ℓ's hidden states on retain text where the frozen
+    start model has them.
+
+        L_retain = mean over retain positions t of (1/d)·‖h_ℓ,t(x_r) − h_ℓ,t^frozen(x_r)‖²,
+        L = γ·L_forget + α·L_retain.
+
+    Args:
+        activations: ``(B, T, d)`` block-ℓ output of the trained model on the retain batch.
+        frozen_activations: ``(B, T, d)`` the same of the frozen start model (detached here).
+        mask, token_average: as in :func:`rmu_forget_loss`.
+    """
+    return activation_mse(activations, frozen_activations.detach(), mask, token_average)

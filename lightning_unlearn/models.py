@@ -221,6 +221,31 @@ def block_index_pattern(model: nn.Module) -> tuple[re.Pattern, int]:
     return pattern, max(indices) + 1
 
 
+def transformer_block(model: nn.Module, index: int) -> nn.Module:
+    """Block ``index`` (0-based) of ``model``, peft-wrapped or FSDP-sharded alike (``…layers.<index>``)."""
+    name = re.compile(rf"(?:^|\.)(?:layers|h|blocks|block)\.{index}$")
+    found = [module for n, module in model.named_modules() if name.search(n)]
+    if len(found) != 1:
+        raise ValueError(f"found {len(found)} modules named …layers.{index} in {type(model).__name__}; expected one.")
+    return found[0]
+
+
+@contextmanager
+def block_output(model: nn.Module, index: int):
+    """Inside, a forward of ``model`` appends the ``(B, T, d)`` hidden states that block ``index`` outputs to the
+    yielded list (a forward hook: HF's ``hidden_states[index + 1]`` without keeping every layer's)."""
+    captured: list[torch.Tensor] = []
+
+    def hook(_module, _args, output):
+        captured.append(output[0] if isinstance(output, tuple) else output)
+
+    handle = transformer_block(model, index).register_forward_hook(hook)
+    try:
+        yield captured
+    finally:
+        handle.remove()
+
+
 def resolve_layers(model: nn.Module, layers: Sequence[int]) -> list[int]:
     """Turn possibly negative block indices into absolute ones."""
     _, n = block_index_pattern(model)

@@ -19,6 +19,10 @@ from lightning_unlearn.losses import (
     nll_loss,
     normalized_nll,
     npo_loss,
+    rmu_control_vector,
+    rmu_forget_loss,
+    rmu_positions,
+    rmu_retain_loss,
     satimp_loss,
     sequence_logprobs,
     simnpo_loss,
@@ -337,3 +341,89 @@ def test_token_weighted_ga_batch_average_is_openunlearnings(method):
     # Different answer lengths (5 and 1 tokens): the per-sequence default weighs the rows equally and differs.
     seq = wga_loss(token_logps, answer_mask) if method == "wga" else satimp_loss(token_logps, answer_mask)
     assert abs(seq.item() - ou.item()) > 0.05 * abs(ou.item())
+
+
+def _rmu_batch():
+    """Block outputs (B 2, T 3, d 2); labels: row 0 answers at positions 1-2, row 1 at position 1 (position 2 pads)."""
+    activations = T([[[1.0, 1.0], [3.0, 0.0], [0.0, 0.0]], [[2.0, 2.0], [0.0, 4.0], [9.0, 9.0]]])
+    labels = T([[IGNORE_INDEX, 5, 6], [IGNORE_INDEX, 7, IGNORE_INDEX]])
+    attention_mask = T([[1, 1, 1], [1, 1, 0]])
+    return activations, labels, attention_mask
+
+
+def test_rmu_forget_loss_fixed_numbers():
+    # c·u = (1, 0). (1/d)·‖h − c·u‖² per position: row 0: 0.5, 2, 0.5; row 1: 2.5, 8.5, 72.5.
+    activations, labels, attention_mask = _rmu_batch()
+    answer = rmu_positions(labels, attention_mask)
+    assert answer.tolist() == [[False, True, True], [False, True, False]]
+    target = T([1.0, 0.0])
+    # answer positions, per sequence: mean((2 + 0.5)/2, 8.5) = 4.875; per position of the batch: 11/3
+    assert rmu_forget_loss(activations, target, answer).item() == pytest.approx(4.875, rel=1e-6)
+    assert rmu_forget_loss(activations, target, answer, "batch").item() == pytest.approx(11 / 3, rel=1e-6)
+    # every non-padding position: mean((0.5 + 2 + 0.5)/3, (2.5 + 8.5)/2) = 3.25
+    everywhere = rmu_positions(labels, attention_mask, "all")
+    assert rmu_forget_loss(activations, target, everywhere).item() == pytest.approx(3.25, rel=1e-6)
+    with pytest.raises(ValueError, match="positions='prompt'; use one of answer, all"):
+        rmu_positions(labels, attention_mask, "prompt")
+
+
+def test_rmu_retain_loss_fixed_numbers_and_a_frozen_target():
+    # frozen = activations + 1 on the first coordinate: (1/d)·1² = 0.5 at every position, whatever the mask.
+    activations, labels, attention_mask = _rmu_batch()
+    frozen = (activations + T([1.0, 0.0])).requires_grad_(True)
+    policy = activations.clone().requires_grad_(True)
+    loss = rmu_retain_loss(policy, frozen, rmu_positions(labels, attention_mask))
+    assert loss.item() == pytest.approx(0.5, rel=1e-6)
+    loss.backward()
+    assert frozen.grad is None
+    # ∂/∂h of (1/d)·(h − f)² at h − f = −1: −2/d = −1 per element, divided by |answer positions| of the row, / B.
+    assert torch.allclose(policy.grad[0, 1], T([-0.25, 0.0])) and torch.allclose(policy.grad[1, 1], T([-0.5, 0.0]))
+    assert policy.grad[:, 0].abs().sum() == 0 and policy.grad[1, 2].abs().sum() == 0
+
+
+def test_rmu_control_vector_is_a_seeded_scaled_unit_vector():
+    control = rmu_control_vector(16, steering_coeff=6.5, seed=3)
+    assert control.shape == (16,) and control.norm().item() == pytest.approx(6.5, rel=1e-6)
+    assert (control >= 0).all()  # u ~ U[0, 1)^d before normalising, as the reference code draws it
+    assert torch.equal(control, rmu_control_vector(16, 6.5, 3))
+    assert not torch.equal(control, rmu_control_vector(16, 6.5, 4))
+
+
+def test_rmu_terms_equal_openunlearnings_activation_loss_and_the_wmdp_mse():
+    # OU's RMU.compute_activation_loss: mse_loss(reduction="none") (B, T, d), masked by labels != −100,
+    # .mean(dim=2).sum(dim=1) / num_tokens per sample, then the mean over the batch; the control vector is
+    # rand(1, 1, d) / norm · steering_coeff, expanded to (B, T, d).
+    generator = torch.Generator().manual_seed(11)
+    activations = torch.randn(3, 5, 8, generator=generator)
+    frozen = torch.randn(3, 5, 8, generator=generator)
+    labels = torch.randint(0, 50, (3, 5), generator=generator)
+    labels[0, :2] = IGNORE_INDEX
+    labels[1, :4] = IGNORE_INDEX
+    attention_mask = torch.ones(3, 5, dtype=torch.long)
+
+    def ou_activation_loss(a1, a2, mask):
+        squared = torch.nn.functional.mse_loss(a1, a2, reduction="none")
+        summed = (squared * mask.unsqueeze(-1).expand_as(squared)).mean(dim=2).sum(dim=1)
+        return (summed / mask.sum(dim=-1, keepdim=True)).mean()
+
+    # OU divides the (B,) per-sample sums by num_tokens of shape (B, 1): a (B, B) broadcast, so its value is the
+    # per-sample mean only at batch size 1 (its WMDP experiment's per_device_train_batch_size). Ours (sequence) is
+    # the mean of OU's batch-size-1 values; at B > 1 OU's is mean_i(sum_i) · mean_j(1/n_j), which it does not mean.
+    control = rmu_control_vector(8, 2.0, seed=0)
+    ou_mask = labels != -100
+    target = control.view(1, 1, -1).expand_as(activations)
+    answer = rmu_positions(labels, attention_mask)
+    rows = range(len(labels))
+    ou_forget = sum(ou_activation_loss(activations[[i]], target[[i]], ou_mask[[i]]) for i in rows) / len(labels)
+    assert rmu_forget_loss(activations, control, answer).item() == pytest.approx(ou_forget.item(), rel=1e-6)
+    ou_retain = sum(ou_activation_loss(activations[[i]], frozen[[i]], ou_mask[[i]]) for i in rows) / len(labels)
+    assert rmu_retain_loss(activations, frozen, answer).item() == pytest.approx(ou_retain.item(), rel=1e-6)
+    per_row_sums = ((activations - frozen).pow(2).mean(-1) * ou_mask).sum(-1)
+    broadcast = per_row_sums.mean() * (1 / ou_mask.sum(-1).float()).mean()
+    assert ou_activation_loss(activations, frozen, ou_mask).item() == pytest.approx(broadcast.item(), rel=1e-6)
+    # The WMDP reference code: F.mse_loss over every position of an unpadded batch = positions all, batch average.
+    everywhere = rmu_positions(labels, attention_mask, "all")
+    wmdp = torch.nn.functional.mse_loss(activations, frozen)
+    assert rmu_retain_loss(activations, frozen, everywhere, "batch").item() == pytest.approx(wmdp.item(), rel=1e-6)
+    # answer lengths differ (3, 1, 5): the per-position average is not OU's
+    assert rmu_retain_loss(activations, frozen, answer, "batch").item() != pytest.approx(ou_retain.item(), rel=1e-3)

@@ -125,3 +125,17 @@ def test_eval_mode_restores_each_submodule_mode_even_after_an_error():
     assert [m.training for m in model.modules()] == [True, True, True, False] and torch.is_grad_enabled()
     with eval_mode(model, grad=True):
         assert torch.is_grad_enabled() and not model[1].training
+
+
+def test_block_output_is_hfs_hidden_state_after_the_block_with_or_without_an_adapter(tiny_dir):
+    from lightning_unlearn.models import AdapterConfig, apply_adapter, block_output, load_causal_lm
+
+    ids = torch.tensor([[1, 5, 9, 4], [1, 7, 3, 2]])
+    for model in (load_causal_lm(tiny_dir), apply_adapter(load_causal_lm(tiny_dir), AdapterConfig(kind="lora"))):
+        with torch.no_grad(), block_output(model, 0) as captured:
+            hidden = model(input_ids=ids, output_hidden_states=True).hidden_states
+        assert len(captured) == 1 and torch.equal(captured[0], hidden[1])
+        model(input_ids=ids)  # the hook is gone
+        assert len(captured) == 1
+        with pytest.raises(ValueError, match=r"found 0 modules named …layers.99"), block_output(model, 99):
+            pass

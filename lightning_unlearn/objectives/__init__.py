@@ -13,6 +13,7 @@ from lightning_unlearn.objectives.memflex import MemFlex
 from lightning_unlearn.objectives.npo import NPO
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.objectives.oracle_grad import OracleGrad
+from lightning_unlearn.objectives.rmu import RMU
 from lightning_unlearn.objectives.satimp import SatImp
 from lightning_unlearn.objectives.simnpo import SimNPO
 from lightning_unlearn.objectives.undial import UNDIAL
@@ -31,6 +32,7 @@ __all__ = [
     "NPO",
     "OptimizerConfig",
     "OracleGrad",
+    "RMU",
     "SatImp",
     "SimNPO",
     "UNDIAL",

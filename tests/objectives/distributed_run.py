@@ -41,6 +41,7 @@ from lightning_unlearn.models import AdapterConfig, load_causal_lm  # noqa: E402
 from lightning_unlearn.objectives import (  # noqa: E402
     DPO,
     NPO,
+    RMU,
     UNDIAL,
     WGA,
     GradientAscent,
@@ -56,7 +57,7 @@ from lightning_unlearn.strategies import MaskedDDPStrategy, MaskedFSDPStrategy  
 
 OBJECTIVES = {"npo": NPO, "simnpo": SimNPO, "oracle_grad": OracleGrad, "ga": GradientAscent, "memflex": MemFlex,
               "idk_nll": IdkNLL, "dpo": DPO, "idk_dpo": IdkDPO, "undial": UNDIAL, "wga": WGA,
-              "satimp": SatImp}  # fmt: skip
+              "satimp": SatImp, "rmu": RMU}  # fmt: skip
 
 
 def make_strategy(kind: str, masked: bool):

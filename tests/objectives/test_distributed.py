@@ -1,6 +1,6 @@
 """NPO, SimNPO and OracleGrad with a real Lightning Trainer on 2 CPU processes (gloo): DDP and FSDP2, LoRA and full
 fine-tuning, in ONE launch of two ranks (see ``distributed_run.py``); in the same launch, the issue-32 objectives
-(IdkNLL, DPO, IdkDPO, UNDIAL, WGA, SatImp) under FSDP2 against one process."""
+(IdkNLL, DPO, IdkDPO, UNDIAL, WGA, SatImp, RMU) under FSDP2 against one process."""
 
 from __future__ import annotations
 
@@ -25,7 +25,10 @@ EXACT_CASES = [
     *[(obj, "full") for obj in ("idk_nll", "dpo", "idk_dpo", "undial", "wga", "satimp")],
     ("idk_dpo", "lora"),
     ("undial", "lora"),
+    ("rmu", "full"),  # only blocks 0-2's mlp.down_proj train (requires_grad inside sharded blocks)
+    ("rmu", "lora"),
 ]
+EXACT_INIT_ARGS = {"rmu": {"layer": 2}}  # the testbed's 4 blocks
 EXACT_STEPS = 3
 # AdamW turns fp32 rounding differences of near-zero gradients (LoRA A while B ≈ 0; SatImp's p^5(1 − p) weights on
 # memorised tokens) into update differences up to ~lr per step (measured at lr 1e-3: 2.7e-5 for SatImp full, 6.7e-5
@@ -169,6 +172,7 @@ def distributed_results(testbed, tmp_path_factory):
             "max_steps": EXACT_STEPS,
             "save_trainable": True,
             "seed": 0,
+            "init_args": EXACT_INIT_ARGS.get(obj, {}),
         }
         for obj, adapter in EXACT_CASES
     ]
@@ -333,10 +337,12 @@ def _one_process_trainable(testbed, spec_out: Path, objective: str, adapter: str
         "undial": "UNDIAL",
         "wga": "WGA",
         "satimp": "SatImp",
+        "rmu": "RMU",
     }
     cls = getattr(objectives, names[objective])
     optim = objectives.OptimizerConfig(lr=EXACT_LR)
-    module = cls(testbed.model_dir, adapter=AdapterConfig(kind=adapter, dropout=0.0), optim=optim)
+    adapter_config = AdapterConfig(kind=adapter, dropout=0.0)
+    module = cls(testbed.model_dir, adapter=adapter_config, optim=optim, **EXACT_INIT_ARGS.get(objective, {}))
     forget = str(spec_out / "forget_preferred.jsonl") if objective == "dpo" else testbed.forget
     datamodule = PreferenceDataModule if objective == "dpo" else ForgetRetainDataModule
     dm = datamodule(testbed.model_dir, forget, testbed.retain, batch_size=4)

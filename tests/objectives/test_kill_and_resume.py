@@ -23,9 +23,11 @@ from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, re
 
 HERE = Path(__file__).resolve().parent
 MAX_STEPS = 14
+# Over lens/<method>.yaml: RMU on the testbed's 4 blocks.
+METHOD_ARGS = {"npo": {}, "rmu": {"layer": 2}}
 
 
-def _config(tmp: Path, testbed, kill: tuple[str, int] | None, ddp: bool) -> Path:
+def _config(tmp: Path, testbed, kill: tuple[str, int] | None, ddp: bool, method: str = "npo") -> Path:
     forget = tmp / "forget6.jsonl"
     write_jsonl(forget, FORGET + RETAIN[:2])
     moment, step = kill or ("step", 10_000)
@@ -43,6 +45,7 @@ def _config(tmp: Path, testbed, kill: tuple[str, int] | None, ddp: bool) -> Path
     if ddp:
         trainer.update(devices=2, strategy="ddp")
     config = npo_run_config(testbed, forget, callbacks, **trainer)
+    config["model"]["init_args"].update(METHOD_ARGS[method])
     path = tmp / "run.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -54,13 +57,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _fit(config: Path, *extra: str) -> subprocess.CompletedProcess:
+def _fit(config: Path, *extra: str, method: str = "npo") -> subprocess.CompletedProcess:
     # A fresh rendezvous port each run, and no rank variables from this process's environment.
     leftovers = ("LOCAL_RANK", "RANK", "NODE_RANK", "WORLD_SIZE")
     env = {k: v for k, v in os.environ.items() if k not in leftovers}
     env.update(PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]), HF_HUB_OFFLINE="1",
                OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))  # fmt: skip
-    cmd = [sys.executable, "-m", "lightning_unlearn.cli", "fit", "-c", "lens/npo.yaml", "-c", str(config), *extra]
+    cmd = [sys.executable, "-m", "lightning_unlearn.cli", "fit", "-c", f"lens/{method}.yaml", "-c", str(config), *extra]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -96,8 +99,8 @@ def _assert_same(resumed, reference) -> None:
                 assert got[name] == value, (key, name)
 
 
-def _uninterrupted(tmp: Path, testbed, ddp: bool):
-    done = _fit(_config(tmp, testbed, None, ddp=ddp))
+def _uninterrupted(tmp: Path, testbed, ddp: bool, method: str = "npo"):
+    done = _fit(_config(tmp, testbed, None, ddp=ddp, method=method), method=method)
     assert done.returncode == 0, done.stderr[-3000:]
     return _outcome(tmp / "run")
 
@@ -107,14 +110,14 @@ def reference(testbed, tmp_path_factory):
     return _uninterrupted(tmp_path_factory.mktemp("uninterrupted"), testbed, ddp=False)
 
 
-def _kill_and_resume(tmp: Path, testbed, moment: str, step: int, ddp: bool = False):
-    config = _config(tmp, testbed, (moment, step), ddp)
-    killed = _fit(config)
+def _kill_and_resume(tmp: Path, testbed, moment: str, step: int, ddp: bool = False, method: str = "npo", *extra: str):
+    config = _config(tmp, testbed, (moment, step), ddp, method)
+    killed = _fit(config, method=method)
     assert killed.returncode == -9, f"the run was not killed (rc {killed.returncode}): {killed.stderr[-3000:]}"
     assert not list((tmp / "run").rglob(f"step={MAX_STEPS}.ckpt"))
     # the resumed run: the same config, no kill point reached again
     config.write_text(config.read_text().replace(f"step: {step}", "step: 10000"))
-    resumed = _fit(config, "--ckpt_path", "last")
+    resumed = _fit(config, "--ckpt_path", "last", *extra, method=method)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     # the same run: it went on writing in its own version directory, not in a new one
     assert [p.name for p in (tmp / "run" / "lightning_logs").iterdir()] == ["version_0"]
@@ -145,3 +148,20 @@ def ddp_reference(testbed, tmp_path_factory):
 def test_killed_ddp_run_resumes_to_the_uninterrupted_result(testbed, tmp_path, ddp_reference):
     _kill_and_resume(tmp_path, testbed, "step", 5, ddp=True)
     _assert_same(_outcome(tmp_path / "run"), ddp_reference)
+
+
+@pytest.fixture(scope="module")
+def rmu_reference(testbed, tmp_path_factory):
+    return _uninterrupted(tmp_path_factory.mktemp("uninterrupted_rmu"), testbed, ddp=False, method="rmu")
+
+
+@pytest.mark.slow
+def test_killed_rmu_run_resumes_to_the_uninterrupted_result_with_the_checkpoints_u(testbed, tmp_path, rmu_reference):
+    # The resumed run is told another steering_seed: it still steers toward the checkpoint's u, so it ends where the
+    # uninterrupted run (steering_seed 0) ends.
+    resumed = _kill_and_resume(tmp_path, testbed, "step", 5, False, "rmu", "--model.init_args.steering_seed=1")
+    assert "step=4.ckpt" in resumed.stderr, resumed.stderr[-3000:]
+    _assert_same(_outcome(tmp_path / "run"), rmu_reference)
+    final = torch.load(next((tmp_path / "run").rglob(f"step={MAX_STEPS}.ckpt")), weights_only=True)
+    reference = torch.load(next((tmp_path / "run").rglob("step=2.ckpt")), weights_only=True)  # before the kill
+    assert torch.equal(final["state_dict"]["control_vector"], reference["state_dict"]["control_vector"])
