@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -200,7 +201,11 @@ class _Stages:
         threads = max(1, self.cores // max(1, len(stages))) if self.parallel else self.cores
         for i, (name, cmd, root) in enumerate(stages):
             root.mkdir(parents=True, exist_ok=True)
-            self.note(f"{name}: {' '.join(cmd[2:])}")
+            # The whole command (a few hundred characters of paths and overrides) goes to a file, not the terminal.
+            write_text_atomically(root / "command.txt", shlex.join(cmd) + "\n")
+            configs = [Path(cmd[i + 1]).name for i, arg in enumerate(cmd) if arg == "-c"]
+            shown = " -c ".join(configs)
+            self.note(f"{name}: lightning-unlearn fit -c {shown} … (whole command: {root / 'command.txt'})")
             if self.parallel and i > 0:
                 self.note(f"{name}: running alongside; progress in {root / 'stage.log'}")
                 procs.append((name, processes.spawn_stage(cmd, threads, root / "stage.log"), root))
