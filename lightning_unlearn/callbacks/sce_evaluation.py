@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import time
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,7 +16,6 @@ from lightning_unlearn.atomic import write_text_atomically
 from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.callbacks.logger_media import log_table
 from lightning_unlearn.callbacks.rank_split import map_batches
-from lightning_unlearn.checkpoints import preserved_rng
 from lightning_unlearn.data.narratives import COMPACT_INSTRUCTION, load_narrative, resolve_suite, suite_ref
 from lightning_unlearn.data.records import recorded_suites_dir
 from lightning_unlearn.distributed import is_sharded, world
@@ -26,7 +24,6 @@ from lightning_unlearn.labelers.narrative_label import INVALID
 from lightning_unlearn.metrics.answer_validity import VALIDITY_FLAGS, answer_validity, load_validity_cues
 from lightning_unlearn.metrics.degeneration import DEGENERATION_FLAGS, DegenerationThresholds, degeneration_report
 from lightning_unlearn.metrics.sce import classify_output, sce_breakdown
-from lightning_unlearn.models import eval_mode
 
 SELECTION_LEVELS = ("L0", "L1", "L2")
 GENERATIONS_DIR = "sce_generations"
@@ -207,7 +204,8 @@ class SCEEvaluation(CheckpointEvaluator):
                 self._specs[(narrative_id, lang)] = load_narrative(suite_ref(narrative_id, suites_dir), lang)
             except ValueError:  # prompts of no known suite: the question alone decides topic
                 pass
-        self._outputs: list[dict] = []
+        # the per-answer rows of the last evaluation pass, by step (written and logged by :meth:`log_extras`)
+        self.outputs: dict[int, list[dict]] = {}
 
     def _interpret(self, label: Any) -> dict:
         """``{"reproduced", "recovery", "label", "stance"}`` of one label (recovery/stance ``None`` when unknown)."""
@@ -308,39 +306,37 @@ class SCEEvaluation(CheckpointEvaluator):
         with self.base_context(pl_module, trainer):
             return map_batches(items, self.batch_size, run, model)
 
+    def _base_of_records(self) -> tuple[list[bool], list[str | None]]:
+        """Per record, the base answer was Reproduced, and the base answer (``None`` when the base lacks it)."""
+        reproduced = [bool(self.base["reproduced"].get(r["id"], False)) for r in self.records]
+        answers = [self.base.get("answers", {}).get(r["id"]) for r in self.records]
+        return reproduced, answers
+
     @override
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
         results = self._generate_and_label(pl_module)
-        base = [bool(self.base["reproduced"].get(r["id"], False)) for r in self.records]
-        base_answers = [self.base.get("answers", {}).get(r["id"]) for r in self.records]
+        base, base_answers = self._base_of_records()
         nll = self.base_nll(trainer, pl_module, [g.text for g, _ in results])
         gens, labels = [g for g, _ in results], [lab for _, lab in results]
-        self._outputs, metrics = self.score(gens, labels, base, base_answers, nll)
+        outputs, metrics = self.score(gens, labels, base, base_answers, nll)
+        self.outputs = {step: outputs}
         return metrics
 
     def evaluate_adapters(self, trainer: Trainer, pl_module: LightningModule, adapters: dict[int, str]) -> None:
         """The rows of several checkpoints from one generation pass (post-hoc evaluation of LoRA checkpoints):
-        ``{step: adapter name}`` of adapters loaded into ``pl_module.model``, answered by :meth:`compute_adapters`;
-        each step's row, outputs and logger media are recorded as a single checkpoint's are, its ``seconds`` being
-        an even share of the pass. One process."""
-        start = time.perf_counter()
-        steps = ", ".join(str(s) for s in adapters)
-        self.progress = f"{self.family_name} @ steps {steps}" if trainer.progress_bar_callback is not None else None
-        with preserved_rng(), eval_mode(pl_module.model):
-            results = self.compute_adapters(pl_module, adapters, trainer)
-        self.progress = None
-        seconds = (time.perf_counter() - start) / len(adapters)
-        for step, (outputs, metrics) in results.items():
-            self._outputs = outputs
-            self.record(trainer, step, metrics, seconds)
+        ``{step: adapter name}`` of adapters loaded into ``pl_module.model``, answered by :meth:`compute_adapters`
+        and recorded through :meth:`evaluate_pass`, as a single checkpoint's are. One process."""
+        steps = list(adapters)
+        self.evaluate_pass(trainer, pl_module, steps, lambda: self.compute_adapters(pl_module, adapters, trainer))
 
     def compute_adapters(
         self, pl_module: LightningModule, adapters: dict[int, str], trainer: Trainer | None = None
-    ) -> dict[int, tuple[list, dict]]:
+    ) -> dict[int, dict]:
         """Several checkpoints at once: ``{step: peft adapter name}`` of adapters loaded into ``pl_module.model``,
         answered in mixed-adapter batches (each batch of the suite once per adapter in one ``generate``, so the
-        base weights are read once per token for all of them). Returns ``{step: (outputs, metrics)}``, the same as
-        :meth:`compute` with each adapter active alone (one process; the batches are the same)."""
+        base weights are read once per token for all of them). Returns ``{step: metrics}`` and keeps each step's
+        :attr:`outputs`, the same as :meth:`compute` with each adapter active alone (one process; the batches are
+        the same)."""
         model, tokenizer = pl_module.model, pl_module.tokenizer
         if world()[1] > 1:
             raise RuntimeError("compute_adapters runs in one process; evaluate checkpoints one by one under DDP/FSDP.")
@@ -352,15 +348,14 @@ class SCEEvaluation(CheckpointEvaluator):
             return [[gens[name][j] for name in names] for j in range(len(batch))]
 
         per_record = map_batches(self.records, self.batch_size, run, model, self.progress)
-        base = [bool(self.base["reproduced"].get(r["id"], False)) for r in self.records]
-        base_answers = [self.base.get("answers", {}).get(r["id"]) for r in self.records]
-        out = {}
+        base, base_answers = self._base_of_records()
+        self.outputs, metrics = {}, {}
         for k, step in enumerate(adapters):
             gens = [g[k] for g in per_record]
             labels = self._label(self.records, [g.text for g in gens])
             nll = self.base_nll(trainer, pl_module, [g.text for g in gens])  # adapters: the base is always at hand
-            out[step] = self.score(gens, labels, base, base_answers, nll)
-        return out
+            self.outputs[step], metrics[step] = self.score(gens, labels, base, base_answers, nll)
+        return metrics
 
     def score(
         self,
@@ -450,15 +445,16 @@ class SCEEvaluation(CheckpointEvaluator):
 
     @override
     def log_extras(self, trainer: Trainer, step: int) -> None:
-        if not self._outputs:
+        outputs = self.outputs.get(step)
+        if not outputs:
             return
         if self.metrics_path is not None:
             # Every output of this checkpoint with its flags and evidence; one file per step, rewritten whole, so a
             # re-evaluated step replaces its rows and a resumed run neither duplicates nor loses any.
             path = Path(self.metrics_path).parent / GENERATIONS_DIR / f"step={step}.jsonl"
-            write_text_atomically(path, "".join(json.dumps(o, ensure_ascii=False) + "\n" for o in self._outputs))
+            write_text_atomically(path, "".join(json.dumps(o, ensure_ascii=False) + "\n" for o in outputs))
         rows = []
-        for s in self._outputs[: self.num_text_samples]:
+        for s in outputs[: self.num_text_samples]:
             flags = ", ".join(k for k in (*DEGENERATION_FLAGS, *VALIDITY_FLAGS) if s.get(k) or s["health"].get(k))
             rows.append([s["id"], s["level"], s["reproduced"], s["degraded_sce"], flags or "-", s["question"],
                          s["answer"]])  # fmt: skip

@@ -88,7 +88,7 @@ def _evaluate(
     sce.base = sce.compute_base(trainer, module)
     row = {"step": 10, "family": "sce", **sce.compute(trainer, module, 10)}
     if outputs is not None:
-        outputs.extend(sce._outputs)
+        outputs.extend(sce.outputs[10])
     return row
 
 

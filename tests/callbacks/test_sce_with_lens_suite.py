@@ -74,7 +74,7 @@ def test_base_nll_is_measured_with_the_adapter_disabled_and_judged(tiny_dir, tmp
         trainer = Trainer(accelerator="cpu", devices=1, logger=False, callbacks=[sce], enable_progress_bar=False,
                           enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
         trainer.validate(module, qa_loader(module.tokenizer))
-        rows[bound] = sce._outputs
+        (rows[bound],) = sce.outputs.values()
     first = rows[1e-3][0]
     item = [{"prompt": sce.model_input(module.tokenizer, sce.records[0]), "answer": first["answer"]}]
     batch = encode_batch(module.tokenizer, item, 4096)
