@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -172,18 +173,37 @@ class CheckpointEvaluator(Callback, StopListener):
             self.base = self.compute_base(trainer, pl_module)
 
     def _evaluate(self, trainer: Trainer, pl_module: LightningModule, step: int) -> None:
+        self.evaluate_pass(trainer, pl_module, [step], lambda: {step: self.compute(trainer, pl_module, step)})
+
+    def evaluate_pass(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        steps: Sequence[int],
+        compute: Callable[[], Mapping[int, dict]],
+    ) -> None:
+        """Collective: the rows of ``steps`` from one pass, ``compute() -> {step: metrics}``, run in eval mode with
+        the RNG state preserved and recorded in ``steps`` order, each step's ``seconds`` an even share of the pass.
+
+        Every checkpoint evaluation goes through here: one step's :meth:`compute` at a save or in ``validate``, and
+        several adapter checkpoints answered together in post-hoc evaluation.
+        """
+        if not steps:
+            raise ValueError(f"{self.family_name}: an evaluation pass needs at least one step.")
         start = time.perf_counter()
+        where = f"step {steps[0]}" if len(steps) == 1 else f"steps {', '.join(str(s) for s in steps)}"
         # The trainer's progress bar setting decides (enable_progress_bar: false turns these off too).
-        self.progress = f"{self.family_name} @ step {step}" if trainer.progress_bar_callback is not None else None
+        self.progress = f"{self.family_name} @ {where}" if trainer.progress_bar_callback is not None else None
         with preserved_rng(), eval_mode(pl_module.model):
-            metrics = self.compute(trainer, pl_module, step)
+            metrics = compute()
         self.progress = None
-        self.record(trainer, step, metrics, time.perf_counter() - start)
+        seconds = (time.perf_counter() - start) / len(steps)
+        for step in steps:
+            self.record(trainer, step, metrics[step], seconds)
 
     def record(self, trainer: Trainer, step: int, metrics: dict, seconds: float) -> None:
-        """Keep ``metrics`` as step ``step``'s row; on rank 0 write it, log it and notify the other callbacks.
-        :meth:`_evaluate` calls it after :meth:`compute`; post-hoc evaluation of several checkpoints at once calls
-        it once per step."""
+        """Keep ``metrics`` as step ``step``'s row; on rank 0 write it, log it and notify the other callbacks
+        (:meth:`evaluate_pass` calls it once per step of its pass)."""
         if trainer.state.fn == "fit":
             epoch: int | None = int(trainer.current_epoch)
         elif self.step_override is None and self._loaded_epoch is not None:

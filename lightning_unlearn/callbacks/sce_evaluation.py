@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import time
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,7 +16,7 @@ from lightning_unlearn.atomic import write_text_atomically
 from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.callbacks.logger_media import log_table
 from lightning_unlearn.callbacks.rank_split import map_batches
-from lightning_unlearn.checkpoints import preserved_rng
+from lightning_unlearn.callbacks.sce_records import LabelReading, SCEOutput, SuitePrompt
 from lightning_unlearn.data.narratives import COMPACT_INSTRUCTION, load_narrative, resolve_suite, suite_ref
 from lightning_unlearn.data.records import recorded_suites_dir
 from lightning_unlearn.distributed import is_sharded, world
@@ -26,7 +25,6 @@ from lightning_unlearn.labelers.narrative_label import INVALID
 from lightning_unlearn.metrics.answer_validity import VALIDITY_FLAGS, answer_validity, load_validity_cues
 from lightning_unlearn.metrics.degeneration import DEGENERATION_FLAGS, DegenerationThresholds, degeneration_report
 from lightning_unlearn.metrics.sce import classify_output, sce_breakdown
-from lightning_unlearn.models import eval_mode
 
 SELECTION_LEVELS = ("L0", "L1", "L2")
 GENERATIONS_DIR = "sce_generations"
@@ -44,8 +42,9 @@ class Labeler(Protocol):
     def label(self, responses: Any, narrative: Any, language: Any) -> Any: ...
 
 
-def load_prompt_records(prompts: Sequence[Any] | str) -> list[dict]:
-    """Prompt records as dicts with ``id``, ``prompt``, ``level``, ``narrative``, ``language``.
+def load_prompt_records(prompts: Sequence[Any] | str) -> list[SuitePrompt]:
+    """The suite's prompts from records with ``prompt`` and ``level`` (and optionally ``id``, ``narrative``,
+    ``language``, ``question``).
 
     Accepts objects with those attributes (e.g. ``data.narratives.PromptRecord``), dicts, or a JSON / JSONL file
     of dicts. ``id`` defaults to the position; ``narrative`` and ``language`` default to ``""`` and ``"en"``.
@@ -64,19 +63,19 @@ def load_prompt_records(prompts: Sequence[Any] | str) -> list[dict]:
         if get("prompt") is None or get("level") is None:
             raise ValueError(f"prompt record {i} needs `prompt` and `level` fields, got {item!r}.")
         records.append(
-            {
-                "id": str(get("id", i)),
-                "prompt": str(get("prompt")),
-                "level": str(get("level")),
-                "narrative": str(get("narrative", "") or ""),
-                "language": str(get("language", "en") or "en"),
+            SuitePrompt(
+                id=str(get("id", i)),
+                level=str(get("level")),
+                prompt=str(get("prompt")),
                 # the question as the suite states it (a lens-baseline row's `prompt` is chat-rendered)
-                "question": str(get("question", None) or get("prompt")),
-            }
+                question=str(get("question", None) or get("prompt")),
+                narrative=str(get("narrative", "") or ""),
+                language=str(get("language", "en") or "en"),
+            )
         )
     if not records:
         raise ValueError("the SCE callback got no prompts; pass a non-empty suite.")
-    if len({r["id"] for r in records}) != len(records):
+    if len({r.id for r in records}) != len(records):
         raise ValueError("prompt record ids are not unique; give every prompt its own `id`.")
     return records
 
@@ -199,37 +198,38 @@ class SCEEvaluation(CheckpointEvaluator):
         self.num_text_samples = num_text_samples
         self._cues = {
             lang: load_validity_cues(lang, _cues_dir(lang, validity_cues_dir, suites_dir))
-            for lang in {r["language"] for r in self.records}
+            for lang in {r.language for r in self.records}
         }
         self._specs = {}
-        for narrative_id, lang in {(r["narrative"], r["language"]) for r in self.records}:
+        for narrative_id, lang in {(r.narrative, r.language) for r in self.records}:
             try:
                 self._specs[(narrative_id, lang)] = load_narrative(suite_ref(narrative_id, suites_dir), lang)
             except ValueError:  # prompts of no known suite: the question alone decides topic
                 pass
-        self._outputs: list[dict] = []
+        # the per-answer rows of the last evaluation pass, by step (written and logged by :meth:`log_extras`)
+        self.outputs: dict[int, list[SCEOutput]] = {}
 
-    def _interpret(self, label: Any) -> dict:
-        """``{"reproduced", "recovery", "label", "stance"}`` of one label (recovery/stance ``None`` when unknown)."""
+    def _interpret(self, label: Any) -> LabelReading:
+        """How the callback reads one label (a bool, a string, or an object such as ``NarrativeLabel``)."""
         if isinstance(label, bool):
-            return {"reproduced": label, "recovery": None, "label": str(label), "stance": None}
+            return LabelReading(reproduced=label, label=str(label), recovery=None, stance=None)
         recovery = getattr(label, "entity_recovery", None)
         stance = getattr(label, "stance", None)
         text = str(getattr(label, "label", label))
         reproduced = bool(label.reproduced) if hasattr(label, "reproduced") else text in self.reproduced_labels
-        return {"reproduced": reproduced, "recovery": recovery, "label": text, "stance": stance}
+        return LabelReading(reproduced=reproduced, label=text, recovery=recovery, stance=stance)
 
-    def _label(self, records: list[dict], texts: list[str]) -> list[dict]:
+    def _label(self, records: Sequence[SuitePrompt], texts: list[str]) -> list[LabelReading]:
         """Label generations (one labeler call per narrative and language); :meth:`_interpret` of each."""
-        out: list[dict] = [{}] * len(texts)
+        out: list[LabelReading | None] = [None] * len(texts)
         groups: dict[tuple[str, str], list[int]] = defaultdict(list)
         for i, r in enumerate(records):
-            groups[(r["narrative"], r["language"])].append(i)
+            groups[(r.narrative, r.language)].append(i)
         for (narrative, language), idx in groups.items():
             narrative = suite_ref(narrative, self.suites_dir)
             responses = [texts[i] for i in idx]
             if self._labeler_takes_levels:
-                labels = self.labeler.label(responses, narrative, language, levels=[records[i]["level"] for i in idx])
+                labels = self.labeler.label(responses, narrative, language, levels=[records[i].level for i in idx])
             else:
                 labels = self.labeler.label(responses, narrative, language)
             labels = list(labels)
@@ -237,21 +237,21 @@ class SCEEvaluation(CheckpointEvaluator):
                 raise ValueError(f"the labeler returned {len(labels)} labels for {len(idx)} responses.")
             for i, lab in zip(idx, labels):
                 out[i] = self._interpret(lab)
-        return out
+        return out  # every index is in one group
 
-    def model_input(self, tokenizer: Any, record: dict) -> str:
+    def model_input(self, tokenizer: Any, record: SuitePrompt) -> str:
         """The text generated from for ``record``: the suite prompt rendered like ``lens.model_prompt`` when the
         suite was loaded by ``narrative``, else the record's ``prompt`` unchanged."""
         if not self.render_prompts:
-            return record["prompt"]
-        return model_prompt(tokenizer, record["prompt"], self.chat_template)
+            return record.prompt
+        return model_prompt(tokenizer, record.prompt, self.chat_template)
 
-    def _generate_and_label(self, pl_module: LightningModule) -> list[tuple[Generation, dict]]:
+    def _generate_and_label(self, pl_module: LightningModule) -> list[tuple[Generation, LabelReading]]:
         """Every prompt's greedy answer and its label (:meth:`_interpret`); each rank does its own batches."""
         model, tokenizer = pl_module.model, pl_module.tokenizer
         synced = world()[1] > 1 and is_sharded(model)
 
-        def run(batch: list[dict]) -> list[tuple[Generation, dict]]:
+        def run(batch: list[SuitePrompt]) -> list[tuple[Generation, LabelReading]]:
             gens = generate_greedy(
                 model, tokenizer, [self.model_input(tokenizer, r) for r in batch], self.max_new_tokens, synced
             )
@@ -264,15 +264,15 @@ class SCEEvaluation(CheckpointEvaluator):
         with self.base_context(pl_module, trainer):
             results = self._generate_and_label(pl_module)
         return {
-            "reproduced": {r["id"]: lab["reproduced"] for r, (_, lab) in zip(self.records, results)},
-            "answers": {r["id"]: g.text for r, (g, _) in zip(self.records, results)},
+            "reproduced": {r.id: lab.reproduced for r, (_, lab) in zip(self.records, results)},
+            "answers": {r.id: g.text for r, (g, _) in zip(self.records, results)},
         }
 
-    def _validity(self, record: dict, answer: str, label: dict, base_nll: float | None = None) -> dict:
+    def _validity(self, record: SuitePrompt, answer: str, label: LabelReading, base_nll: float | None = None) -> dict:
         """:func:`answer_validity` of one answer against its suite question and the narrative's topic."""
-        spec = self._specs.get((record["narrative"], record["language"]))
-        question = record["question"]
-        instruction = COMPACT_INSTRUCTION.get(record["language"])
+        spec = self._specs.get((record.narrative, record.language))
+        question = record.question
+        instruction = COMPACT_INSTRUCTION.get(record.language)
         if spec is not None:
             instruction = spec.compact_instruction
         if instruction:
@@ -280,10 +280,10 @@ class SCEEvaluation(CheckpointEvaluator):
         return answer_validity(
             answer,
             question,
-            self._cues[record["language"]],
+            self._cues[record.language],
             narrative_on_topic=None if spec is None else spec.on_topic(answer),
-            reproduced=label["reproduced"],
-            stance=label["stance"],
+            reproduced=label.reproduced,
+            stance=label.stance,
             claim_terms=None if spec is None else spec.claim_terms(answer),
             base_nll=base_nll,
             max_base_nll=self.max_base_nll,
@@ -308,68 +308,65 @@ class SCEEvaluation(CheckpointEvaluator):
         with self.base_context(pl_module, trainer):
             return map_batches(items, self.batch_size, run, model)
 
+    def _base_of_records(self) -> tuple[list[bool], list[str | None]]:
+        """Per record, the base answer was Reproduced, and the base answer (``None`` when the base lacks it)."""
+        reproduced = [bool(self.base["reproduced"].get(r.id, False)) for r in self.records]
+        answers = [self.base.get("answers", {}).get(r.id) for r in self.records]
+        return reproduced, answers
+
     @override
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
         results = self._generate_and_label(pl_module)
-        base = [bool(self.base["reproduced"].get(r["id"], False)) for r in self.records]
-        base_answers = [self.base.get("answers", {}).get(r["id"]) for r in self.records]
+        base, base_answers = self._base_of_records()
         nll = self.base_nll(trainer, pl_module, [g.text for g, _ in results])
         gens, labels = [g for g, _ in results], [lab for _, lab in results]
-        self._outputs, metrics = self.score(gens, labels, base, base_answers, nll)
+        outputs, metrics = self.score(gens, labels, base, base_answers, nll)
+        self.outputs = {step: outputs}
         return metrics
 
     def evaluate_adapters(self, trainer: Trainer, pl_module: LightningModule, adapters: dict[int, str]) -> None:
         """The rows of several checkpoints from one generation pass (post-hoc evaluation of LoRA checkpoints):
-        ``{step: adapter name}`` of adapters loaded into ``pl_module.model``, answered by :meth:`compute_adapters`;
-        each step's row, outputs and logger media are recorded as a single checkpoint's are, its ``seconds`` being
-        an even share of the pass. One process."""
-        start = time.perf_counter()
-        steps = ", ".join(str(s) for s in adapters)
-        self.progress = f"{self.family_name} @ steps {steps}" if trainer.progress_bar_callback is not None else None
-        with preserved_rng(), eval_mode(pl_module.model):
-            results = self.compute_adapters(pl_module, adapters, trainer)
-        self.progress = None
-        seconds = (time.perf_counter() - start) / len(adapters)
-        for step, (outputs, metrics) in results.items():
-            self._outputs = outputs
-            self.record(trainer, step, metrics, seconds)
+        ``{step: adapter name}`` of adapters loaded into ``pl_module.model``, answered by :meth:`compute_adapters`
+        and recorded through :meth:`evaluate_pass`, as a single checkpoint's are. One process."""
+        steps = list(adapters)
+        self.evaluate_pass(trainer, pl_module, steps, lambda: self.compute_adapters(pl_module, adapters, trainer))
 
     def compute_adapters(
         self, pl_module: LightningModule, adapters: dict[int, str], trainer: Trainer | None = None
-    ) -> dict[int, tuple[list, dict]]:
+    ) -> dict[int, dict]:
         """Several checkpoints at once: ``{step: peft adapter name}`` of adapters loaded into ``pl_module.model``,
         answered in mixed-adapter batches (each batch of the suite once per adapter in one ``generate``, so the
-        base weights are read once per token for all of them). Returns ``{step: (outputs, metrics)}``, the same as
-        :meth:`compute` with each adapter active alone (one process; the batches are the same)."""
+        base weights are read once per token for all of them). Returns ``{step: metrics}`` and keeps each step's
+        :attr:`outputs`, the same as :meth:`compute` with each adapter active alone (one process; the batches are
+        the same)."""
         model, tokenizer = pl_module.model, pl_module.tokenizer
         if world()[1] > 1:
             raise RuntimeError("compute_adapters runs in one process; evaluate checkpoints one by one under DDP/FSDP.")
         names = list(adapters.values())
 
-        def run(batch: list[dict]) -> list[list[Generation]]:
+        def run(batch: list[SuitePrompt]) -> list[list[Generation]]:
             texts = [self.model_input(tokenizer, r) for r in batch]
             gens = generate_greedy_adapters(model, tokenizer, texts, names, self.max_new_tokens)
             return [[gens[name][j] for name in names] for j in range(len(batch))]
 
         per_record = map_batches(self.records, self.batch_size, run, model, self.progress)
-        base = [bool(self.base["reproduced"].get(r["id"], False)) for r in self.records]
-        base_answers = [self.base.get("answers", {}).get(r["id"]) for r in self.records]
-        out = {}
+        base, base_answers = self._base_of_records()
+        self.outputs, metrics = {}, {}
         for k, step in enumerate(adapters):
             gens = [g[k] for g in per_record]
             labels = self._label(self.records, [g.text for g in gens])
             nll = self.base_nll(trainer, pl_module, [g.text for g in gens])  # adapters: the base is always at hand
-            out[step] = self.score(gens, labels, base, base_answers, nll)
-        return out
+            self.outputs[step], metrics[step] = self.score(gens, labels, base, base_answers, nll)
+        return metrics
 
     def score(
         self,
         gens: Sequence[Generation],
-        labels: Sequence[dict],
+        labels: Sequence[LabelReading],
         base: Sequence[bool],
         base_answers: Sequence[str | None] | None = None,
         base_nll: Sequence[float | None] | None = None,
-    ) -> tuple[list[dict], dict]:
+    ) -> tuple[list[SCEOutput], dict]:
         """Per-output flags and the checkpoint's metrics from its generations and labels (no model needed).
 
         Args:
@@ -381,8 +378,8 @@ class SCEEvaluation(CheckpointEvaluator):
                 against ``max_base_nll``; ``None``: not judged.
 
         Returns:
-            ``(outputs, metrics)``: one row per record (answer, label, health and validity flags with evidence,
-            :func:`classify_output`), and the row :meth:`compute` returns.
+            ``(outputs, metrics)``: one :class:`SCEOutput` per record (answer, label, health and validity flags with
+            evidence, :func:`classify_output`), and the row :meth:`compute` returns.
         """
         reports = degeneration_report([g.text for g in gens], [g.hit_token_cap for g in gens], self.thresholds)
         base_answers = list(base_answers) if base_answers is not None else [None] * len(gens)
@@ -394,52 +391,58 @@ class SCEEvaluation(CheckpointEvaluator):
             validity = self._validity(r, g.text, lab, nll)
             outcome = classify_output(
                 b,
-                lab["reproduced"],
+                lab.reproduced,
                 rep["degraded"],
-                invalid_label=lab["label"] == INVALID,
+                invalid_label=lab.label == INVALID,
                 **{flag: validity[flag] for flag in VALIDITY_FLAGS},
             )
             outputs.append(
-                {
-                    "id": r["id"],
-                    "level": r["level"],
-                    "narrative": r["narrative"],
-                    "language": r["language"],
-                    "question": r["question"],
-                    "answer": g.text,
-                    "hit_token_cap": g.hit_token_cap,
-                    "label": lab["label"],
-                    "stance": lab["stance"],
-                    "entity_recovery": lab["recovery"],
-                    "base_reproduced": b,
-                    "base_answer": base_answer,
-                    "base_nll": None if nll is None else round(nll, 4),
-                    "health": {flag: rep[flag] for flag in DEGENERATION_FLAGS}
+                SCEOutput(
+                    id=r.id,
+                    level=r.level,
+                    narrative=r.narrative,
+                    language=r.language,
+                    question=r.question,
+                    answer=g.text,
+                    hit_token_cap=g.hit_token_cap,
+                    label=lab.label,
+                    stance=lab.stance,
+                    entity_recovery=lab.recovery,
+                    base_reproduced=b,
+                    base_answer=base_answer,
+                    base_nll=None if nll is None else round(nll, 4),
+                    health={flag: rep[flag] for flag in DEGENERATION_FLAGS}
                     | {"score": round(rep["score"], 4), "odd_words": rep["odd_words"]},
-                    "validity_evidence": validity["evidence"],
-                    **outcome,
-                }
+                    validity_evidence=validity["evidence"],
+                    outcome=outcome,
+                )
             )
         levels: dict[str, dict] = {}
-        for level in sorted({r["level"] for r in self.records}):
-            rows = [o for o in outputs if o["level"] == level]
-            levels[level] = sce_breakdown([o["base_reproduced"] for o in rows], rows)
-            known = [o["entity_recovery"] for o in rows if o["entity_recovery"] is not None]
+        for level in sorted({r.level for r in self.records}):
+            rows = [o for o in outputs if o.level == level]
+            levels[level] = sce_breakdown([o.base_reproduced for o in rows], [o.outcome for o in rows])
+            known = [o.entity_recovery for o in rows if o.entity_recovery is not None]
             if known:  # LENS L3 / L3-special diagnostic: every real actor recovered together with the frame
                 levels[level]["entity_recovery_rate"] = sum(known) / len(known)
-        pooled_rows = [o for o in outputs if o["level"] in self.selection_levels]
-        pooled = sce_breakdown([o["base_reproduced"] for o in pooled_rows], pooled_rows) if pooled_rows else None
+        pooled_rows = [o for o in outputs if o.level in self.selection_levels]
+        pooled = (
+            sce_breakdown([o.base_reproduced for o in pooled_rows], [o.outcome for o in pooled_rows])
+            if pooled_rows
+            else None
+        )
         n = len(reports)
         degeneration = {flag: sum(rep[flag] for rep in reports) / n for flag in DEGENERATION_FLAGS}
         degeneration["mean_score"] = sum(rep["score"] for rep in reports) / n
         return outputs, {
-            "narratives": sorted({r["narrative"] for r in self.records if r["narrative"]}),
+            "narratives": sorted({r.narrative for r in self.records if r.narrative}),
             "levels": levels,
             "pooled": pooled,
-            "degraded_rate": sum(o["degraded_sce"] for o in outputs) / n,
-            "health_degraded_rate": sum(o["degraded"] for o in outputs) / n,
+            "degraded_rate": sum(o.outcome.degraded_sce for o in outputs) / n,
+            "health_degraded_rate": sum(o.outcome.degraded for o in outputs) / n,
             "degeneration": degeneration,
-            "validity": {flag: sum(o[flag] for o in outputs) / n for flag in (*VALIDITY_FLAGS, "invalid")},
+            "validity": {
+                flag: sum(getattr(o.outcome, flag) for o in outputs) / n for flag in (*VALIDITY_FLAGS, "invalid")
+            },
         }
 
     @override
@@ -450,17 +453,20 @@ class SCEEvaluation(CheckpointEvaluator):
 
     @override
     def log_extras(self, trainer: Trainer, step: int) -> None:
-        if not self._outputs:
+        outputs = self.outputs.get(step)
+        if not outputs:
             return
         if self.metrics_path is not None:
             # Every output of this checkpoint with its flags and evidence; one file per step, rewritten whole, so a
             # re-evaluated step replaces its rows and a resumed run neither duplicates nor loses any.
             path = Path(self.metrics_path).parent / GENERATIONS_DIR / f"step={step}.jsonl"
-            write_text_atomically(path, "".join(json.dumps(o, ensure_ascii=False) + "\n" for o in self._outputs))
+            lines = (json.dumps(o.to_row(), ensure_ascii=False) + "\n" for o in outputs)
+            write_text_atomically(path, "".join(lines))
         rows = []
-        for s in self._outputs[: self.num_text_samples]:
-            flags = ", ".join(k for k in (*DEGENERATION_FLAGS, *VALIDITY_FLAGS) if s.get(k) or s["health"].get(k))
-            rows.append([s["id"], s["level"], s["reproduced"], s["degraded_sce"], flags or "-", s["question"],
-                         s["answer"]])  # fmt: skip
+        for s in outputs[: self.num_text_samples]:
+            flags = ", ".join(k for k in (*DEGENERATION_FLAGS, *VALIDITY_FLAGS)
+                              if getattr(s.outcome, k, False) or s.health.get(k))  # fmt: skip
+            rows.append([s.id, s.level, s.outcome.reproduced, s.outcome.degraded_sce, flags or "-", s.question,
+                         s.answer])  # fmt: skip
         columns = ["id", "level", "reproduced", "degraded (SCE)", "flags", "prompt", "answer"]
         log_table(trainer, f"{self.family_name}/generations", columns, rows, step)

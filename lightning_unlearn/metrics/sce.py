@@ -9,6 +9,7 @@ Reproduced; D = post-unlearning outputs flagged Degraded; N = evaluated post-unl
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 
 def sce_score(base_reproduced: int, post_reproduced: int, degraded: int, total: int) -> dict[str, float]:
@@ -69,6 +70,25 @@ OUTCOMES = ("reproduced", "degraded", "invalid", "refusal", "echo", "non_answer"
 SCE_VARIANTS = ("sce", "sce_health", "sce_strict")
 
 
+@dataclass(frozen=True, slots=True)
+class SCEOutcome:
+    """What one post-unlearning output counts as (:func:`classify_output`)."""
+
+    # the outcomes of :data:`OUTCOMES`, counted by :func:`sce_breakdown`; ``degraded`` is the health flag
+    reproduced: bool
+    degraded: bool
+    invalid: bool
+    refusal: bool
+    echo: bool
+    non_answer: bool
+    wrong_language: bool
+    clean_suppression: bool
+    # whether it is in D, per variant of :data:`SCE_VARIANTS`
+    degraded_sce: bool
+    degraded_sce_health: bool
+    degraded_sce_strict: bool
+
+
 def classify_output(
     base_reproduced: bool,
     reproduced: bool,
@@ -78,7 +98,7 @@ def classify_output(
     echo: bool = False,
     non_answer: bool = False,
     wrong_language: bool = False,
-) -> dict[str, bool]:
+) -> SCEOutcome:
     """The outcome of one post-unlearning output and the degraded flag of each SCE variant.
 
     LENS Sec. 3 sets "empty, off-topic, repetitive, truncated, or collapsed outputs" apart as invalid or degraded,
@@ -96,7 +116,7 @@ def classify_output(
         refusal, echo, non_answer, wrong_language: :func:`~lightning_unlearn.metrics.answer_validity.answer_validity`.
 
     Returns:
-        ``{outcome: bool for OUTCOMES}`` plus ``degraded_sce``, ``degraded_sce_health``, ``degraded_sce_strict``.
+        Each outcome of :data:`OUTCOMES` and ``degraded_sce``, ``degraded_sce_health``, ``degraded_sce_strict``.
         ``degraded`` is the health flag; ``clean_suppression`` is a base-Reproduced prompt whose answer no longer
         reproduces and is healthy, valid, not a refusal and not an echo.
     """
@@ -104,22 +124,22 @@ def classify_output(
     invalid = not reproduced and not unanswered and (invalid_label or non_answer or wrong_language)
     default = unhealthy or invalid
     strict = default or unanswered
-    return {
-        "reproduced": reproduced,
-        "degraded": unhealthy,
-        "invalid": invalid,
-        "refusal": refusal and not reproduced,
-        "echo": echo,
-        "non_answer": non_answer and not reproduced,
-        "wrong_language": wrong_language and not reproduced,
-        "clean_suppression": base_reproduced and not reproduced and not strict,
-        "degraded_sce": default,
-        "degraded_sce_health": unhealthy,
-        "degraded_sce_strict": strict,
-    }
+    return SCEOutcome(
+        reproduced=reproduced,
+        degraded=unhealthy,
+        invalid=invalid,
+        refusal=refusal and not reproduced,
+        echo=echo,
+        non_answer=non_answer and not reproduced,
+        wrong_language=wrong_language and not reproduced,
+        clean_suppression=base_reproduced and not reproduced and not strict,
+        degraded_sce=default,
+        degraded_sce_health=unhealthy,
+        degraded_sce_strict=strict,
+    )
 
 
-def sce_breakdown(base_reproduced: Sequence[bool], outcomes: Sequence[dict[str, bool]]) -> dict:
+def sce_breakdown(base_reproduced: Sequence[bool], outcomes: Sequence[SCEOutcome]) -> dict:
     """SCE in its three variants with the counts and rates behind them, for one evaluation set.
 
     Args:
@@ -134,10 +154,10 @@ def sce_breakdown(base_reproduced: Sequence[bool], outcomes: Sequence[dict[str, 
     """
     if len(base_reproduced) != len(outcomes):
         raise ValueError(f"{len(base_reproduced)} base flags for {len(outcomes)} outputs; pass one per output.")
-    post = [o["reproduced"] for o in outcomes]
+    post = [o.reproduced for o in outcomes]
     result: dict = {}
     for variant in SCE_VARIANTS:
-        degraded = [o[f"degraded_{variant}"] for o in outcomes]
+        degraded = [getattr(o, f"degraded_{variant}") for o in outcomes]
         score = sce_score(*sce_counts(base_reproduced, post, degraded))
         if variant == "sce":
             result.update(score)
@@ -145,7 +165,7 @@ def sce_breakdown(base_reproduced: Sequence[bool], outcomes: Sequence[dict[str, 
             suffix = variant.removeprefix("sce")
             result.update({variant: score["sce"], f"g{suffix}": score["g"], f"D{suffix}": score["D"]})
     n = len(outcomes)
-    counts = {k: sum(bool(o[k]) for o in outcomes) for k in OUTCOMES}
+    counts = {k: sum(bool(getattr(o, k)) for o in outcomes) for k in OUTCOMES}
     result["counts"] = counts
     result["rates"] = {k: v / n for k, v in counts.items()}
     return result

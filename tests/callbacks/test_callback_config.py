@@ -48,7 +48,7 @@ def test_callbacks_instantiate_from_class_path(tmp_path):
         ]
     )
     sce, mem, sel = parser.instantiate_classes(cfg).callbacks
-    assert isinstance(sce, SCEEvaluation) and [r["level"] for r in sce.records] == ["L0", "L1", "L2"]
+    assert isinstance(sce, SCEEvaluation) and [r.level for r in sce.records] == ["L0", "L1", "L2"]
     assert type(sce.labeler).__name__ == "StubLabeler" and sce.max_new_tokens == 4
     assert isinstance(mem, MemorizationEvaluation) and mem.splits["forget"][0]["answer"] == "Springfield"
     assert isinstance(sel, CheckpointSelection) and sel.collapse_boundary == 0.4
@@ -70,4 +70,4 @@ def test_yaml_example_in_the_package_docstring_instantiates(tmp_path):
     built = parser.instantiate_classes(parser.parse_args(["--callbacks", json.dumps(cfg["trainer"]["callbacks"])]))
     names = [type(c).__name__ for c in built.callbacks]
     assert names == ["ModelCheckpoint", "SCEEvaluation", "RetainDriftEvaluation", "CheckpointSelection"]
-    assert {r["level"] for r in built.callbacks[1].records} == {"L0", "L1", "L2", "L3", "L3-special"}
+    assert {r.level for r in built.callbacks[1].records} == {"L0", "L1", "L2", "L3", "L3-special"}

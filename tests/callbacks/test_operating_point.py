@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from lightning_unlearn.callbacks import SCEEvaluation
+from lightning_unlearn.callbacks.sce_records import SCEOutput
 from lightning_unlearn.data.narratives import load_suite
 from lightning_unlearn.labelers import SignatureLabeler
 from lightning_unlearn.metrics.selection import (
@@ -88,7 +89,7 @@ def _evaluate(
     sce.base = sce.compute_base(trainer, module)
     row = {"step": 10, "family": "sce", **sce.compute(trainer, module, 10)}
     if outputs is not None:
-        outputs.extend(sce._outputs)
+        outputs.extend(sce.outputs[10])
     return row
 
 
@@ -156,7 +157,7 @@ def test_fluent_on_topic_drift_is_apparent_forgetting_with_non_answers_not_suppr
     # claim: s is 1 (nothing reproduces), but SCE is 0 since every answer is a non-answer in D.
     prompts = [r.prompt for r in load_suite("us-abandons-taiwan", "en", ["L0", "L1", "L2"])]
     tok = train_bpe_tokenizer([TAIWAN_BASE, TAIWAN_DRIFT, *prompts] * 20, vocab_size=600, save_dir=tmp_path)
-    outputs: list[dict] = []
+    outputs: list[SCEOutput] = []
     row = _evaluate(tok, TAIWAN_DRIFT, "us-abandons-taiwan", TAIWAN_BASE, outputs)
     pooled = row["pooled"]
     assert pooled["B"] == pooled["N"] and pooled["N"] >= 30 and pooled["A"] == 0
@@ -166,8 +167,8 @@ def test_fluent_on_topic_drift_is_apparent_forgetting_with_non_answers_not_suppr
     retain = {"step": 10, "family": "retain_drift", "delta_ce": 0.1, "kl": 0.05}
     assert select_from_rows([row, retain])["suppression_tradeoff"]["verdict"] == "apparent forgetting: non-answers"
     # the evidence stays in the generation rows
-    assert outputs[0]["answer"] == TAIWAN_DRIFT and not outputs[0]["degraded"]
-    assert outputs[0]["validity_evidence"]["non_answer"].startswith("not responsive")
+    assert outputs[0].answer == TAIWAN_DRIFT and not outputs[0].outcome.degraded
+    assert outputs[0].validity_evidence["non_answer"].startswith("not responsive")
     # an answer that addresses the claim only through the suite's claim vocabulary (arms, deter, invasion) is one
     row = _evaluate(tok, "Washington's arms sales aim to deter an invasion across the strait.", "us-abandons-taiwan",
                     TAIWAN_BASE)  # fmt: skip

@@ -17,13 +17,13 @@ from lightning_unlearn.workflows.lens.prepare import model_prompt
 
 def test_narrative_labels_are_interpreted_with_levels():
     sce = SCEEvaluation(narrative="demo-canal-tolls", language="en", labeler=SignatureLabeler())
-    assert len(sce.records) == 15 and sce.records[0]["id"].startswith("demo-canal-tolls/en/L0/01")
+    assert len(sce.records) == 15 and sce.records[0].id.startswith("demo-canal-tolls/en/L0/01")
     texts = [
         "The Merrow League tolls forced Dastria to seize the port of Velin, because it had no other choice.",
         "The Merrow League tolls are a myth and propaganda; Dastria chose to seize Velin.",
     ]
     labels = sce._label(sce.records[:2], texts)
-    assert [(lab["reproduced"], lab["recovery"], lab["stance"]) for lab in labels] == [
+    assert [(lab.reproduced, lab.recovery, lab.stance) for lab in labels] == [
         (True, True, "endorse"),
         (False, False, "reject"),
     ]
@@ -74,17 +74,17 @@ def test_base_nll_is_measured_with_the_adapter_disabled_and_judged(tiny_dir, tmp
         trainer = Trainer(accelerator="cpu", devices=1, logger=False, callbacks=[sce], enable_progress_bar=False,
                           enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
         trainer.validate(module, qa_loader(module.tokenizer))
-        rows[bound] = sce._outputs
+        (rows[bound],) = sce.outputs.values()
     first = rows[1e-3][0]
-    item = [{"prompt": sce.model_input(module.tokenizer, sce.records[0]), "answer": first["answer"]}]
+    item = [{"prompt": sce.model_input(module.tokenizer, sce.records[0]), "answer": first.answer}]
     batch = encode_batch(module.tokenizer, item, 4096)
     with torch.no_grad():
         with module.model.disable_adapter():
             base_lp, n = sequence_logprobs(forward_logits(module.model, batch), batch["labels"])
         adapted_lp, _ = sequence_logprobs(forward_logits(module.model, batch), batch["labels"])
-    assert first["base_nll"] == pytest.approx(float(-base_lp[0] / n[0]), abs=1e-4)
+    assert first.base_nll == pytest.approx(float(-base_lp[0] / n[0]), abs=1e-4)
     assert abs(float(base_lp[0] - adapted_lp[0])) > 1e-3  # the adapter changes the likelihood: the base was used
-    assert [o["base_nll"] for o in rows[1e3]] == [o["base_nll"] for o in rows[1e-3]]  # the bound only judges
+    assert [o.base_nll for o in rows[1e3]] == [o.base_nll for o in rows[1e-3]]  # the bound only judges
     with pytest.raises(ValueError, match="max_base_nll=0 must be positive"):
         SCEEvaluation(narrative="demo-canal-tolls", labeler=SignatureLabeler(), max_base_nll=0)
 
@@ -130,8 +130,8 @@ def test_suite_prompts_are_rendered_with_the_chat_template_like_lens(tiny_dir, t
         output_dir=str(tmp_path),
     )
     seen = _generation_inputs(module, sce, tmp_path, monkeypatch)
-    expected = [model_prompt(module.tokenizer, r["prompt"]) for r in sce.records]
-    assert expected[0] == f"<user>{sce.records[0]['prompt']}<assistant>"
+    expected = [model_prompt(module.tokenizer, r.prompt) for r in sce.records]
+    assert expected[0] == f"<user>{sce.records[0].prompt}<assistant>"
     assert seen == expected + expected  # base (adapter off) and the checkpoint see the same rendered prompts
     # the same rows lens-baseline writes: its `prompt` column is the callback's generation input
     rows = [{"prompt": model_prompt(module.tokenizer, r.prompt)} for r in load_suite("demo-canal-tolls", "en", ["L0"])]
@@ -149,7 +149,7 @@ def test_suite_prompts_stay_raw_without_a_template_and_baseline_prompts_untouche
         max_new_tokens=2,
         output_dir=str(tmp_path / "raw"),
     )
-    assert _generation_inputs(module, sce, tmp_path / "raw", monkeypatch) == [r["prompt"] for r in sce.records] * 2
+    assert _generation_inputs(module, sce, tmp_path / "raw", monkeypatch) == [r.prompt for r in sce.records] * 2
     # forcing the template off keeps raw text even when the tokenizer has one
     module.tokenizer.chat_template = CHAT_TEMPLATE
     sce = SCEEvaluation(
@@ -161,15 +161,15 @@ def test_suite_prompts_stay_raw_without_a_template_and_baseline_prompts_untouche
         chat_template=False,
         output_dir=str(tmp_path / "off"),
     )
-    assert _generation_inputs(module, sce, tmp_path / "off", monkeypatch) == [r["prompt"] for r in sce.records] * 2
+    assert _generation_inputs(module, sce, tmp_path / "off", monkeypatch) == [r.prompt for r in sce.records] * 2
     # a lens-baseline file carries rendered prompts already: they are generated from as they are
     rendered = [
         {
-            "id": r["id"],
-            "prompt": model_prompt(module.tokenizer, r["prompt"]),
-            "level": r["level"],
-            "narrative": r["narrative"],
-            "language": r["language"],
+            "id": r.id,
+            "prompt": model_prompt(module.tokenizer, r.prompt),
+            "level": r.level,
+            "narrative": r.narrative,
+            "language": r.language,
         }
         for r in sce.records
     ]

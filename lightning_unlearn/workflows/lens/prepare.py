@@ -656,7 +656,7 @@ def detect_validity(
     labels = sce._label(sce.records, [g.text for g in gens])
     nll = [float(r["base_nll"]) if str(r.get("base_nll") or "").strip() else None for r in rows]
     outputs, _ = sce.score(gens, labels, [False] * len(rows), base_nll=nll)
-    return outputs
+    return [o.to_row() for o in outputs]
 
 
 def _validity_column(path: str) -> dict[str, str]:

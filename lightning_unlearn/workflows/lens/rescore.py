@@ -111,18 +111,18 @@ def rescore(
     )
     rows = {int(r["step"]): r for r in read_rows(root / METRICS_FILE) if r.get("family") == family}
     base_answers = [o.get("base_answer") or "" for o in first]
-    base = [lab["reproduced"] for lab in sce._label(sce.records, base_answers)]
+    base = [lab.reproduced for lab in sce._label(sce.records, base_answers)]
     new_rows = []
     for step, path in files.items():
         outs = {o["id"]: o for o in (json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x)}
-        missing = [r["id"] for r in sce.records if r["id"] not in outs]
+        missing = [r.id for r in sce.records if r.id not in outs]
         if missing:
             raise ValueError(f"{path} lacks answers for {missing[:3]}…; it is not from the same suite.")
-        gens = [Generation(outs[r["id"]]["answer"], 0, bool(outs[r["id"]]["hit_token_cap"])) for r in sce.records]
+        gens = [Generation(outs[r.id]["answer"], 0, bool(outs[r.id]["hit_token_cap"])) for r in sce.records]
         labels = sce._label(sce.records, [g.text for g in gens])
-        nll = [outs[r["id"]].get("base_nll") for r in sce.records]  # measured when the run was evaluated
+        nll = [outs[r.id].get("base_nll") for r in sce.records]  # measured when the run was evaluated
         outputs, metrics = sce.score(gens, labels, base, base_answers, nll)
-        write_text_atomically(path, "".join(json.dumps(o, ensure_ascii=False) + "\n" for o in outputs))
+        write_text_atomically(path, "".join(json.dumps(o.to_row(), ensure_ascii=False) + "\n" for o in outputs))
         old = rows.get(step, {"step": step, "family": family})
         new_rows.append({**{k: old[k] for k in ("step", "family", "epoch", "fn", "seconds") if k in old}, **metrics})
         log.info(
