@@ -219,8 +219,10 @@ def _separability_is_measured_and_its_arithmetic_holds(workdir, reports, lines):
         assert "FAILS: group 1 falls to 0.00" in table and "1.00*" not in table.splitlines()[4]
 
         # a group θ_inj does not memorize passes every reset vacuously: the verdict fails it instead
-        def without_group_5(model, tokenizer, profiles, fields=()):
-            return {**fake_extraction({})(model, tokenizer, profiles), "5": {"hits": 1, "trials": 4, "rate": 0.25}}
+        def without_group_5(model, tokenizer, profiles, fields=()):  # group 5 extracts 1 in 4 while present
+            rates = fake_extraction({})(model, tokenizer, profiles)
+            hits = int(rates["5"]["rate"])
+            return {**rates, "5": {"hits": hits, "trials": 4, "rate": hits / 4}}
 
         separability.group_extraction = without_group_5
         report = separability.separability_report(export, workdir / "data")
