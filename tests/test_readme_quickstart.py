@@ -4,6 +4,7 @@ retain files they name in the working directory."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -81,7 +82,8 @@ def test_the_quickstart_yaml_runs_through_fit_without_a_warning(workdir):
     output = out.stdout + out.stderr
     assert out.returncode == 0, output
     assert not UNWANTED_OUTPUT.search(output), "\n".join(li for li in output.splitlines() if UNWANTED_OUTPUT.search(li))
-    assert "step 4/4" in output  # the progress bar counts optimizer steps against max_steps
+    if importlib.util.find_spec("rich") is not None:  # Lightning's rich bar (its tqdm bar where rich is absent)
+        assert "step 4/4" in output  # the bar counts optimizer steps against max_steps
     assert_trained_and_evaluated(workdir / "runs" / "quickstart")
 
 
