@@ -17,7 +17,6 @@ from lightning_unlearn.losses import (
     TOKEN_AVERAGES,
     check_choice,
     dpo_loss,
-    nll_loss,
     normalized_nll,
     sequence_logprobs,
 )
@@ -50,11 +49,7 @@ def preference_loss(
         "preferred_nll": normalized_nll(w_logps, w_len).mean().detach(),
         "dpo_loss": forget_loss.detach(),
     }
-    if alpha:
-        r_logps, r_len, _ = module.sequence_logps(batch["retain"])
-        loss = loss + alpha * nll_loss(r_logps, r_len, token_average)
-        logs["retain_nll"] = normalized_nll(r_logps, r_len).mean().detach()
-    return loss, logs
+    return loss + module.retain_term(batch, alpha, token_average, logs), logs
 
 
 class DPO(UnlearningModule):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from typing_extensions import override
 
-from lightning_unlearn.losses import TOKEN_AVERAGES, check_choice, nll_loss, normalized_nll, undial_loss
+from lightning_unlearn.losses import TOKEN_AVERAGES, check_choice, normalized_nll, undial_loss
 from lightning_unlearn.models import AdapterConfig
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.objectives.unlearning_module import UnlearningModule
@@ -61,8 +61,4 @@ class UNDIAL(UnlearningModule):
         distill = undial_loss(logits, teacher_logits, forget["labels"], self.strength, self.token_average)
         loss = self.gamma * distill
         logs = {"forget_nll": normalized_nll(f_logps, f_len).mean().detach(), "undial_loss": distill.detach()}
-        if self.alpha:
-            r_logps, r_len, _ = self.sequence_logps(batch["retain"])
-            loss = loss + self.alpha * nll_loss(r_logps, r_len, self.token_average)
-            logs["retain_nll"] = normalized_nll(r_logps, r_len).mean().detach()
-        return loss, logs
+        return loss + self.retain_term(batch, self.alpha, self.token_average, logs), logs

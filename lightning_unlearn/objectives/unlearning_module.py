@@ -212,6 +212,15 @@ class UnlearningModule(RestoresRNG, LightningModule):
         self.log_dict({f"train/{k}": v.detach().float() for k, v in logs.items()})
         return loss
 
+    def retain_term(self, batch: dict, alpha: float, token_average: str, logs: dict[str, torch.Tensor]):
+        """``alpha · NLL(batch["retain"])`` (averaged per ``token_average``), with the retain NLL̄ added to ``logs``;
+        ``0.0`` and no forward when ``alpha`` is 0. The retain term of every "forget term + α·retain NLL" objective."""
+        if not alpha:
+            return 0.0
+        r_logps, r_len, _ = self.sequence_logps(batch["retain"])
+        logs["retain_nll"] = normalized_nll(r_logps, r_len).mean().detach()
+        return alpha * nll_loss(r_logps, r_len, token_average)
+
     def _retain_nll(self, batch: dict, logs: dict[str, torch.Tensor]) -> float:
         if "retain_nll" in logs:
             return float(logs["retain_nll"])

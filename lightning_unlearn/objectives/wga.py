@@ -13,7 +13,6 @@ from lightning_unlearn.losses import (
     TOKEN_AVERAGES,
     answer_token_logprobs,
     check_choice,
-    nll_loss,
     normalized_nll,
     wga_loss,
 )
@@ -64,8 +63,4 @@ class WGA(UnlearningModule):
         f_logps, f_len = token_logps.sum(-1), answer_mask.sum(-1)
         loss = self.gamma * forget_loss
         logs = {"forget_nll": normalized_nll(f_logps, f_len).mean().detach(), "wga_loss": forget_loss.detach()}
-        if self.alpha:
-            r_logps, r_len, _ = self.sequence_logps(batch["retain"])
-            loss = loss + self.alpha * nll_loss(r_logps, r_len, self.token_average)
-            logs["retain_nll"] = normalized_nll(r_logps, r_len).mean().detach()
-        return loss, logs
+        return loss + self.retain_term(batch, self.alpha, self.token_average, logs), logs
