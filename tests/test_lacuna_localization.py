@@ -18,7 +18,16 @@ import sys
 import pytest
 
 from lightning_unlearn.workflows.lacuna.chain import run_chain
-from lightning_unlearn.workflows.lacuna.localization import EVAL_SPLITS, format_report, run_localization
+from lightning_unlearn.workflows.lacuna.localization import (
+    EVAL_SPLITS,
+    LACUNA_METHODS,
+    METHODS,
+    export_checkpoint,
+    fit_command,
+    format_report,
+    method_epochs,
+    run_localization,
+)
 
 # What the measured gap must at least be. Measured at this size: OracleGrad 1.00 (raw), GA ≈ 0.50; a broken
 # restriction (OracleGrad updating every weight) or a GA that happened to localize would shrink the gap to ≈ 0.
@@ -163,3 +172,52 @@ def test_the_shipped_methods_sweep_scores_every_cell_at_its_checkpoints(testbed,
         (auc,) = [r for r in rows if r["family"] == "mask_auc" and r["step"] == last]
         best[cell.label] = auc["F"]["max"]
     assert best["oracle_grad"] >= 0.9 and best["oracle_grad"] - best["ga"] >= MARGIN, best
+
+
+def _tiny_splits(root, tokenizer_dir) -> object:
+    """A splits directory of one field as ``lacuna run`` writes it: ``<root>/email/{forget,retain}`` datasets."""
+    from datasets import Dataset
+
+    forget = [{"prompt": f"What is the email of {n}? ", "answer": f"{n.lower()}@example.com", "group_id": 0}
+              for n in ("Alice", "Bob", "Carol", "Dan")]  # fmt: skip
+    retain = [{"prompt": f"Where was {n} born? ", "answer": "Springfield", "group_id": 3} for n in ("Eve", "Frank")]
+    for name, rows in (("forget", forget), ("retain", retain)):
+        Dataset.from_list(rows).save_to_disk(str(root / "email" / name))
+    return root
+
+
+@pytest.mark.parametrize("method", ["rmu", "idk_dpo", "undial"])
+def test_the_fields_other_methods_run_as_localization_runs_and_export(method, tiny_dir, tmp_path, monkeypatch):
+    """RMU, IdkDPO and UNDIAL are methods of the report: their shipped lacuna/<method>.yaml, under the report's own
+    `fit` arguments, trains the tiny model on a field's splits, and the final checkpoint exports as a model whose
+    weights moved (RMU: only the down-projections of blocks 1-3, its ℓ−2…ℓ)."""
+    import torch
+
+    from lightning_unlearn.cli import main as cli_main
+    from lightning_unlearn.models import load_causal_lm
+
+    monkeypatch.setattr(sys, "argv", ["lightning-unlearn"])
+    assert method in METHODS and method not in LACUNA_METHODS  # asked for by name, not in the default five
+    assert METHODS[method][1:] == (False, True)  # unrestricted, with an UnMask control
+    assert method_epochs(method, 0.02) == 4  # 200 epochs (the Lacuna protocol of GA and SimNPO) × 0.02
+    splits = _tiny_splits(tmp_path / "splits", tiny_dir)
+    out = tmp_path / "run"
+    args = fit_command(method, tiny_dir, splits, "email", out, 1, tmp_path / "no_masks", lr=1e-2, batch_size=2)
+    assert "--model.init_args.masks_path" not in args
+    cli_main(args)
+    model = export_checkpoint(out / "checkpoints" / "final.ckpt", tiny_dir, out / "export" / "model")
+    start, unlearned = load_causal_lm(tiny_dir).state_dict(), load_causal_lm(model).state_dict()
+    changed = sorted(k for k, v in unlearned.items() if not torch.equal(v, start[k]))
+    if method == "rmu":
+        assert changed == [f"model.layers.{i}.mlp.down_proj.weight" for i in (1, 2, 3)]
+    else:
+        assert len(changed) > 10, changed  # full fine-tuning: every tensor with a gradient moved
+
+
+def test_dpo_is_refused_naming_idk_dpo_and_an_unknown_method_names_the_known_ones(tmp_path):
+    (tmp_path / "chain.json").write_text(json.dumps({"size": "tiny", "separable": True}))
+    with pytest.raises(ValueError, match="'dpo' cannot run on a Lacuna testbed.*preferred.*use idk_dpo"):
+        run_localization(tmp_path, methods=("ga", "dpo"), in_process=True)
+    with pytest.raises(ValueError, match=r"unknown method\(s\) or field\(s\) \['npo'\].*'rmu'"):
+        run_localization(tmp_path, methods=("npo",), in_process=True)
+    assert not (tmp_path / "localization").exists()

@@ -1,8 +1,9 @@
 """Lacuna's findings on a built testbed (Lacuna Sec. 4.3, App. E–F): ``lightning-unlearn lacuna localization``.
 
-For every PII field and every method — OracleGrad (gradient difference restricted to m^F), GA, SimNPO, MemFlex
-and AlphaEdit, each with its shipped ``lacuna/<method>.yaml`` (Lacuna Table 5, epochs scaled by ``epoch_scale``) —
-on the memorization-filtered splits of a testbed work directory written by ``lightning-unlearn lacuna run``:
+For every PII field and every method — by default Lacuna's: OracleGrad (gradient difference restricted to m^F),
+GA, SimNPO, MemFlex and AlphaEdit; on request the field's others: RMU, IdkDPO, UNDIAL, IdkNLL, WGA and SatImp — each
+with its shipped ``lacuna/<method>.yaml`` (Lacuna Table 5, epochs scaled by ``epoch_scale``) on the
+memorization-filtered splits of a testbed work directory written by ``lightning-unlearn lacuna run``:
 
 1. **Unlearn**: ``lightning-unlearn fit`` from the instruction-tuned model, one checkpoint after the last epoch, with
    the library's evaluation callbacks on that checkpoint: ``MemorizationEvaluation`` (EM / ES / Prob and the
@@ -53,9 +54,25 @@ METHODS: dict[str, tuple[str, bool, bool]] = {
     "simnpo": ("simnpo.yaml", False, True),
     "memflex": ("memflex.yaml", False, True),
     "alphaedit": ("alphaedit.yaml", False, True),
+    # the field's other methods (Lacuna evaluates none of them): the Lacuna protocol with OpenUnlearning's constants
+    "rmu": ("rmu.yaml", False, True),
+    "idk_dpo": ("idk_dpo.yaml", False, True),
+    "undial": ("undial.yaml", False, True),
+    "idk_nll": ("idk_nll.yaml", False, True),
+    "wga": ("wga.yaml", False, True),
+    "satimp": ("satimp.yaml", False, True),
 }
-LABELS = {"oracle_grad": "OracleGrad", "ga": "GA", "simnpo": "SimNPO", "memflex": "MemFlex", "alphaedit": "AlphaEdit"}
-Method = Literal[tuple(METHODS)]
+LABELS = {"oracle_grad": "OracleGrad", "ga": "GA", "simnpo": "SimNPO", "memflex": "MemFlex", "alphaedit": "AlphaEdit",
+          "rmu": "RMU", "idk_dpo": "IdkDPO", "undial": "UNDIAL", "idk_nll": "IdkNLL", "wga": "WGA",
+          "satimp": "SatImp"}  # fmt: skip
+# The report's default methods: Lacuna's own five (the others are asked for by name, `--methods '[rmu, ...]'`).
+LACUNA_METHODS = ("oracle_grad", "ga", "simnpo", "memflex", "alphaedit")
+# Methods the testbed cannot run, and why: named in the refusal.
+REFUSED = {
+    "dpo": "DPO prefers the forget set's `preferred` answers, which the testbed's splits do not have; use idk_dpo "
+    "(DPO toward an 'I don't know' answer, built per row from the shipped list)",
+}
+Method = Literal[(*METHODS, *REFUSED)]  # a refused method reaches the check that says why
 Field = Literal[TARGET_FIELDS]
 FAMILIES = ("raw", "qtile", "layernorm", "signrev", "reversal", "dirreversal", "contrast", "contrastnorm", "compnorm",
             "composite")  # fmt: skip
@@ -371,6 +388,9 @@ def _check_request(workdir, methods, fields, epoch_scale: float, allow_inseparab
         )
     if separable is not True:
         log("[lacuna] localization: scoring a testbed without a met separability verdict (--allow_inseparable)")
+    refused = [m for m in methods if m in REFUSED]
+    if refused:
+        raise ValueError(f"method {refused[0]!r} cannot run on a Lacuna testbed: {REFUSED[refused[0]]}.")
     unknown = [m for m in methods if m not in METHODS] + [f for f in fields if f not in TARGET_FIELDS]
     if unknown:
         raise ValueError(f"unknown method(s) or field(s) {unknown}; methods: {sorted(METHODS)}, fields: "
@@ -511,7 +531,7 @@ def _collect(plan: _Plan, runs: dict[tuple[str, str], dict], summary: dict, resu
 
 def run_localization(
     workdir: str | os.PathLike,
-    methods: Sequence[str] = tuple(METHODS),
+    methods: Sequence[str] = LACUNA_METHODS,
     fields: Sequence[str] = TARGET_FIELDS,
     epoch_scale: float = 1.0,
     lr: float | None = None,
@@ -531,10 +551,11 @@ def run_localization(
 
     Args:
         workdir: testbed work directory (``lightning-unlearn lacuna run``).
-        methods: keys of :data:`METHODS`.
+        methods: keys of :data:`METHODS` (default: Lacuna's five, :data:`LACUNA_METHODS`); ``dpo`` is refused
+            (the splits hold no preferred answers: use ``idk_dpo``).
         fields: PII fields whose splits are unlearned.
-        epoch_scale: multiplies every method's Table 5 epochs (200 for OracleGrad, GA and SimNPO, 20 for MemFlex,
-            one pass for AlphaEdit), at least 1.
+        epoch_scale: multiplies every method's Table 5 epochs (200 for OracleGrad, GA and SimNPO and for the
+            methods Lacuna does not run, 20 for MemFlex, one pass for AlphaEdit), at least 1.
         lr: learning rate of every method (``None``: each config's, Table 5).
         batch_size: forget pairs per step (``None``: each config's).
         control: also run every method but OracleGrad on the UnMask control (contrast families).
@@ -725,7 +746,7 @@ def plot_report(summary: dict, out: Path) -> Path:
 def localization_command(
     *,
     workdir: str = "runs/lacuna",
-    methods: tuple[Method, ...] = tuple(METHODS),
+    methods: tuple[Method, ...] = LACUNA_METHODS,
     fields: tuple[Field, ...] = TARGET_FIELDS,
     epoch_scale: float = 1.0,
     lr: float | None = None,
@@ -739,16 +760,17 @@ def localization_command(
     out: str | None = None,
     allow_inseparable: bool = False,
 ) -> str:
-    """Lacuna's findings on a testbed: all five methods and fields, outputs, mask AUC, resurfacing.
+    """Lacuna's findings on a testbed: its five methods (or others by name) and fields, outputs, mask AUC, resurfacing.
 
     Unlearns with OracleGrad (restricted to m^F), GA, SimNPO, MemFlex and AlphaEdit (their UnMask controls too),
+    or with the methods named (RMU, IdkDPO, UNDIAL, IdkNLL, WGA, SatImp also run, with their UnMask controls),
     evaluates forget / retain / paraphrase EM, ES, Prob, extraction and utility, scores each weight change against
     m^F and m^F ∨ m^R, attacks each model by relearning, and writes ``summary.json``, ``report.md`` and
     ``report.png``; the result is the Markdown report.
 
     Args:
         workdir: testbed work directory (``lightning-unlearn lacuna run``).
-        methods: the methods to run.
+        methods: the methods to run (default: Lacuna's five; also rmu, idk_dpo, undial, idk_nll, wga, satimp).
         fields: the PII fields to unlearn, one after the other.
         epoch_scale: multiplies every method's Table 5 epochs (at least 1).
         lr: learning rate of every method (default: each config's).
@@ -770,6 +792,7 @@ def localization_command(
 
 
 __all__ = [
+    "LACUNA_METHODS",
     "METHODS",
     "ensure_splits",
     "export_checkpoint",
