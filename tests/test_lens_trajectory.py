@@ -330,6 +330,7 @@ def test_the_shipped_lens_sweep_runs_both_methods_and_reports_them_by_panel(traj
     spec = yaml.safe_load((config_root() / "sweeps" / "lens_smollm2.yaml").read_text(encoding="utf-8"))
     shutil.copy(trajectory / "npo.trajectory.yaml", trajectory / "trajectory.yaml")
     spec["root"] = str(tmp_path / "sweep")
+    spec["grid"]["configs"] = [["lens/npo.yaml"], ["lens/tofu_ga.yaml"]]  # two cells are enough here (CI time)
     spec["cells"] = [{"configs": [str(trajectory / "trajectory.yaml")], "panel": "demo-en"}]
     model = str(tiny_dir)
     spec["overrides"].update({"model.init_args.model_path": model, "data.init_args.tokenizer_path": model,
@@ -395,3 +396,31 @@ def test_the_shipped_lens_sweep_runs_both_methods_and_reports_them_by_panel(traj
         table = list(csv.DictReader(f))
     assert len(table) == 12 and {r["label"] for r in table} == {"npo", "tofu_ga"}  # 2 cells × 2 steps × 3 families
     assert {"pooled/sce", "kl"} <= set(table[0])
+
+
+def test_rmu_runs_as_a_cell_of_the_lens_sweep_and_evaluate_reproduces_its_rows(trajectory, tiny_dir, tmp_path):
+    """RMU through the sweep's cell configs (lens/rmu.yaml + the trajectory overlay; ℓ 2 of the tiny model's 4
+    blocks): every checkpoint is scored in training, and `evaluate` on a copy without the rows gives the same rows
+    from step 2's adapter directory and from step 4's checkpoint file (which carries RMU's control vector)."""
+    from lightning_unlearn.workflows.evaluate import evaluate_command, saved_checkpoints
+
+    model = str(tiny_dir)
+    cli.main([
+        "fit", "-c", "lens/rmu.yaml", "-c", str(trajectory / "npo.trajectory.yaml"),
+        "--model.init_args.model_path", model, "--data.init_args.tokenizer_path", model,
+        "--model.init_args.layer", "2", "--trainer.max_steps", "4",
+        "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
+        "--trainer.logger.init_args.name", "rmu",
+    ])  # fmt: skip
+    run = tmp_path / "rmu" / "trajectory"
+    trained = {(r["step"], r["family"]): r for r in _rows(run / "checkpoint_metrics.jsonl")}
+    assert sorted(trained) == [(s, f) for s in (2, 4) for f in ("retain_drift", "sce")]
+    assert trained[(2, "retain_drift")]["kl"] != trained[(4, "retain_drift")]["kl"]  # the adapter moved
+    assert (run / "selection.json").exists()
+    copy = _unevaluated_copy(run, tmp_path / "copy")
+    assert {c.step: c.kind for c in saved_checkpoints(copy)} == {2: "adapter", 4: "checkpoint"}
+    out = evaluate_command(copy)
+    assert [e["step"] for e in out["evaluated"]] == [2, 4]
+    rows = _rows(copy / "checkpoint_metrics.jsonl")
+    assert sorted((r["step"], r["family"]) for r in rows) == sorted(trained)
+    _assert_same_rows(rows, trained)

@@ -234,6 +234,7 @@ def test_steps_per_job_must_be_a_whole_number(base, tmp_path, value):
 
 def test_a_shipped_sweep_file_is_found_by_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no such local file: the shipped one
-    assert [c.label for c in load_sweep("sweeps/lens_smollm2.yaml").cells] == ["npo", "tofu_ga", "npo", "tofu_ga"]
+    methods = ["npo", "tofu_ga", "rmu", "idk_dpo", "undial"]
+    assert [c.label for c in load_sweep("sweeps/lens_smollm2.yaml").cells] == methods * 2  # × 2 narratives
     with pytest.raises(FileNotFoundError, match="nor a shipped one"):
         load_sweep("sweeps/nonexistent.yaml")
