@@ -1,6 +1,8 @@
 """RMU on the tiny testbed: block ℓ's output as the hidden states, the start model as the retain target, only the
 chosen blocks' parameters trained, and u seeded and carried by checkpoints."""
 
+import dataclasses
+
 import pytest
 import torch
 import yaml
@@ -158,3 +160,61 @@ def test_lens_config_trains_two_lora_steps_through_the_cli(testbed, tmp_path):
     lora = sorted(k for k in state if "lora_" in k)
     assert lora and all(".mlp.down_proj." in k and any(f"layers.{i}." in k for i in (0, 1, 2)) for k in lora), lora
     assert (next(tmp_path.rglob("adapter-step=2")) / "adapter_config.json").exists()
+
+
+def test_rmu_trains_with_adalora_on_the_chosen_blocks_and_keeps_u(testbed):
+    module = _rmu(testbed, "adalora", optim=OptimizerConfig(lr=1e-2))
+    module.adapter_config = dataclasses.replace(module.adapter_config, r=4, total_step=4)
+    u = module.control_vector.clone()
+    _, before = module.unlearning_loss(_batch(testbed))
+    trainer = fit(module, testbed, max_steps=4)
+    assert trainer.global_step == 4 and module.stop_reason is None
+    assert _adapted(module) == {f"{i}.mlp.down_proj" for i in (0, 1, 2)}
+    assert any("lora_E" in n for n, p in module.model.named_parameters() if p.requires_grad)  # AdaLoRA's SVD form
+    assert torch.equal(module.control_vector, u)  # a buffer: no optimizer touches it
+    _, after = module.unlearning_loss(_batch(testbed))
+    assert after["rmu_forget_loss"] < before["rmu_forget_loss"]
+
+
+def test_rmu_under_a_masked_strategy_updates_only_inside_the_allowed_groups(testbed):
+    """The masked strategies' contract (``packed_masks``, ``restrict_update_groups``) on RMU with full fine-tuning:
+    its three trainable down-projections change only inside the union of groups 0-2 (block 2 lies outside θ_mask =
+    blocks 0-1, so it stays as it was), and the control vector is untouched."""
+    from lightning_unlearn.masks import group_mask, load_masks
+    from lightning_unlearn.strategies import MaskedSingleDeviceStrategy
+
+    module = _rmu(testbed, optim=OptimizerConfig(lr=1e-2))
+    masks, _ = load_masks(testbed.masks)
+    module.packed_masks, module.restrict_update_groups = masks, [0, 1, 2]
+    u = module.control_vector.clone()
+    before = {n: p.detach().clone() for n, p in module.model.named_parameters() if p.requires_grad}
+    fit(module, testbed, max_steps=3, strategy=MaskedSingleDeviceStrategy())
+    moved = 0
+    for name, param in module.model.named_parameters():
+        if name not in before:
+            continue
+        key = next(k for k in masks if name.endswith(k))
+        allowed = group_mask(masks[key], [0, 1, 2])
+        assert torch.equal(param.detach()[~allowed], before[name][~allowed]), f"{name} changed outside the masks"
+        moved += int((param.detach()[allowed] != before[name][allowed]).sum())
+    assert moved > 0
+    assert torch.equal(module.control_vector, u)
+
+
+def test_rmu_stops_under_the_stop_rule_and_the_collapse_guard(testbed, tmp_path):
+    """max_bad_loss bounds the forget NLL, collapse_fraction the retain NLL (RMU logs both without gradient): a
+    bound the start model already breaks stops the run at once (step 0, the start weights) with no update; at lr 1e6
+    the steered blocks wreck the output and the collapse guard catches it, keeping no checkpoint of those weights."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    start = {n: p.detach().clone() for n, p in _rmu(testbed).model.named_parameters()}
+    bounded = _rmu(testbed, optim=OptimizerConfig(lr=1e-2), max_bad_loss=1e-6)
+    fit(bounded, testbed, max_steps=3)
+    assert bounded.stopped_at_step == 0 and "max_bad_loss" in bounded.stop_reason
+    assert all(torch.equal(p, start[n]) for n, p in bounded.model.named_parameters())
+    wrecked = _rmu(testbed, optim=OptimizerConfig(lr=1e6, schedule="constant"), collapse_fraction=0.9)
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1, filename="{step}")
+    fit(wrecked, testbed, max_steps=4, callbacks=[ckpt], enable_checkpointing=True)
+    # measured: a finite retain NLL̄ of 5.62 after step 1, above 0.9 · ln |V| = 0.9 · ln 300 = 5.13
+    assert wrecked.stopped_at_step == 1 and "collapse_fraction=0.9" in wrecked.stop_reason
+    assert not list(tmp_path.glob("*.ckpt"))  # step 1's wrecked weights are not kept
