@@ -1,6 +1,6 @@
 """NPO, SimNPO and OracleGrad with a real Lightning Trainer on 2 CPU processes (gloo): DDP and FSDP2, LoRA and full
 fine-tuning, in ONE launch of two ranks (see ``distributed_run.py``); in the same launch, the issue-32 objectives
-(IdkNLL, DPO, IdkDPO, UNDIAL, WGA, SatImp, RMU) under FSDP2 against one process."""
+(IdkNLL, DPO, IdkDPO, UNDIAL, WGA, SatImp, RMU) under FSDP2, and RMU under DDP, against one process."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ EXACT_CASES = [
     ("rmu", "full"),  # only blocks 0-2's mlp.down_proj train (requires_grad inside sharded blocks)
     ("rmu", "lora"),
 ]
+# RMU also under DDP (its control vector is a buffer, which DDP broadcasts from rank 0 at every forward).
+EXACT_STRATEGY_CASES = [(obj, adapter, "fsdp") for obj, adapter in EXACT_CASES] + [("rmu", "full", "ddp")]
 EXACT_INIT_ARGS = {"rmu": {"layer": 2}}  # the testbed's 4 blocks
 EXACT_STEPS = 3
 # AdamW turns fp32 rounding differences of near-zero gradients (LoRA A while B ≈ 0; SatImp's p^5(1 − p) weights on
@@ -164,17 +166,17 @@ def distributed_results(testbed, tmp_path_factory):
     # Exactness against one process (test_issue32_objectives_under_fsdp_equal_one_process); not trained to forget.
     cases += [
         {
-            "name": f"exact_{obj}_{adapter}_fsdp",
+            "name": f"exact_{obj}_{adapter}_{strategy}",
             "objective": obj,
             "adapter": adapter,
-            "strategy": "fsdp",
+            "strategy": strategy,
             "lr": EXACT_LR,
             "max_steps": EXACT_STEPS,
             "save_trainable": True,
             "seed": 0,
             "init_args": EXACT_INIT_ARGS.get(obj, {}),
         }
-        for obj, adapter in EXACT_CASES
+        for obj, adapter, strategy in EXACT_STRATEGY_CASES
     ]
     preferred = out / "forget_preferred.jsonl"
     write_jsonl(preferred, [{**r, "preferred": f"I do not know about {r['prompt'].split()[-2]}"} for r in FORGET])
@@ -365,13 +367,14 @@ def _one_process_trainable(testbed, spec_out: Path, objective: str, adapter: str
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-@pytest.mark.parametrize("objective,adapter", EXACT_CASES)
-def test_issue32_objectives_under_fsdp_equal_one_process(testbed, distributed_results, objective, adapter):
+@pytest.mark.parametrize("objective,adapter,strategy", EXACT_STRATEGY_CASES)
+def test_issue32_objectives_under_fsdp_equal_one_process(testbed, distributed_results, objective, adapter, strategy):
     import torch
 
     out, results = distributed_results
-    name = f"exact_{objective}_{adapter}_fsdp"
-    assert results[name]["global_step"] == EXACT_STEPS and results[name]["sharded"], results[name]
+    name = f"exact_{objective}_{adapter}_{strategy}"
+    assert results[name]["global_step"] == EXACT_STEPS, results[name]
+    assert results[name]["sharded"] == (strategy == "fsdp"), results[name]
     sharded = torch.load(out / name / "trainable.pt", weights_only=True)
     single = _one_process_trainable(testbed, out, objective, adapter)
     start = load_causal_lm(testbed.model_dir).state_dict()
