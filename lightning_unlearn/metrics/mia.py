@@ -111,8 +111,9 @@ def gradnorm_scores(
     """GradNorm attack, ``(B,)``: mean over the parameter tensors that require grad of ‖∇_θ NLL̄_i‖_p.
 
     NLL̄_i is sample i's mean answer-token NLL (without its EOS by default). One forward for the batch, one
-    ``torch.autograd.grad`` per sample; parameters' ``.grad`` are left untouched and the model's train/eval mode is
-    the caller's (OU switches the model to train mode, so its dropout, if any, is on).
+    ``torch.autograd.grad`` per sample, also under inference mode; parameters' ``.grad`` are left untouched and
+    the model's train/eval mode is the caller's (OU switches the model to train mode, so its dropout, if any, is
+    on).
     """
     if p not in (1, 2, float("inf")):
         raise ValueError(f"p={p}; GradNorm takes the 1-, 2- or inf-norm.")
@@ -120,7 +121,11 @@ def gradnorm_scores(
     if not params:
         raise ValueError("gradnorm_scores: the model has no parameter that requires grad; nothing to take a norm of.")
     scored = _scored_positions(labels, include_eos)
-    with torch.enable_grad():
+    # Lightning validates under inference mode, where enable_grad alone is not enough; inputs made there are
+    # inference tensors that autograd cannot save, hence the clones.
+    with torch.inference_mode(False), torch.enable_grad():
+        input_ids, labels, scored = input_ids.clone(), labels.clone(), scored.clone()
+        attention_mask = None if attention_mask is None else attention_mask.clone()
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
         token_logps, _ = answer_token_logprobs(logits, labels)
         nll = -(token_logps * scored).sum(-1) / scored.sum(-1)

@@ -136,3 +136,11 @@ def test_privleak_muse_orientation_reproduces_ous_formula():
     assert privleak(auc_model, auc_ref, orientation="membership") == pytest.approx(80.0)
     with pytest.raises(ValueError, match="zero denominator"):
         privleak(0.7, 1.0)
+
+
+def test_gradnorm_works_under_inference_mode():
+    # Lightning's validate runs callbacks under torch.inference_mode().
+    input_ids, labels = torch.tensor([[0, 1, 2]]), torch.tensor([[I, 1, 2]])
+    with torch.inference_mode():
+        got = gradnorm_scores(_BigramLM(), input_ids.clone(), labels.clone())
+    assert got.item() == pytest.approx(math.sqrt(2 / 3), rel=1e-6)
