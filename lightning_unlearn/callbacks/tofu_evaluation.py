@@ -19,6 +19,7 @@ from lightning_unlearn.generation import model_prompt
 from lightning_unlearn.metrics.tofu import (
     forget_quality,
     mean_answer_nll,
+    model_utility,
     rouge_l_recall,
     truth_ratio_score,
     truth_ratios,
@@ -31,8 +32,10 @@ class TOFUEvaluation(CheckpointEvaluator):
 
     Per split: ``prob`` (mean of exp(−mean answer-token NLL)), ``truth_ratio`` (the forget split with OU's
     ``closer_to_1_better`` aggregation, every other split with ``true_better``) and ``rougeL_recall`` of the greedy
-    answer; and ``forget_quality``, the KS p-value of the forget split's truth ratios against those of
-    ``reference_model`` (computed once and kept in the callback state).
+    answer; ``forget_quality``, the KS p-value of the forget split's truth ratios against those of
+    ``reference_model`` (computed once and kept in the callback state); and ``model_utility``, the harmonic mean of
+    the other splits' Prob, ROUGE-L recall and truth ratio (TOFU's; the row lists them in ``model_utility_of``; TOFU's
+    real-authors and world-facts splits normalise Prob over the options, which is not done here).
 
     Args:
         splits: split name → records or a file of them, each with ``paraphrased_answer`` (string) and
@@ -154,4 +157,15 @@ class TOFUEvaluation(CheckpointEvaluator):
                 out[split]["rougeL_recall"] = float(np.mean(recalls))
             if split == self.forget_split and self.forget_quality:
                 out["forget_quality"] = forget_quality(ratios, self.base["reference_forget_truth_ratios"])
+        # TOFU's model utility: the harmonic mean of every non-forget split's Prob, ROUGE-L and truth ratio.
+        declared = {
+            f"{split}/{key}": out[split][key]
+            for split in self.splits
+            if split != self.forget_split
+            for key in ("prob", "rougeL_recall", "truth_ratio")
+            if key in out[split]
+        }
+        if declared:
+            out["model_utility"] = model_utility(declared)
+            out["model_utility_of"] = sorted(declared)
         return out

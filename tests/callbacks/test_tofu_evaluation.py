@@ -71,6 +71,13 @@ def test_row_at_a_checkpoint_equals_the_metrics_by_formula(tiny_dir, tmp_path):
     assert evaluator.base["reference_forget_truth_ratios"] == pytest.approx(reference.tolist(), rel=1e-4)
     assert row["forget_quality"] == pytest.approx(ks_2samp(forget, reference).pvalue)
     assert 0.0 <= row["forget"]["rougeL_recall"] <= 1.0 and row["retain"]["num_records"] == 2
+    ret = row["retain"]
+    assert row["model_utility_of"] == ["retain/prob", "retain/rougeL_recall", "retain/truth_ratio"]
+    if min(ret["prob"], ret["rougeL_recall"], ret["truth_ratio"]) > 0:
+        hm = 3 / (1 / ret["prob"] + 1 / ret["rougeL_recall"] + 1 / ret["truth_ratio"])
+    else:
+        hm = 0.0
+    assert row["model_utility"] == pytest.approx(hm)
 
 
 def test_forget_quality_without_a_reference_model_is_refused_in_one_line():
