@@ -25,11 +25,13 @@ from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.callbacks.checkpoint_selection import CheckpointSelection
 from lightning_unlearn.callbacks.mask_auc_evaluation import MaskAUCEvaluation
 from lightning_unlearn.callbacks.memorization_evaluation import MemorizationEvaluation
+from lightning_unlearn.callbacks.mia_evaluation import MIAEvaluation
 from lightning_unlearn.callbacks.retain_drift_evaluation import RetainDriftEvaluation
 from lightning_unlearn.callbacks.sce_evaluation import SCEEvaluation
 from lightning_unlearn.callbacks.stop_aware_checkpoint import StopAwareCheckpoint
 from lightning_unlearn.callbacks.stop_listener import StopListener
 from lightning_unlearn.callbacks.stop_rule import StopRule
+from lightning_unlearn.callbacks.tofu_evaluation import TOFUEvaluation
 from lightning_unlearn.callbacks.utility_evaluation import UtilityEvaluation
 
 __all__ = [
@@ -37,10 +39,12 @@ __all__ = [
     "CheckpointSelection",
     "MaskAUCEvaluation",
     "MemorizationEvaluation",
+    "MIAEvaluation",
     "RetainDriftEvaluation",
     "SCEEvaluation",
     "StopAwareCheckpoint",
     "StopListener",
     "StopRule",
+    "TOFUEvaluation",
     "UtilityEvaluation",
 ]

@@ -9,9 +9,10 @@ A source is a list of dicts, or a path to:
   dataset script).
 
 Columns are mapped to ``prompt`` and ``answer`` with ``prompt_key`` / ``answer_key``; the other columns are kept (a
-TOFU set's ``paraphrased_answer``, a testbed split's ``group_id``). A source without a ``prompt`` column but with
-``question`` (TOFU, OpenUnlearning) reads ``question`` as the prompt. Errors name the file, the line or row, and the
-columns there are.
+testbed split's ``group_id``). A source without a ``prompt`` column but with ``question`` (TOFU, OpenUnlearning) reads
+``question`` as the prompt. TOFU's truth-ratio columns are optional and checked where present:
+``paraphrased_answer`` (a string) and ``perturbed_answer`` (a list of strings, the wrong answers); a reader that needs
+them names them in ``require``. Errors name the file, the line or row, and the columns there are.
 """
 
 from __future__ import annotations
@@ -35,7 +36,12 @@ def recorded_suites_dir(path: str | Path) -> str | None:
     return json.loads(meta.read_text(encoding="utf-8")).get("suites_dir") if meta.is_file() else None
 
 
-PROMPT_ALIASES = ("question",)  # read as the prompt when prompt_key is the default and the source lacks "prompt"
+PROMPT_ALIASES = ("question",)
+# TOFU's columns for the truth ratio: the paraphrased true answer and a list of perturbed (wrong) answers
+TRUTH_RATIO_COLUMNS = (
+    "paraphrased_answer",
+    "perturbed_answer",
+)  # read as the prompt when prompt_key is the default and the source lacks "prompt"
 _LOADERS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 
 
@@ -45,6 +51,7 @@ def read_records(
     prompt_key: str = "prompt",
     answer_key: str = "answer",
     what: str = "records",
+    require: Sequence[str] = (),
 ) -> list[dict]:
     """``[{"prompt", "answer", …other columns}]`` from ``source`` (see the module docstring).
 
@@ -54,6 +61,7 @@ def read_records(
         prompt_key: column holding the prompt.
         answer_key: column holding the answer.
         what: names the set in error messages (``forget set``, ``retain records``).
+        require: further columns every record must have (``TRUTH_RATIO_COLUMNS`` for the truth ratio).
 
     Raises:
         FileNotFoundError: the path does not exist.
@@ -70,7 +78,31 @@ def read_records(
         rows, where = [dict(r) for r in source], "(given as a list)"
     if not rows:
         raise ValueError(f"the {what} {where} holds no record; give at least one.")
-    return [_mapped(row, i, prompt_key, answer_key, what, where) for i, row in enumerate(rows)]
+    records = [_mapped(row, i, prompt_key, answer_key, what, where) for i, row in enumerate(rows)]
+    for i, record in enumerate(records):
+        for column in require:
+            if column not in record:
+                raise ValueError(
+                    f"{what} record {i} of {where} lacks column {column!r}, which this evaluation needs; it has "
+                    f"{sorted(record)}. Add it (TOFU's *_perturbed files have it) or drop the metric that needs it."
+                )
+        _check_truth_ratio_columns(record, i, what, where)
+    return records
+
+
+def _check_truth_ratio_columns(record: dict, i: int, what: str, where: str) -> None:
+    para = record.get("paraphrased_answer")
+    if "paraphrased_answer" in record and not (isinstance(para, str) and para.strip()):
+        raise ValueError(
+            f"{what} record {i} of {where} has paraphrased_answer={para!r}; it must be a non-empty string."
+        )
+    if "perturbed_answer" in record:
+        pert = record["perturbed_answer"]
+        if not (isinstance(pert, list) and pert and all(isinstance(a, str) and a.strip() for a in pert)):
+            raise ValueError(
+                f"{what} record {i} of {where} has perturbed_answer={pert!r}; it must be a non-empty list of non-empty "
+                "strings (a JSONL/JSON array or a Parquet list column; CSV cannot hold lists)."
+            )
 
 
 def _mapped(row: dict, i: int, prompt_key: str, answer_key: str, what: str, where: str) -> dict:
