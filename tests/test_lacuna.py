@@ -375,6 +375,10 @@ def test_instruction_lora_last_two_blocks_keeps_best(tiny_dir, tmp_path):
     assert len(data.val_rows) == round(0.3 * (len(data.val_rows) + len(data.train_rows)))
     run = json.loads((tmp_path / "run" / "export" / "run.json").read_text())
     assert run["best_val_loss"] == module.best_val_loss < float("inf")
+    # every validation is recorded as [step, loss] (every 2 batches of each epoch); the kept adapter is their minimum
+    steps = [s for s, _ in run["val_losses"]]
+    assert len(steps) >= 4 and steps == sorted(set(steps)) and steps[0] == 2
+    assert [run["best_step"], run["best_val_loss"]] == min(run["val_losses"], key=lambda r: r[1])
     from transformers import AutoModelForCausalLM
 
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "export" / "model", local_files_only=True)
@@ -410,6 +414,7 @@ def test_instruction_keeps_the_untrained_model_when_training_only_hurts(tiny_dir
     tuned = tmp_path / "tuned" / "export" / "model"
     module, run = fit(tuned, tmp_path / "wrecked", 3.0, 1)
     assert run["best_step"] == 0 and run["best_val_loss"] == pytest.approx(validated(tuned), rel=1e-5)
+    assert run["val_losses"][0] == [0, run["best_val_loss"]] and len(run["val_losses"]) > 1
     merged = load_file(str(tmp_path / "wrecked" / "export" / "model" / "model.safetensors"))
     base = load_file(str(tuned / "model.safetensors"))
     assert merged.keys() == base.keys() and all(torch.equal(merged[k], base[k]) for k in base)

@@ -118,8 +118,9 @@ def test_chain_tiny(tmp_path):
 
     splits = tmp_path / "attack_splits"
     Dataset.from_dict(rows).save_to_disk(str(splits / "email" / "forget"))
+    # four other people: the attack validates on a held-out share of them
     Dataset.from_dict({**rows, "prompt": rows["prompt"] * 4, "answer": rows["answer"] * 4,
-                       "field": ["email"] * 4, "profile_id": [1] * 4, "group_id": [3] * 4}).save_to_disk(
+                       "field": ["email"] * 4, "profile_id": [1, 2, 3, 4], "group_id": [3] * 4}).save_to_disk(
         str(splits / "relearn"))  # fmt: skip
     report = resurface(
         str(tmp_path / "instruct" / "export" / "model"),

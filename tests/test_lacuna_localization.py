@@ -106,18 +106,33 @@ def test_report_localizes_oracle_grad_and_resurfacing_is_seeded(testbed, tmp_pat
         for key in ("leaked_profiles", "leaked_profiles_unlearned"):
             assert 0 <= attack[key] <= attack["forget_profiles"]
         assert attack["leak_rate"] == attack["leaked_profiles"] / attack["forget_profiles"]
+        for rate in ("leak_rate", "leak_rate_unlearned"):  # Wilson 95 % intervals around each rate
+            lo, hi = attack[f"{rate}_ci95"]
+            assert lo <= attack[rate] <= hi
+        # relearning validated on held-out relearning profiles; the attacked checkpoint is the best validation
+        run = attack["relearning"]
+        assert run["val_losses"] and run["best_step"] == min(run["val_losses"], key=lambda r: r[1])[0]
+        assert attack["seed"] == 0
+    sanity = entry["resurfacing_sanity"]
+    assert sanity["holds"] == (
+        entry["resurfacing"]["leaked_profiles"] >= entry["resurfacing"]["leaked_profiles_unlearned"]
+    )
+    assert summary["resurfacing_sanity_holds"] == sanity["holds"]
     on_disk = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert on_disk["fields"]["email"]["methods"]["ga"]["auc"]["F"]["max"] == ga["auc"]["F"]["max"]
     report = (tmp_path / "a" / "report.md").read_text()
     assert "## email" in report and "| OracleGrad |" in report and "leak relearned" in report
-    # the overview: one row per (field, model), the attack's counts out of the forget profiles
+    assert "K = 4 samples per forget prompt, seed 0" in report
+    verdict = "holds" if sanity["holds"] else "does NOT hold"
+    assert f"**resurfacing sanity, email: the starting model leaks {sanity['leaked_before']}/" in report
+    assert f"after: {verdict}" in report
+    # the overview: one row per (field, model), the attack's counts out of the forget profiles with their intervals
     og = entry["methods"]["oracle_grad"]
-    n = og["resurfacing"]["forget_profiles"]
-    assert (
-        f"| email | OracleGrad | {og['output']['forget']['extraction_rate']:.3f} |" in report
-        and f"| {og['resurfacing']['leaked_profiles_unlearned']}/{n} | {og['resurfacing']['leaked_profiles']}/{n} |"
-        in report
-    )
+    attack, n = og["resurfacing"], og["resurfacing"]["forget_profiles"]
+    (lo0, hi0), (lo1, hi1) = attack["leak_rate_unlearned_ci95"], attack["leak_rate_ci95"]
+    assert f"| email | OracleGrad | {og['output']['forget']['extraction_rate']:.3f} |" in report
+    leaks = f"| {attack['leaked_profiles_unlearned']}/{n} ({lo0:.2f}–{hi0:.2f}) | {attack['leaked_profiles']}/{n} "
+    assert f"{leaks}({lo1:.2f}–{hi1:.2f}) |" in report
     assert (tmp_path / "a" / "report.png").stat().st_size > 0
 
     # a second, identical run elsewhere gives the same numbers; a re-run in place reuses every run

@@ -60,6 +60,7 @@ class InstructionModule(RestoresRNG, LightningModule):
         self.tokenizer = None
         self.best_val_loss = float("inf")
         self.best_step = -1
+        self.val_losses: list[list] = []  # [global step, validation loss] of every validation, in order
         self._best_state: dict[str, torch.Tensor] | None = None
 
     @property
@@ -99,6 +100,7 @@ class InstructionModule(RestoresRNG, LightningModule):
                 "validate_untrained needs the validation data from a datamodule: trainer.fit(module, datamodule=...)."
             )
         loss = self._untrained_val_loss(self.trainer.datamodule.val_dataloader())
+        self.val_losses.append([0, loss])
         if loss < self.best_val_loss:
             self.best_val_loss, self.best_step = loss, 0
             self._best_state = self._trainable_state()
@@ -138,6 +140,8 @@ class InstructionModule(RestoresRNG, LightningModule):
         if self.trainer.sanity_checking:
             return
         val = self.trainer.callback_metrics.get("val/loss")
+        if val is not None:
+            self.val_losses.append([self.trainer.global_step, float(val)])
         if val is not None and float(val) < self.best_val_loss:
             self.best_val_loss, self.best_step = float(val), self.trainer.global_step
             self._best_state = self._trainable_state()
@@ -146,7 +150,8 @@ class InstructionModule(RestoresRNG, LightningModule):
     @override
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
-        checkpoint["best_adapter"] = {"loss": self.best_val_loss, "step": self.best_step, "state": self._best_state}
+        checkpoint["best_adapter"] = {"loss": self.best_val_loss, "step": self.best_step, "state": self._best_state,
+                                      "val_losses": self.val_losses}  # fmt: skip
 
     @override
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -154,6 +159,7 @@ class InstructionModule(RestoresRNG, LightningModule):
         best = checkpoint.get("best_adapter")
         if best:
             self.best_val_loss, self.best_step, self._best_state = best["loss"], best["step"], best["state"]
+            self.val_losses = best.get("val_losses", [])
 
     @override
     def configure_optimizers(self):
@@ -197,7 +203,8 @@ class InstructionModule(RestoresRNG, LightningModule):
         def write(tmp: Path) -> None:
             merged.save_pretrained(tmp / "model")
             self.tokenizer.save_pretrained(tmp / "model")
-            info = {"best_val_loss": self.best_val_loss, "best_step": self.best_step, "model_path": self.tokenizer_dir}
+            info = {"best_val_loss": self.best_val_loss, "best_step": self.best_step, "val_losses": self.val_losses,
+                    "model_path": self.tokenizer_dir}  # fmt: skip
             (tmp / "run.json").write_text(json.dumps(info, indent=1))
 
         write_directory_atomically(export, write)

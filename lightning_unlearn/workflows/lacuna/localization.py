@@ -14,9 +14,11 @@ memorization-filtered splits of a testbed work directory written by ``lightning-
    unmasked-injection model, for the contrast families.
 3. **Localization**: ``mask-auc`` on the weight change, every family against m^F and against m^F ∨ m^R.
 4. **Resurfacing** (Sec. 4.3): relearn the unlearned model on the held-out relearning split with the instruction
-   tuning procedure, sample K continuations per forget prompt, and count the forget profiles whose PII appears in
-   at least one; the same count on the unlearned model before relearning sits beside it, and the starting model's
-   under ``before``. Seeded: a re-run gives the same numbers.
+   tuning procedure (validated on the split's own held-out profiles, best validation checkpoint kept), sample K
+   (200) continuations per forget prompt, and count the forget profiles whose PII appears in at least one; the same
+   count on the unlearned model before relearning sits beside it, and the starting model's under ``before``. Every
+   rate has its Wilson 95 % interval. The sanity line: relearning must not lower the starting model's leak (an
+   attack that does damages recall instead of restoring it). Seeded: a re-run gives the same numbers.
 
 Writes ``<out>/summary.json``, ``<out>/report.md`` (one table per field) and ``<out>/report.png`` (AUC and resurfacing
 per method and field). A finished run (its export exists, made from the same arguments) is reused, so an interrupted
@@ -44,6 +46,7 @@ from lightning_unlearn.atomic import write_directory_atomically, write_text_atom
 from lightning_unlearn.data.templates import TARGET_FIELDS
 from lightning_unlearn.workflows import processes, recipes
 from lightning_unlearn.workflows.lacuna.chain import CONFIG_DIR, testbed_separable
+from lightning_unlearn.workflows.lacuna.resurface import K, format_sanity, resurfacing_sanity
 
 logger = logging.getLogger("lightning_unlearn")
 
@@ -498,15 +501,20 @@ def _score_jobs(plan: _Plan, field: str, runs: dict[tuple[str, str], dict]) -> l
 
 
 def _attack_jobs(plan: _Plan, field: str, splits: Path, k: int, relearn_epochs: int, seed: int) -> list:
-    """Step 4: the resurfacing attack of the starting model and of each method's model of ``field``, unless done."""
+    """Step 4: the resurfacing attack of the starting model and of each method's model of ``field``, unless done with
+    the same arguments."""
     field_root, jobs = plan.out_root / field, []
     targets = [("before", plan.paths["start"])]
     targets += [(method, field_root / method / "export" / "model") for method in plan.methods]
     for name, model in targets:
         attack = field_root / name / "resurfacing"
-        if not (attack / "resurfacing.json").exists():
-            jobs.append((resurface_args(model, splits, field, attack, k, relearn_epochs, seed),
-                         field_root / name / "resurface.log"))  # fmt: skip
+        args = resurface_args(model, splits, field, attack, k, relearn_epochs, seed)
+        recorded = field_root / name / "resurface.args.json"
+        if not ((attack / "resurfacing.json").exists() and recorded.exists()
+                and json.loads(recorded.read_text()) == args):  # fmt: skip
+            (attack / "resurfacing.json").unlink(missing_ok=True)
+            write_text_atomically(recorded, json.dumps(args))
+            jobs.append((args, field_root / name / "resurface.log"))
     return jobs
 
 
@@ -527,6 +535,8 @@ def _collect(plan: _Plan, runs: dict[tuple[str, str], dict], summary: dict, resu
                 report = json.loads((field_root / name / "resurfacing" / "resurfacing.json").read_text())
                 target = entry if name == "before" else entry["methods"][name]
                 target["resurfacing"] = report
+            entry["resurfacing_sanity"] = resurfacing_sanity(entry["resurfacing"])
+            plan.log(f"[localization] {format_sanity(field, entry['resurfacing_sanity'])}")
 
 
 def run_localization(
@@ -538,7 +548,7 @@ def run_localization(
     batch_size: int | None = None,
     control: bool = True,
     resurfacing: bool = True,
-    k: int = 64,
+    k: int = K,
     relearn_epochs: int = 10,
     seed: int = 0,
     parallel: int = 2,
@@ -605,6 +615,8 @@ def run_localization(
             late += _attack_jobs(plan, field, Path(entry["splits"]), k, relearn_epochs, seed)
     jobs.run(late)
     _collect(plan, runs, summary, resurfacing)
+    if resurfacing:
+        summary["resurfacing_sanity_holds"] = all(e["resurfacing_sanity"]["holds"] for e in summary["fields"].values())
     summary["seconds"] = round(time.time() - started, 1)
     write_text_atomically(out_root / "summary.json", json.dumps(summary, indent=1))
     write_text_atomically(out_root / "report.md", format_report(summary))
@@ -614,6 +626,17 @@ def run_localization(
 
 def _cell(v) -> str:
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
+
+
+def _leak_cell(attack: dict | None, relearned: bool) -> str:
+    """``leaked/profiles (lo–hi)``: an attack's count before (``relearned`` false) or after relearning, with the
+    Wilson 95 % interval of its rate."""
+    if not attack:
+        return "–"
+    key, ci = ("leaked_profiles", "leak_rate_ci95") if relearned else ("leaked_profiles_unlearned",
+                                                                     "leak_rate_unlearned_ci95")  # fmt: skip
+    lo, hi = attack[ci]
+    return f"{attack[key]}/{attack['forget_profiles']} ({lo:.2f}–{hi:.2f})"
 
 
 def format_table(entry: dict) -> str:
@@ -648,11 +671,7 @@ def format_outputs(entry: dict) -> str:
         u = output["utility"]
         cells.append(f"{u['ce']:.3f} ({u['delta_ce']:+.3f})" if u.get("delta_ce") is not None else f"{u['ce']:.3f}")
         cells += [_cell(auc["F"]["max"]) if auc else "–", _cell(auc["F|R"]["max"]) if auc and "F|R" in auc else "–"]
-        if attack:
-            n = attack["forget_profiles"]
-            cells += [f"{attack['leaked_profiles_unlearned']}/{n}", f"{attack['leaked_profiles']}/{n}"]
-        else:
-            cells += ["–", "–"]
+        cells += [_leak_cell(attack, relearned=False), _leak_cell(attack, relearned=True)]
         return "| " + " | ".join(cells) + " |"
 
     lines.append(row("before unlearning", entry["before"], None, entry.get("resurfacing")))
@@ -668,9 +687,6 @@ def format_overview(summary: dict) -> str:
             "AUC(F∨R) max", "leak unlearned", "leak relearned"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
-    def leak(attack: dict | None, key: str) -> str:
-        return f"{attack[key]}/{attack['forget_profiles']}" if attack else "–"
-
     for field, entry in summary["fields"].items():
         rows = [("before", entry["before"], None, entry.get("resurfacing"))]
         rows += [(LABELS[m], r["output"], r["auc"], r.get("resurfacing")) for m, r in entry["methods"].items()]
@@ -681,7 +697,7 @@ def format_overview(summary: dict) -> str:
                      "–" if delta is None else f"{delta:+.2f}"]  # fmt: skip
             for key in ("F", "F|R"):
                 cells.append(f"{_cell(auc[key]['max'])} ({auc[key]['best']})" if auc and key in auc else "–")
-            cells += [leak(attack, "leaked_profiles_unlearned"), leak(attack, "leaked_profiles")]
+            cells += [_leak_cell(attack, relearned=False), _leak_cell(attack, relearned=True)]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -691,9 +707,14 @@ def format_report(summary: dict) -> str:
     parts = ["# Lacuna localization report", ""]
     epochs = ", ".join(f"{LABELS[m]} {e}" for m, e in summary["epochs"].items())
     parts.append(f"Epochs: {epochs}. Resurfacing: relearn {summary['relearn_epochs']} epochs on the held-out "
-                 f"relearning split, K = {summary['k']} samples per forget prompt, seed {summary['seed']}. "
+                 "relearning split, validated on its own held-out profiles, the best validation checkpoint "
+                 f"attacked; K = {summary['k']} samples per forget prompt, seed {summary['seed']}. "
                  "A profile leaks when its PII appears in at least one sample; 'leak unlearned' counts the same "
-                 "before relearning.")  # fmt: skip
+                 "before relearning. Leak counts carry the Wilson 95 % interval of their rate.")  # fmt: skip
+    sanity = [format_sanity(f, e["resurfacing_sanity"]) for f, e in summary["fields"].items()
+              if "resurfacing_sanity" in e]  # fmt: skip
+    if sanity:
+        parts += ["", *[f"**{line}**" for line in sanity]]
     parts += ["", "## Every field", "", format_overview(summary)]
     for field, entry in summary["fields"].items():
         sizes = ", ".join(f"{k} {v}" for k, v in entry["split_sizes"].items())
@@ -709,7 +730,8 @@ def format_report(summary: dict) -> str:
 
 
 def plot_report(summary: dict, out: Path) -> Path:
-    """Bar chart: per field, each method's AUC(F) max and its resurfacing rates (unlearned, relearned)."""
+    """Bar chart: per field, each method's AUC(F) max and its resurfacing rates (unlearned, relearned) with their
+    Wilson 95 % intervals."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -725,10 +747,11 @@ def plot_report(summary: dict, out: Path) -> Path:
         auc = [entry[m]["auc"]["F"]["max"] for m in methods]
         ax.bar([x - width for x in xs], auc, width, label="AUC(F) max")
         if all("resurfacing" in entry[m] for m in methods):
-            unl = [entry[m]["resurfacing"]["leak_rate_unlearned"] for m in methods]
-            rel = [entry[m]["resurfacing"]["leak_rate"] for m in methods]
-            ax.bar(list(xs), unl, width, label="leak rate, unlearned")
-            ax.bar([x + width for x in xs], rel, width, label="leak rate, relearned")
+            for offset, key, label in ((0, "leak_rate_unlearned", "unlearned"), (width, "leak_rate", "relearned")):
+                rates = [entry[m]["resurfacing"][key] for m in methods]
+                cis = [entry[m]["resurfacing"][f"{key}_ci95"] for m in methods]
+                err = [[r - lo for r, (lo, _) in zip(rates, cis)], [hi - r for r, (_, hi) in zip(rates, cis)]]
+                ax.bar([x + offset for x in xs], rates, width, yerr=err, capsize=2, label=f"leak rate, {label}")
         ax.axhline(0.5, color="grey", lw=0.8, ls="--")
         ax.set_xticks(list(xs), [LABELS[m] for m in methods], rotation=30, ha="right")
         ax.set_title(field)
@@ -753,7 +776,7 @@ def localization_command(
     batch_size: int | None = None,
     control: bool = True,
     resurfacing: bool = True,
-    k: int = 64,
+    k: int = K,
     relearn_epochs: int = 10,
     seed: int = 0,
     parallel: int = 2,
