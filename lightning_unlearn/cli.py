@@ -76,7 +76,10 @@ SUBCOMMANDS: dict[str, dict[str, str]] = {
         "filter": "Measure extraction per field and write the memorization-filtered splits.",
         "resurface": "Resurfacing attack: relearn on held-out PII, then count the forget profiles that leak.",
         "locality": "Locality check: count elements an injection changed inside and outside the groups' masks.",
-        "localization": "Lacuna's findings on a testbed: all five methods and fields, outputs, mask AUC, resurfacing.",
+        "localization": (
+            "Lacuna's findings on a testbed: its five methods (or others by name) and fields, outputs, mask AUC, "
+            "resurfacing."
+        ),
     },
     "configs": {
         "list": "Print every shipped config (``group``: only ``lens``, ``lacuna``, ``trainer`` or ``sweeps``).",
