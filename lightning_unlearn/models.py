@@ -85,7 +85,8 @@ class TinyLlamaConfig:
     extra: dict = field(default_factory=dict)
 
 
-def _require_dir(path: str | os.PathLike, what: str) -> Path:
+def require_model_dir(path: str | os.PathLike, what: str) -> Path:
+    """``path`` as a local directory (``~`` expanded), or one error naming ``what`` and the fix."""
     p = Path(path).expanduser()
     if not p.exists():
         raise FileNotFoundError(
@@ -182,7 +183,7 @@ def load_tokenizer(path: str | os.PathLike):
     """Load a tokenizer from a local directory; sets a pad token when the model has none."""
     from transformers import AutoTokenizer
 
-    p = _require_dir(path, "tokenizer")
+    p = require_model_dir(path, "tokenizer")
     tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -198,7 +199,7 @@ def load_causal_lm(path: str | os.PathLike, dtype: torch.dtype | str = torch.flo
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    p = _require_dir(path, "model")
+    p = require_model_dir(path, "model")
     if not (p / "config.json").exists():
         raise FileNotFoundError(
             f"model path {str(p)!r} has no config.json; point at a directory written by save_pretrained."
@@ -297,7 +298,7 @@ def check_adapter_path(adapter: AdapterConfig) -> Path:
     """``adapter.path`` as a directory holding a peft adapter of ``adapter.kind``; raises naming what is wrong."""
     import json
 
-    p = _require_dir(adapter.path, "adapter")
+    p = require_model_dir(adapter.path, "adapter")
     config_file = p / "adapter_config.json"
     if not config_file.exists():
         raise FileNotFoundError(
@@ -434,7 +435,7 @@ def unwrap_peft(model: nn.Module) -> nn.Module:
 
 
 def _weight_files(path: Path) -> list[Path]:
-    path = path.expanduser()  # as _require_dir: a config's `~/…` model path names the same weights
+    path = path.expanduser()  # as require_model_dir: a config's `~/…` model path names the same weights
     if path.is_dir():
         files = sorted(path.glob("*.safetensors"))
         if not files:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Literal
 
 from lightning.pytorch import LightningModule, Trainer
@@ -23,7 +22,7 @@ from lightning_unlearn.metrics.mia import (
     privleak,
     zlib_scores,
 )
-from lightning_unlearn.models import eval_mode, load_causal_lm
+from lightning_unlearn.models import eval_mode, load_causal_lm, require_model_dir
 
 ATTACKS = ("loss", "zlib", "min_k", "min_k_plus_plus", "gradnorm", "reference")
 # PrivLeak compares the same attack on two models; GradNorm's norm runs over whatever requires grad (a LoRA adapter
@@ -89,10 +88,8 @@ class MIAEvaluation(CheckpointEvaluator):
                 f"MIAEvaluation: {' and '.join(needs_reference)} need a model never trained on the members; set "
                 "reference_model to its local path (a testbed's reference/ or a retain model), or privleak: false."
             )
-        if reference_model is not None and not Path(reference_model).expanduser().is_dir():
-            raise FileNotFoundError(
-                f"reference_model {reference_model!r} is not a directory written by save_pretrained."
-            )
+        if reference_model is not None:
+            require_model_dir(reference_model, "reference_model")
         if privleak_orientation not in ("muse", "membership"):
             raise ValueError(f"privleak_orientation={privleak_orientation!r}; use 'muse' or 'membership'.")
         keys = {"prompt_key": prompt_key, "answer_key": answer_key}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -24,7 +23,7 @@ from lightning_unlearn.metrics.tofu import (
     truth_ratio_score,
     truth_ratios,
 )
-from lightning_unlearn.models import eval_mode, load_causal_lm
+from lightning_unlearn.models import eval_mode, load_causal_lm, require_model_dir
 
 
 class TOFUEvaluation(CheckpointEvaluator):
@@ -85,10 +84,8 @@ class TOFUEvaluation(CheckpointEvaluator):
                 "TOFUEvaluation: forget quality needs a model never trained on the forget set; set reference_model "
                 "to its local path (a testbed's reference/ or a TOFU retain model), or forget_quality: false."
             )
-        if reference_model is not None and not Path(reference_model).expanduser().is_dir():
-            raise FileNotFoundError(
-                f"reference_model {reference_model!r} is not a directory written by save_pretrained."
-            )
+        if reference_model is not None:
+            require_model_dir(reference_model, "reference_model")
         if perturbed_mean not in ("geometric", "arithmetic"):
             raise ValueError(f"perturbed_mean={perturbed_mean!r}; use 'geometric' (OU) or 'arithmetic' (TOFU paper).")
         keys = {"prompt_key": prompt_key, "answer_key": answer_key, "require": TRUTH_RATIO_COLUMNS}
