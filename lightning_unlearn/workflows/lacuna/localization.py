@@ -118,7 +118,7 @@ def ensure_splits(workdir: str | os.PathLike, field: str, seed: int = 0) -> tupl
     from datasets import load_from_disk
 
     from lightning_unlearn.data.splits import build_splits, save_splits
-    from lightning_unlearn.data.testbed_data import load_table
+    from lightning_unlearn.data.testbed_data import load_holdout_profiles, load_table
 
     if field not in TARGET_FIELDS:
         raise ValueError(f"field {field!r} is not one of {TARGET_FIELDS}.")
@@ -135,7 +135,10 @@ def ensure_splits(workdir: str | os.PathLike, field: str, seed: int = 0) -> tupl
     if not usable(unfiltered):
         profiles = list(load_table(str(w / "data"), "profiles"))
         everyone = {p["profile_id"] for p in profiles if not p["instruct"]}
-        save_splits(unfiltered, build_splits(profiles, {f: everyone for f in TARGET_FIELDS}, seed=seed))
+        holdout = load_holdout_profiles(str(w / "data"))
+        save_splits(
+            unfiltered, build_splits(profiles, {f: everyone for f in TARGET_FIELDS}, seed=seed, holdout=holdout)
+        )
     if not usable(unfiltered):
         raise ValueError(f"the testbed in {str(w)!r} has no forget or no retain profile for {field!r}.")
     return unfiltered, False
