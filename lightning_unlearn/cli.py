@@ -77,6 +77,7 @@ SUBCOMMANDS: dict[str, dict[str, str]] = {
         "resurface": "Resurfacing attack: relearn on held-out PII, then count the forget profiles that leak.",
         "locality": "Locality check: count elements an injection changed inside and outside the groups' masks.",
         "localization": "Lacuna's findings on a testbed: all five methods and fields, outputs, mask AUC, resurfacing.",
+        "reference": "Export the testbed's retain reference (m^F reset to θ_pre) to <workdir>/reference.",
     },
     "configs": {
         "list": "Print every shipped config (``group``: only ``lens``, ``lacuna``, ``trainer`` or ``sweeps``).",
