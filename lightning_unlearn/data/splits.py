@@ -180,8 +180,11 @@ def save_splits(out_dir: str | os.PathLike, splits: Mapping[str, list[dict]], ex
 
     def write(tmp: Path) -> None:
         for name, rows in splits.items():
-            # a field split has the truth-ratio columns (an empty one too, so every forget/retain split reads alike)
-            columns = SPLIT_COLUMNS + (TRUTH_RATIO_COLUMNS if name.rsplit("/", 1)[-1] in FIELD_SPLITS else ())
+            # a field split built here has the truth-ratio columns (an empty one too, so every forget/retain split
+            # reads alike); rows made elsewhere without them are written without them
+            truth_ratio_rows = all(c in r for r in rows for c in TRUTH_RATIO_COLUMNS)
+            field_split = name.rsplit("/", 1)[-1] in FIELD_SPLITS and truth_ratio_rows
+            columns = SPLIT_COLUMNS + (TRUTH_RATIO_COLUMNS if field_split else ())
             features = Features({**base, **truth_ratio} if len(columns) > len(SPLIT_COLUMNS) else base)
             cols = {c: [r[c] for r in rows] for c in columns}
             Dataset.from_dict(cols, features=features).save_to_disk(str(tmp / name), num_shards=1)
