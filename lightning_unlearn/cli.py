@@ -80,6 +80,7 @@ SUBCOMMANDS: dict[str, dict[str, str]] = {
             "Lacuna's findings on a testbed: its five methods (or others by name) and fields, outputs, mask AUC, "
             "resurfacing."
         ),
+        "reference": "Export the testbed's retain reference (m^F reset to θ_pre) to <workdir>/reference.",
     },
     "configs": {
         "list": "Print every shipped config (``group``: only ``lens``, ``lacuna``, ``trainer`` or ``sweeps``).",

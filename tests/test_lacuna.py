@@ -352,6 +352,29 @@ def test_filter_measures_only_the_given_groups(tiny_dir, tmp_path):
     assert not (tmp_path / "g").exists()
 
 
+def test_filter_writes_truth_ratio_columns_and_the_membership_splits(tiny_dir, tmp_path, monkeypatch):
+    """The splits feed TOFUEvaluation and MIAEvaluation as written (a random tiny model memorizes nothing, so the
+    extraction is stubbed: everyone memorized)."""
+    import lightning_unlearn.workflows.lacuna.filter as lacuna_filter
+    from lightning_unlearn.callbacks import MIAEvaluation, TOFUEvaluation
+    from lightning_unlearn.data.templates import TARGET_FIELDS
+    from lightning_unlearn.data.testbed_data import build_testbed_data, load_holdout_profiles, load_table
+
+    data = build_testbed_data(tmp_path / "data", small_data(num_profiles=24, holdout_per_group=2), log=lambda *_: None)
+    everyone = {p["profile_id"] for p in load_table(data, "profiles") if not p["instruct"]}
+    monkeypatch.setattr(lacuna_filter, "extraction_rates", lambda m, t, p: ({}, {f: everyone for f in TARGET_FIELDS}))
+    report = lacuna_filter.filter_stage(str(tiny_dir), str(data), str(tmp_path / "splits"))
+    splits = tmp_path / "splits"
+    # tiny: 24 people, one evaluation profile in each of the three forget groups, two held-out people a group
+    assert report["split_sizes"]["mia/members"] == 3 * 4 and report["split_sizes"]["mia/nonmembers"] == 3 * 2 * 4
+    held = {p["profile_id"] for p in load_holdout_profiles(data)}
+    mia = MIAEvaluation(str(splits / "mia" / "members"), str(splits / "mia" / "nonmembers"), privleak=False)
+    assert {r["profile_id"] for r in mia.sets["nonmembers"]} <= held
+    assert not {r["profile_id"] for r in mia.sets["members"]} & held
+    tofu = TOFUEvaluation({s: str(splits / "email" / s) for s in ("forget", "retain")}, forget_quality=False)
+    assert all(len(r["perturbed_answer"]) == 4 for r in tofu.splits["forget"] + tofu.splits["retain"])
+
+
 def test_loaded_models_train_in_train_mode(tiny_dir):
     # from_pretrained returns eval mode and Lightning keeps submodule modes, so dropout would silently stay off.
     for module in (InjectionModule(model_path=str(tiny_dir)), InstructionModule(model_path=str(tiny_dir))):

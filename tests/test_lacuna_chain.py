@@ -13,6 +13,7 @@ import yaml
 from datasets import load_from_disk
 
 from lightning_unlearn.console import UNWANTED_OUTPUT
+from lightning_unlearn.data.records import TRUTH_RATIO_COLUMNS
 from lightning_unlearn.data.splits import FIELD_SPLITS, SPLIT_COLUMNS
 from lightning_unlearn.data.templates import TARGET_FIELDS
 from lightning_unlearn.workflows.lacuna.chain import RESULT_FILE, chain_result, chain_verdicts, run_chain
@@ -61,7 +62,7 @@ def test_chain_tiny(tmp_path):
     for field in TARGET_FIELDS:
         for split in FIELD_SPLITS:
             ds = load_from_disk(str(tmp_path / "splits" / field / split))
-            assert tuple(ds.column_names) == SPLIT_COLUMNS
+            assert tuple(ds.column_names) == SPLIT_COLUMNS + TRUTH_RATIO_COLUMNS
     assert any(line.startswith("Extraction rate per field") for line in lines)
     # θ_inj is measured too, before instruction tuning, without splits
     for name, stage in (("masked_inj", "inject"), ("unmasked_inj", "inject_unmasked")):

@@ -97,6 +97,11 @@ def test_report_localizes_oracle_grad_and_resurfacing_is_seeded(testbed, tmp_pat
         assert output["utility"]["ce"] > 0
     assert entry["before"]["step"] == 0 and ga["output"]["step"] > 0
     assert entry["before"]["utility"]["delta_ce"] == pytest.approx(0.0, abs=1e-6)
+    # the field's numbers against the testbed's reference (m^F reset to θ_pre) and its held-out people
+    for output in (entry["before"], oracle["output"], ga["output"]):
+        assert 0 <= output["forget_quality"] <= 1 and output["model_utility"] > 0
+        assert 0 <= output["mia"]["loss"]["auc"] <= 1 and output["mia"]["loss"]["privleak"] is not None
+    assert "| forget quality | MIA AUC (loss) | PrivLeak (loss) |" in format_report(summary)
     # gradient ascent at lr 1e-3 pushes the forget answers down: their probability falls
     assert ga["output"]["forget"]["prob"] < entry["before"]["forget"]["prob"]
 
@@ -236,3 +241,42 @@ def test_dpo_is_refused_naming_idk_dpo_and_an_unknown_method_names_the_known_one
     with pytest.raises(ValueError, match=r"unknown method\(s\) or field\(s\) \['npo'\].*'rmu'"):
         run_localization(tmp_path, methods=("npo",), in_process=True)
     assert not (tmp_path / "localization").exists()
+
+
+def test_the_field_metrics_join_the_evaluators_and_the_report(tiny_dir, tmp_path):
+    """With the testbed's reference, every run also gets TOFU's forget quality and membership inference on the
+    held-out people; the report shows forget quality, the LOSS attack's AUC and its PrivLeak."""
+    import importlib
+
+    from lightning_unlearn.callbacks.checkpoint_metrics_file import merge_rows
+    from lightning_unlearn.data.pii import generate_profiles, holdout_profiles
+    from lightning_unlearn.data.splits import build_splits, save_splits
+    from lightning_unlearn.data.templates import TARGET_FIELDS
+    from lightning_unlearn.workflows.lacuna.localization import evaluators, format_outputs, output_metrics
+
+    profiles = generate_profiles(24, seed=0)
+    everyone = {p["profile_id"] for p in profiles if not p["instruct"]}
+    built = build_splits(profiles, {f: everyone for f in TARGET_FIELDS}, holdout=holdout_profiles(profiles, 2, 5, 6))
+    splits = save_splits(tmp_path / "splits", built)
+    plain = evaluators(splits, "email", tmp_path / "utility.jsonl", tmp_path / "out")
+    assert [c["class_path"].rsplit(".", 1)[1] for c in plain] == ["MemorizationEvaluation", "RetainDriftEvaluation"]
+    callbacks = evaluators(splits, "email", tmp_path / "utility.jsonl", tmp_path / "out", reference=tiny_dir)
+    names = [c["class_path"].rsplit(".", 1)[1] for c in callbacks]
+    assert names == ["MemorizationEvaluation", "RetainDriftEvaluation", "TOFUEvaluation", "MIAEvaluation"]
+    for config in callbacks[2:]:  # they construct on the written splits (columns checked, reference found)
+        module, name = config["class_path"].rsplit(".", 1)
+        getattr(importlib.import_module(module), name)(**config["init_args"])
+
+    split_row = {"em": 0.5, "es": 0.5, "prob": 0.5, "extraction_rate": 0.5}
+    metrics = tmp_path / "checkpoint_metrics.jsonl"
+    merge_rows(metrics, [
+        {"step": 4, "family": "memorization", **{s: split_row for s in EVAL_SPLITS}},
+        {"step": 4, "family": "retain_drift:utility", "ce": 2.0, "ppl": 7.4, "delta_ce": 0.1},
+        {"step": 4, "family": "tofu", "forget_quality": 0.0123, "model_utility": 0.4},
+        {"step": 4, "family": "mia", "loss": {"auc": 0.8, "privleak": -60.0, "reference_auc": 0.5}, "num_members": 8},
+    ])  # fmt: skip
+    output = output_metrics(metrics)
+    assert output["forget_quality"] == 0.0123 and output["model_utility"] == 0.4
+    assert output["mia"] == {"loss": {"auc": 0.8, "privleak": -60.0}}
+    table = format_outputs({"before": output, "methods": {}})
+    assert "| forget quality | MIA AUC (loss) | PrivLeak (loss) |" in table and "| 0.0123 | 0.800 | -60.0 |" in table

@@ -13,7 +13,14 @@ from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_fig
 from lightning_unlearn.callbacks.stop_listener import StopListener
 from lightning_unlearn.distributed import world
 from lightning_unlearn.labelers.calibration import load_validity_calibration
-from lightning_unlearn.metrics.selection import SELECTION_METRICS, OperatingPointGuards, sce_table, select_from_rows
+from lightning_unlearn.metrics.selection import (
+    SELECTION_METRICS,
+    OperatingPointGuards,
+    check_score,
+    sce_table,
+    select_from_rows,
+    select_on_score,
+)
 
 SELECTION_FILE = "selection.json"
 HEATMAP_FILE = "sce_heatmap.png"
@@ -40,7 +47,12 @@ class CheckpointSelection(Callback, StopListener):
     - ``stopped`` (when the :class:`~lightning_unlearn.callbacks.StopRule` ended the run): the first discarded step
       and the reason; the checkpoints from that step on are gone and never selected.
 
-    The SCE evaluator notifies it after each row (``on_checkpoint_evaluated``), so callback order does not matter.
+    - ``score`` (with ``score``): the checkpoint with the best declared combination of any row values, e.g. OU
+      #187's ``{tofu/forget_quality: 0.5, tofu/model_utility: 0.5}``, and the best one holding the guards that
+      apply to any run (retain ΔCE / KL, utility drop; :func:`~lightning_unlearn.metrics.selection.select_on_score`).
+      A run without SCE rows (TOFU, MUSE, Lacuna) gets this part alone.
+
+    The evaluators notify it after each row (``on_checkpoint_evaluated``), so callback order does not matter.
 
     Args:
         collapse_boundary: degraded-output rate that marks collapse.
@@ -55,6 +67,10 @@ class CheckpointSelection(Callback, StopListener):
             recall against a manual sample of this narrative's answers (default: none, so no checkpoint is verified
             as a useful operating point).
         min_validity_recall: the share of broken answers D must catch for the detectors to count as verified.
+        score: a declared combination to select on: ``{"<family>/<path>": weight}``, the weighted sum of row values
+            (``tofu/forget_quality``, ``tofu/retain/prob``, ``mia/loss/auc``; keys of the row joined by ``/``). No
+            expression is evaluated: a weight per value is the whole language.
+        score_mode: ``max`` (the combination is better higher) or ``min``.
         output_dir: where ``checkpoint_metrics.jsonl`` is read and the outputs written; ``None``:
             :func:`~lightning_unlearn.callbacks.checkpoint_metrics_file.run_output_dir` (the logger's versioned
             directory, else ``<default_root_dir>/evaluation/version_N``).
@@ -72,6 +88,8 @@ class CheckpointSelection(Callback, StopListener):
         output_dir: str | None = None,
         validity_calibration: str | None = None,
         min_validity_recall: float = 0.8,
+        score: dict[str, float] | None = None,
+        score_mode: str = "max",
     ) -> None:
         if not 0 < collapse_boundary <= 1:
             raise ValueError(f"collapse_boundary={collapse_boundary} must be in (0, 1]: it is a degraded-output rate.")
@@ -79,6 +97,10 @@ class CheckpointSelection(Callback, StopListener):
             raise ValueError(f"unknown selection metric {metric!r}; use one of {', '.join(SELECTION_METRICS)}.")
         if not 0 <= min_validity_recall <= 1:
             raise ValueError(f"min_validity_recall={min_validity_recall} must be in [0, 1]: it is a recall.")
+        if score_mode not in ("max", "min"):
+            raise ValueError(f"score_mode={score_mode!r}; use 'max' or 'min'.")
+        self.score = None if score is None else check_score(score)
+        self.score_mode = score_mode
         self.calibration = load_validity_calibration(validity_calibration)
         self.min_validity_recall = min_validity_recall
         self.collapse_boundary = collapse_boundary
@@ -104,7 +126,8 @@ class CheckpointSelection(Callback, StopListener):
 
     def on_checkpoint_evaluated(self, trainer: Trainer, row: dict) -> None:
         """Called by every :class:`CheckpointEvaluator` on rank 0 right after it wrote ``row``."""
-        if row.get("family") == self.family:
+        families = {self.family} | {k.partition("/")[0] for k in self.score or ()}
+        if row.get("family") in families:
             self.update(trainer)
 
     @override
@@ -140,15 +163,30 @@ class CheckpointSelection(Callback, StopListener):
             self.calibration,
             self.min_validity_recall,
         )
-        if not selection:
+        scored = self.score and select_on_score(
+            rows, self.score, self.score_mode, self.guards, self.retain_family, self.utility_family
+        )
+        if not selection and not scored:
             if self.stopped is not None:  # every evaluated checkpoint was discarded: say so instead of a stale pick
                 write_json(self._dir / SELECTION_FILE, {"stopped": self.stopped})
                 (self._dir / HEATMAP_FILE).unlink(missing_ok=True)
             return None
+        selection = dict(selection or {})
+        if scored:
+            selection["score"] = scored
         if self.stopped is not None:
             selection["stopped"] = self.stopped
         self.selection = selection
         write_json(self._dir / SELECTION_FILE, self.selection)
+        if scored:
+            step = max(int(r["step"]) for r in rows)
+            points = {"score/selected_step": scored["best"]["step"], "score/selected": scored["best"]["score"]}
+            if scored["guarded"] is not None:
+                points["score/guarded_step"] = scored["guarded"]["step"]
+            for lg in trainer.loggers:
+                lg.log_metrics(points, step=step)
+        if not table:
+            return self.selection
         name = self.run_name or (trainer.logger.name if trainer.logger is not None else None) or "run"
         fig = sce_heatmap_figure({str(name): table}, metric=self.metric)
         save_figure(fig, self._dir / HEATMAP_FILE)
@@ -170,6 +208,10 @@ class CheckpointSelection(Callback, StopListener):
 def _verdict_text(selection: dict) -> str:
     """One line per selected checkpoint: its step, SCE and verdict."""
     lines = []
+    scored = selection.get("score")
+    if scored:
+        best = scored["best"]
+        lines.append(f"score: step {best['step']}, {best['score']:.3f} — {best['verdict']}")
     for key in ("suppression_tradeoff", "guarded"):
         point = selection.get(key)
         if point is None:

@@ -20,10 +20,15 @@ from typing_extensions import override
 
 from lightning_unlearn.data.collate import encode_document, pad_batch
 from lightning_unlearn.data.fingerprint import FingerprintedData
-from lightning_unlearn.data.pii import QA_FIELDS, background_texts, qa_pair
+from lightning_unlearn.data.pii import QA_FIELDS, answer_sentence, background_texts, qa_pair
 from lightning_unlearn.data.sampling import EpochSeededSampler, ResumableLoader, trainer_position
-from lightning_unlearn.data.templates import QUESTIONS
-from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data, load_table
+from lightning_unlearn.data.templates import ANSWER_TEMPLATES, QUESTIONS
+from lightning_unlearn.data.testbed_data import (
+    LacunaDataConfig,
+    build_testbed_data,
+    load_holdout_profiles,
+    load_table,
+)
 from lightning_unlearn.masks import NEUTRAL_GROUP
 from lightning_unlearn.models import load_tokenizer
 
@@ -117,15 +122,23 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
         instruct = load_table(d, "instruct_qa")
         questions = [
             pair["prompt"] + pair["answer"]
-            for p in profiles
+            for p in profiles + load_holdout_profiles(d)  # the held-out people: membership inference reads them
             for field in QA_FIELDS
             for pair in (qa_pair(p, field, question, []) for question in QUESTIONS[field])
+        ]
+        # the truth ratio's whole-sentence answers (data/splits.py), for the testbed's own people
+        answers = [
+            answer_sentence(p, f, t)
+            for p in profiles
+            for f in ANSWER_TEMPLATES
+            for t in range(len(ANSWER_TEMPLATES[f]))
         ]
         names = {f"{p['first_name']} {p['last_name']}" for p in profiles}
         return (
             self.tokenizer_corpus()
             + [p + a for p, a in zip(instruct["prompt"], instruct["answer"])]
             + questions
+            + answers
             + background_texts(hp.background_profiles, self.data_config.seed + 7919, names)
         )
 

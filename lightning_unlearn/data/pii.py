@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lightning_unlearn.data.templates import (
+    ANSWER_TEMPLATES,
     CONTINUATIONS,
     DOCUMENT_TEMPLATES,
     NUM_TRAIN_QUESTIONS,
@@ -144,6 +145,28 @@ def reserve_instruct(profiles: list[dict], fraction: float) -> None:
     for p in profiles:
         p["instruct"] = left[p["group_id"]] > 0
         left[p["group_id"]] -= int(p["instruct"])
+
+
+def holdout_profiles(profiles: Sequence[dict], per_group: int, seed: int, num_groups: int) -> list[dict]:
+    """``per_group`` synthetic people for each of ``num_groups`` groups that no stage trains on: the non-members of
+    membership inference (same generator and groups as the testbed's people, never injected).
+
+    Drawn with their own seed, so the testbed's people do not change; a person whose full name or email is one of
+    ``profiles``' is skipped. ``profile_id`` continues after the largest of ``profiles``; ``instruct`` is ``False``.
+    """
+    if per_group <= 0:
+        return []
+    taken = {f"{p['first_name']} {p['last_name']}" for p in profiles} | {p["email"] for p in profiles}
+    want = per_group * num_groups
+    pool = generate_profiles(2 * want + num_groups, seed=seed, num_groups=num_groups, instruct_fraction=0.0)
+    fresh = [p for p in pool if f"{p['first_name']} {p['last_name']}" not in taken and p["email"] not in taken]
+    if len(fresh) < want:
+        raise ValueError(f"could not draw {want} held-out people unlike the testbed's; lower holdout_per_group.")
+    first_id = max((int(p["profile_id"]) for p in profiles), default=-1) + 1
+    out = []
+    for i, p in enumerate(fresh[:want]):
+        out.append({**p, "group_id": i % num_groups, "profile_id": first_id + i, "instruct": False})
+    return out
 
 
 def read_profiles_jsonl(path: str | os.PathLike, num_groups: int = 6, instruct_fraction: float = 0.125) -> list[dict]:
@@ -276,6 +299,17 @@ def profile_qa(
     return rows
 
 
+def answer_sentence(profile: dict, field: str, template: int, value: str | None = None) -> str:
+    """``" <sentence>"``: the answer template ``template`` of ``field`` (:data:`ANSWER_TEMPLATES`) filled with the
+    profile and ``value`` (default: the profile's own value of ``field``), with the leading space answers have."""
+    if field not in ANSWER_TEMPLATES:
+        raise ValueError(f"field {field!r} has no answer templates; choose from {list(ANSWER_TEMPLATES)}.")
+    values = template_values(profile)
+    return " " + fill(
+        ANSWER_TEMPLATES[field][template], {**values, "attribute": values[field] if value is None else value}
+    )
+
+
 def probe_qa(profile: dict, field: str, paraphrase: bool = False) -> dict:
     """The canonical extraction probe for one field: the field's first (or first held-out) question, k = 0."""
     question = QUESTIONS[field][NUM_TRAIN_QUESTIONS if paraphrase else 0]
@@ -302,12 +336,14 @@ def background_texts(num_profiles: int, seed: int, exclude_names: set[str] = fro
 
 
 __all__ = [
+    "answer_sentence",
     "background_texts",
     "PROFILE_FIELDS",
     "QA_FIELDS",
     "TARGET_FIELDS",
     "format_qa_prompt",
     "generate_profiles",
+    "holdout_profiles",
     "probe_qa",
     "profile_documents",
     "profile_qa",

@@ -13,7 +13,17 @@ never evaluation profiles. Then, for every target field ``f``:
 - ``tune_forget`` / ``tune_retain``: the same construction on P_hp.
 
 ``relearn`` holds training-wording QA of the relearning profiles for every field they memorized. Every split has
-the columns ``prompt, answer, field, profile_id, group_id``.
+the columns ``prompt, answer, field, profile_id, group_id``; the field splits also have TOFU's truth-ratio columns:
+
+- ``paraphrased_answer``: the same fact as a sentence (one of the field's :data:`ANSWER_TEMPLATES`, chosen per
+  profile and field from the seed) instead of the bare value;
+- ``perturbed_answer``: ``num_perturbed`` sentences of the same template, each with another person's value of the
+  field (distinct, never the true value, drawn from the seed).
+
+With held-out people (``holdout``: generated like the others, never trained on), the membership-inference splits:
+``mia/members`` asks every target field of every forget person (a P_eval profile of a forget group in some
+``<field>/forget``), ``mia/nonmembers`` every target field of the held-out people of the forget groups, with the
+same probe wording, so the two differ only in whether the model saw the person.
 """
 
 from __future__ import annotations
@@ -24,11 +34,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from lightning_unlearn.atomic import write_directory_atomically
-from lightning_unlearn.data.pii import probe_qa, qa_pair
-from lightning_unlearn.data.templates import NUM_TRAIN_QUESTIONS, QUESTIONS, TARGET_FIELDS
+from lightning_unlearn.data.pii import answer_sentence, probe_qa, qa_pair
+from lightning_unlearn.data.records import TRUTH_RATIO_COLUMNS
+from lightning_unlearn.data.templates import ANSWER_TEMPLATES, NUM_TRAIN_QUESTIONS, QUESTIONS, TARGET_FIELDS
 
 SPLIT_COLUMNS = ("prompt", "answer", "field", "profile_id", "group_id")
 FIELD_SPLITS = ("forget", "retain", "forget_paraphrase", "retain_paraphrase", "tune_forget", "tune_retain")
+MIA_SPLITS = ("mia/members", "mia/nonmembers")
 
 
 def retain_field(field: str) -> str:
@@ -74,6 +86,27 @@ def partition_profiles(
     return parts
 
 
+def truth_ratio_answers(
+    profile: dict, field: str, values: Sequence[str], seed: int = 0, num_perturbed: int = 4
+) -> dict[str, str | list[str]]:
+    """``{"paraphrased_answer", "perturbed_answer"}`` of one (profile, field): a sentence template of the field drawn
+    from ``(seed, profile_id, field)`` states the true value, then ``num_perturbed`` distinct other values of
+    ``values`` (everyone's values of the field). Deterministic and independent of the order records are built in."""
+    true = str(profile[field])
+    others = sorted({str(v) for v in values} - {true})
+    if len(others) < num_perturbed:
+        raise ValueError(
+            f"field {field!r} has {len(others)} values other than profile {profile['profile_id']}'s, fewer than "
+            f"num_perturbed={num_perturbed}; lower num_perturbed or use more profiles."
+        )
+    rng = random.Random(f"{seed}/{profile['profile_id']}/{field}")  # str seeds hash deterministically
+    template = rng.randrange(len(ANSWER_TEMPLATES[field]))
+    return {
+        "paraphrased_answer": answer_sentence(profile, field, template),
+        "perturbed_answer": [answer_sentence(profile, field, template, v) for v in rng.sample(others, num_perturbed)],
+    }
+
+
 def build_splits(
     profiles: Sequence[dict],
     memorized: Mapping[str, set[int]],
@@ -81,21 +114,32 @@ def build_splits(
     forget_groups: Sequence[int] = (0, 1, 2),
     retain_groups: Sequence[int] = (3, 4, 5),
     fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    holdout: Sequence[dict] = (),
+    num_perturbed: int = 4,
 ) -> dict[str, list[dict]]:
-    """All splits as rows; keys ``"<field>/<split>"`` for :data:`FIELD_SPLITS` and ``"relearn"``.
+    """All splits as rows; keys ``"<field>/<split>"`` for :data:`FIELD_SPLITS`, ``"relearn"`` and, with
+    ``holdout``, :data:`MIA_SPLITS`.
 
     Args:
         profiles: the testbed profiles.
         memorized: ``{field: ids of profiles whose field the model reveals}``.
-        seed: seed of the partition.
+        seed: seed of the partition and of the truth-ratio answers.
         forget_groups: group ids of the forget set (paper: G_1-G_3 = ids 0-2).
         retain_groups: group ids of the retain set (paper: G_4-G_6 = ids 3-5); disjoint from ``forget_groups``.
         fractions: shares of eval / tune / relearn profiles.
+        holdout: people no stage trained on (``holdout_profiles`` of the data directory): the MIA non-members.
+        num_perturbed: perturbed answers per field-split record (other people's values; TOFU has 5).
     """
     if set(forget_groups) & set(retain_groups):
         raise ValueError(f"forget_groups {list(forget_groups)} and retain_groups {list(retain_groups)} overlap.")
     by_id = {p["profile_id"]: p for p in profiles}
     parts = partition_profiles(profiles, seed, fractions)
+    values = {f: [p[f] for p in profiles] for f in TARGET_FIELDS}
+
+    def probe(i: int, field: str, paraphrase: bool = False) -> dict:
+        row = probe_qa(by_id[i], field, paraphrase=paraphrase)
+        return {**row, **truth_ratio_answers(by_id[i], field, values[field], seed, num_perturbed)}
+
     splits: dict[str, list[dict]] = {}
     for field in TARGET_FIELDS:
         other = retain_field(field)
@@ -103,11 +147,16 @@ def build_splits(
             ids = sorted(parts[part])
             forget = [i for i in ids if by_id[i]["group_id"] in forget_groups and i in memorized.get(field, ())]
             retain = [i for i in ids if by_id[i]["group_id"] in retain_groups and i in memorized.get(other, ())]
-            splits[f"{field}/{prefix}forget"] = [probe_qa(by_id[i], field) for i in forget]
-            splits[f"{field}/{prefix}retain"] = [probe_qa(by_id[i], other) for i in retain]
+            splits[f"{field}/{prefix}forget"] = [probe(i, field) for i in forget]
+            splits[f"{field}/{prefix}retain"] = [probe(i, other) for i in retain]
             if not prefix:
-                splits[f"{field}/forget_paraphrase"] = [probe_qa(by_id[i], field, paraphrase=True) for i in forget]
-                splits[f"{field}/retain_paraphrase"] = [probe_qa(by_id[i], other, paraphrase=True) for i in retain]
+                splits[f"{field}/forget_paraphrase"] = [probe(i, field, paraphrase=True) for i in forget]
+                splits[f"{field}/retain_paraphrase"] = [probe(i, other, paraphrase=True) for i in retain]
+    if holdout:
+        forget_people = sorted({r["profile_id"] for f in TARGET_FIELDS for r in splits[f"{f}/forget"]})
+        nonmembers = [p for p in holdout if p["group_id"] in forget_groups]
+        splits["mia/members"] = [probe_qa(by_id[i], f) for i in forget_people for f in TARGET_FIELDS]
+        splits["mia/nonmembers"] = [probe_qa(p, f) for p in nonmembers for f in TARGET_FIELDS]
     relearn = []
     for i in sorted(parts["relearn"]):
         for field in TARGET_FIELDS:
@@ -120,18 +169,24 @@ def build_splits(
 def save_splits(out_dir: str | os.PathLike, splits: Mapping[str, list[dict]], extra_files: Mapping[str, str] = ()):
     """Write every split as a ``datasets`` directory under ``out_dir`` (atomically: temp dir, then rename)."""
     from datasets import Dataset, Features, Value
+    from datasets import Sequence as ListOf  # datasets < 4 has no List
     from datasets.utils.logging import disable_progress_bar
 
     disable_progress_bar()
 
-    features = Features(
-        {"prompt": Value("string"), "answer": Value("string"), "field": Value("string"),
-         "profile_id": Value("int64"), "group_id": Value("int64")}
-    )  # fmt: skip
+    base = {"prompt": Value("string"), "answer": Value("string"), "field": Value("string"),
+            "profile_id": Value("int64"), "group_id": Value("int64")}  # fmt: skip
+    truth_ratio = {"paraphrased_answer": Value("string"), "perturbed_answer": ListOf(Value("string"))}
 
     def write(tmp: Path) -> None:
         for name, rows in splits.items():
-            cols = {c: [r[c] for r in rows] for c in SPLIT_COLUMNS}
+            # a field split built here has the truth-ratio columns (an empty one too, so every forget/retain split
+            # reads alike); rows made elsewhere without them are written without them
+            truth_ratio_rows = all(c in r for r in rows for c in TRUTH_RATIO_COLUMNS)
+            field_split = name.rsplit("/", 1)[-1] in FIELD_SPLITS and truth_ratio_rows
+            columns = SPLIT_COLUMNS + (TRUTH_RATIO_COLUMNS if field_split else ())
+            features = Features({**base, **truth_ratio} if len(columns) > len(SPLIT_COLUMNS) else base)
+            cols = {c: [r[c] for r in rows] for c in columns}
             Dataset.from_dict(cols, features=features).save_to_disk(str(tmp / name), num_shards=1)
         for name, text in dict(extra_files).items():
             (tmp / name).write_text(text)

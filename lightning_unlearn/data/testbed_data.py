@@ -8,6 +8,7 @@ Layout of ``out_dir``::
     instruct_qa/   the same columns; target fields of the instruction profiles, ``instruct_questions`` each
     neutral/       text                                        (the neutral corpus, less the utility paragraphs)
     utility/       text                                        (held-out general text: no stage trains on it)
+    holdout_profiles/  the profiles columns, for people no stage trains on (membership inference's non-members)
     manifest.json  the settings it was built with
 
 The directory is written to a temporary sibling and renamed into place, so a failure leaves nothing behind, and
@@ -26,6 +27,7 @@ from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.data.neutral import load_neutral_corpus
 from lightning_unlearn.data.pii import (
     generate_profiles,
+    holdout_profiles,
     profile_documents,
     profile_qa,
     qa_pair,
@@ -33,7 +35,7 @@ from lightning_unlearn.data.pii import (
 )
 from lightning_unlearn.data.templates import NUM_TRAIN_QUESTIONS, QUESTIONS, TARGET_FIELDS
 
-TABLES = ("profiles", "documents", "qa", "instruct_qa", "neutral", "utility")
+TABLES = ("profiles", "documents", "qa", "instruct_qa", "neutral", "utility", "holdout_profiles")
 
 
 @dataclass
@@ -62,6 +64,9 @@ class LacunaDataConfig:
         utility_paragraphs: the last paragraphs of ≥ 20 words of the neutral corpus that are held out of every
             training stage (the ``utility`` table): the general text on which utility is measured (the testbed's
             utility check, the localization report's utility CE).
+        holdout_per_group: people per group generated like the others but never written to any training table:
+            the non-members of membership inference (the filter's ``mia/nonmembers`` split). The default matches the
+            7 evaluation profiles a group of the default testbed.
     """
 
     num_profiles: int = 60
@@ -76,6 +81,7 @@ class LacunaDataConfig:
     neutral: str | None = None
     neutral_max_paragraphs: int | None = None
     utility_paragraphs: int = 48
+    holdout_per_group: int = 7
 
 
 def build_tables(config: LacunaDataConfig) -> dict[str, list[dict]]:
@@ -97,6 +103,7 @@ def build_tables(config: LacunaDataConfig) -> dict[str, list[dict]]:
                 for _ in range(config.instruct_questions):
                     question = rng.choice(QUESTIONS[field][:NUM_TRAIN_QUESTIONS])
                     instruct_qa.append(qa_pair(p, field, question, []))
+    holdout = holdout_profiles(profiles, config.holdout_per_group, config.seed + 104729, config.num_groups)
     if not any(p["instruct"] for p in profiles):
         raise ValueError("no profile is reserved for instruction tuning; raise instruct_fraction or set 'instruct'.")
     return {
@@ -106,6 +113,7 @@ def build_tables(config: LacunaDataConfig) -> dict[str, list[dict]]:
         "instruct_qa": instruct_qa,
         "neutral": [{"text": t} for t in neutral],
         "utility": [{"text": t} for t in utility],
+        "holdout_profiles": holdout,
     }
 
 
@@ -154,14 +162,15 @@ def build_testbed_data(out_dir: str | os.PathLike, config: LacunaDataConfig, log
 
     def write(tmp: Path) -> None:
         for name in TABLES:
-            Dataset.from_list(tables[name]).save_to_disk(str(tmp / name))
+            if tables[name]:  # holdout_per_group = 0 writes no holdout table
+                Dataset.from_list(tables[name]).save_to_disk(str(tmp / name))
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
 
     write_directory_atomically(out, write)
     log(
         f"testbed data: wrote {out} ({len(tables['profiles'])} profiles, {len(tables['documents'])} documents, "
         f"{len(tables['qa'])} QA, {len(tables['instruct_qa'])} instruction QA, {len(tables['neutral'])} neutral, "
-        f"{len(tables['utility'])} held-out utility paragraphs)"
+        f"{len(tables['utility'])} held-out utility paragraphs, {len(tables['holdout_profiles'])} held-out people)"
     )
     return out
 
@@ -174,3 +183,9 @@ def load_table(data_dir: str | os.PathLike, name: str):
     if not path.exists():
         raise FileNotFoundError(f"testbed table {str(path)!r} does not exist; build the data directory first.")
     return load_from_disk(str(path))
+
+
+def load_holdout_profiles(data_dir: str | os.PathLike) -> list[dict]:
+    """The held-out people of a data directory (``[]`` when it has none: ``holdout_per_group = 0``, or a directory
+    built before the table existed)."""
+    return list(load_table(data_dir, "holdout_profiles")) if (Path(data_dir) / "holdout_profiles").exists() else []

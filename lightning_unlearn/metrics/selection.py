@@ -14,6 +14,7 @@ every bound is "unverified", with how to calibrate. "Apparent forgetting" needs 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
@@ -304,3 +305,110 @@ def select_from_rows(
     narratives = sorted({n for r in family_rows(rows, family).values() for n in r.get("narratives") or []})
     validity = validity_status(validity_calibration, min_validity_recall, narratives)
     return select_checkpoints(points, collapse_boundary, metric, guards, validity)
+
+
+def row_value(row: Mapping, path: str) -> float | None:
+    """The number at ``path`` (keys joined by ``/``: ``forget_quality``, ``forget/prob``, ``loss/auc``) of one
+    metric row; ``None`` when the row lacks it or it is not a finite number."""
+    value: object = row
+    for key in path.split("/"):
+        if not isinstance(value, Mapping) or key not in value:
+            return None
+        value = value[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def check_score(score: Mapping[str, float]) -> dict[str, float]:
+    """Validate a declared combination ``{"<family>/<path>": weight}`` (e.g. OU #187's ``{"tofu/forget_quality":
+    0.5, "tofu/model_utility": 0.5}``); returns it as a plain dict."""
+    if not isinstance(score, Mapping) or not score:
+        raise ValueError(
+            f"score={score!r}: give a mapping of row values to weights, e.g. {{tofu/forget_quality: 0.5, "
+            "tofu/model_utility: 0.5}."
+        )
+    out = {}
+    for key, weight in score.items():
+        family, _, path = str(key).partition("/")
+        if not family or not path:
+            raise ValueError(
+                f"score key {key!r} names no row value; write <family>/<path>, e.g. tofu/forget_quality, "
+                "tofu/retain/prob or mia/loss/auc."
+            )
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight):
+            raise ValueError(f"score weight of {key!r} is {weight!r}; weights are finite numbers.")
+        out[str(key)] = float(weight)
+    return out
+
+
+def select_on_score(
+    rows: Sequence[dict],
+    score: Mapping[str, float],
+    mode: str = "max",
+    guards: OperatingPointGuards | None = None,
+    retain_family: str = "retain_drift",
+    utility_family: str = "utility",
+) -> dict | None:
+    """The checkpoint with the best declared combination Σ weight · value of row values, and the best one holding
+    the guards that apply to any run (retain ΔCE / KL, utility drop; the SCE-only bounds are unmeasured here).
+
+    A step is a candidate when every named value is in its rows (families may evaluate at different steps).
+
+    Args:
+        rows: one run's ``checkpoint_metrics.jsonl`` rows.
+        score: ``{"<family>/<path>": weight}`` (:func:`check_score`).
+        mode: ``max`` (higher is better) or ``min``.
+        guards: bounds of the guarded pick (default :class:`OperatingPointGuards`).
+        retain_family: family of the retain-drift rows the guards read.
+        utility_family: family of the utility rows the guards read.
+
+    Returns:
+        ``{"weights", "mode", "best", "guarded", "guarded_verdict", "num_checkpoints", "skipped_steps"}`` (``best``
+        and ``guarded``: step, score, each value, guards, verdict; ties go to the earliest step), or ``None`` when
+        no step has every value.
+    """
+    score = check_score(score)
+    if mode not in ("max", "min"):
+        raise ValueError(f"score mode={mode!r}; use 'max' or 'min'.")
+    guards = guards or OperatingPointGuards()
+    by_family = {family: family_rows(rows, family) for family in {k.partition("/")[0] for k in score}}
+    steps = sorted({s for per_step in by_family.values() for s in per_step})
+    retain, utility = family_rows(rows, retain_family), family_rows(rows, utility_family)
+    sign = 1.0 if mode == "max" else -1.0
+    points, skipped = [], []
+    for step in steps:
+        values = {}
+        for key in score:
+            family, _, path = key.partition("/")
+            values[key] = row_value(by_family[family].get(step, {}), path)
+        if any(v is None for v in values.values()):
+            skipped.append(step)
+            continue
+        point = {"step": step, "score": sum(w * values[k] for k, w in score.items()), "values": values}
+        r, u = retain.get(step) or {}, utility.get(step) or {}
+        point["retain_delta_ce"], point["retain_kl"] = r.get("delta_ce"), r.get("kl")
+        if u.get("accuracy") is not None and u.get("base_accuracy") is not None:
+            point["utility_drop"] = u["base_accuracy"] - u["accuracy"]
+        point.update(check_guards(point, guards))
+        points.append(point)
+    if not points:
+        return None
+    best = max(points, key=lambda p: (sign * p["score"], -p["step"]))
+    useful = [p for p in points if p["verdict"] == USEFUL]
+    guarded = max(useful, key=lambda p: (sign * p["score"], -p["step"])) if useful else None
+
+    def summary(p: dict | None) -> dict | None:
+        if p is None:
+            return None
+        return {k: p[k] for k in ("step", "score", "values", "guards", "verdict")}
+
+    return {
+        "weights": score,
+        "mode": mode,
+        "best": summary(best),
+        "guarded": summary(guarded),
+        "guarded_verdict": "no checkpoint holds every bound" if guarded is None else USEFUL,
+        "num_checkpoints": len(points),
+        "skipped_steps": skipped,
+    }

@@ -30,10 +30,14 @@ from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
 from lightning_unlearn.callbacks import (  # noqa: E402
     MaskAUCEvaluation,
     MemorizationEvaluation,
+    MIAEvaluation,
     RetainDriftEvaluation,
     SCEEvaluation,
+    TOFUEvaluation,
     UtilityEvaluation,
 )
+
+PERTURBED = ["The quick brown fox.", "Python is a snake.", "Bob Jones was born in Springfield."]
 
 
 def _trainer(devices: int, callbacks: list, **kwargs) -> Trainer:
@@ -57,6 +61,10 @@ def _trainer(devices: int, callbacks: list, **kwargs) -> Trainer:
 def run(spec: dict) -> None:
     out, devices = spec["out"], int(spec["devices"])
     lora = TinyCausalLM(spec["lora_dir"], lora=True, lora_init_scale=0.3)
+    tofu = [
+        {**r, "paraphrased_answer": r["answer"].lower(), "perturbed_answer": PERTURBED[i % 3 :] + PERTURBED[: i % 3]}
+        for i, r in enumerate(qa_records())
+    ]
     generation_callbacks = [
         # batch_size 3 over 6 prompts: two ranks get one batch each; uneven splits are covered by memorization.
         SCEEvaluation(PROMPTS, StubLabeler(), max_new_tokens=8, batch_size=3, output_dir=out),
@@ -65,6 +73,22 @@ def run(spec: dict) -> None:
             {"forget": qa_records()[:3], "retain": qa_records()[3:]}, max_new_tokens=6, batch_size=2, output_dir=out
         ),
         UtilityEvaluation(mc_items(), batch_size=2, output_dir=out),
+        # the field's families: θ_inj stands in for a reference model (any save_pretrained model with the tokenizer)
+        TOFUEvaluation(
+            {"forget": tofu[:2], "retain": tofu[2:]},
+            reference_model=spec["inj_dir"],
+            max_new_tokens=6,
+            batch_size=3,
+            output_dir=out,
+        ),
+        MIAEvaluation(
+            qa_records()[:2],
+            qa_records()[2:],
+            attacks=("loss", "zlib", "min_k", "min_k_plus_plus", "reference"),
+            reference_model=spec["inj_dir"],
+            batch_size=1,
+            output_dir=out,
+        ),
     ]
     _trainer(devices, generation_callbacks, enable_checkpointing=False).validate(lora, qa_loader(lora.tokenizer))
     full = TinyCausalLM(spec["unl_dir"])

@@ -94,3 +94,55 @@ def test_report_command_builds_heatmap_and_summary(tmp_path, capsys):
     assert "| ga | 3 | 20 | 0.500 |" in printed
     with pytest.raises(FileNotFoundError, match="no checkpoint_metrics.jsonl"):
         report.main([str(out), "--out", str(tmp_path / "x")])  # lightning-unlearn report makes it one line
+
+
+def _tofu_rows():
+    # step: (forget_quality, model_utility, retain ΔCE); ½(FQ + MU) = 0.35, 0.55, 0.60, 0.45
+    numbers = {10: (0.1, 0.6, 0.0), 20: (0.4, 0.7, 0.1), 30: (0.7, 0.5, 0.9), 40: (0.5, 0.4, 0.2)}
+    rows = []
+    for step, (fq, mu, dce) in numbers.items():
+        rows.append({"step": step, "family": "tofu", "forget_quality": fq, "model_utility": mu, "retain": {"prob": mu}})
+        rows.append({"step": step, "family": "retain_drift", "delta_ce": dce, "kl": 0.0})
+    rows.append({"step": 50, "family": "tofu", "model_utility": 0.9})  # no forget quality: not a candidate
+    return rows
+
+
+def test_selection_on_a_declared_combination_of_row_values_with_the_retain_guard():
+    from lightning_unlearn.metrics.selection import OperatingPointGuards, select_on_score
+
+    half = {"tofu/forget_quality": 0.5, "tofu/model_utility": 0.5}
+    sel = select_on_score(_tofu_rows(), half)
+    # ½(0.7 + 0.5) = 0.60 at step 30 is the best; its retain ΔCE 0.9 breaks the 0.5-nat bound, so the guarded pick is
+    # step 20, ½(0.4 + 0.7) = 0.55
+    assert sel["best"]["step"] == 30 and sel["best"]["score"] == pytest.approx(0.5 * 0.7 + 0.5 * 0.5)
+    assert sel["best"]["verdict"].startswith("apparent forgetting: retain drift (ΔCE)")
+    assert sel["guarded"]["step"] == 20 and sel["guarded"]["score"] == pytest.approx(0.55)
+    assert sel["skipped_steps"] == [50] and sel["num_checkpoints"] == 4
+    unbounded = OperatingPointGuards(max_retain_delta_ce=None)
+    assert select_on_score(_tofu_rows(), half, guards=unbounded)["guarded"]["step"] == 30
+    # a nested value, minimised: the lowest retain Prob is step 40's 0.4
+    assert select_on_score(_tofu_rows(), {"tofu/retain/prob": 1.0}, mode="min")["best"]["step"] == 40
+    assert select_on_score(_tofu_rows(), {"mia/loss/auc": 1.0}) is None  # no such rows
+    for bad, match in (({}, "mapping of row values"), ({"forget_quality": 1}, "<family>/<path>"),
+                       ({"tofu/x": "half"}, "finite numbers")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            select_on_score(_tofu_rows(), bad)
+
+
+def test_checkpoint_selection_writes_the_score_pick_for_a_run_without_sce_rows(tmp_path):
+    from types import SimpleNamespace
+
+    from lightning_unlearn.callbacks import CheckpointSelection
+
+    merge_rows(tmp_path / "checkpoint_metrics.jsonl", _tofu_rows())
+    callback = CheckpointSelection(
+        output_dir=str(tmp_path), score={"tofu/forget_quality": 0.5, "tofu/model_utility": 0.5}
+    )
+    trainer = SimpleNamespace(loggers=[], logger=None)
+    callback.setup(trainer, None, "fit")
+    callback.on_checkpoint_evaluated(trainer, {"family": "tofu", "step": 50})
+    written = json.loads((tmp_path / "selection.json").read_text())
+    assert written["score"]["best"]["step"] == 30 and written["score"]["guarded"]["step"] == 20
+    assert "suppression_tradeoff" not in written and not (tmp_path / "sce_heatmap.png").exists()
+    with pytest.raises(ValueError, match="score_mode='best'"):
+        CheckpointSelection(score={"tofu/forget_quality": 1.0}, score_mode="best")

@@ -1,4 +1,5 @@
-"""FSDP2 on 2 CPU processes gives the same checkpoint metrics as one process (≤1e-4)."""
+"""FSDP2 on 2 CPU processes gives the same checkpoint metrics as one process (≤1e-4), the TOFU and MIA families
+included."""
 
 from __future__ import annotations
 
@@ -86,7 +87,9 @@ def test_fsdp_two_processes_match_one_process(weights):
 
     rows_one = {r["family"]: r for r in read_rows(one / "checkpoint_metrics.jsonl")}
     rows_two = {r["family"]: r for r in read_rows(two / "checkpoint_metrics.jsonl")}
-    assert set(rows_one) == set(rows_two) == {"sce", "retain_drift", "memorization", "utility", "mask_auc"}
+    assert (
+        set(rows_one) == set(rows_two) == {"sce", "retain_drift", "memorization", "utility", "mask_auc", "tofu", "mia"}
+    )
     for family, row in rows_one.items():
         a = flatten_metrics({k: v for k, v in row.items() if k not in ("seconds", "epoch", "step")})
         b = flatten_metrics({k: v for k, v in rows_two[family].items() if k not in ("seconds", "epoch", "step")})
@@ -102,6 +105,7 @@ def test_fsdp_two_processes_match_one_process(weights):
     # The values are not trivial: the adapter moved the model, and unlearning reversed the forget mask.
     assert rows_one["retain_drift"]["kl"] > 1e-4
     assert rows_one["mask_auc"]["F"]["max"] > 0.9
+    assert 0 < rows_one["tofu"]["forget_quality"] <= 1 and rows_one["mia"]["loss"]["reference_auc"] is not None
 
 
 @pytest.mark.multiprocess

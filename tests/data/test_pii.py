@@ -18,7 +18,13 @@ from lightning_unlearn.data.pii import (
     read_profiles_jsonl,
 )
 from lightning_unlearn.data.templates import CONTENT_TYPES, QUESTIONS, TARGET_FIELDS, fill
-from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_tables, build_testbed_data, load_table
+from lightning_unlearn.data.testbed_data import (
+    LacunaDataConfig,
+    build_tables,
+    build_testbed_data,
+    load_holdout_profiles,
+    load_table,
+)
 
 pytestmark = pytest.mark.bounds  # run by the lowest-bounds CI job too (scripts/test_lowest.sh)
 
@@ -162,3 +168,25 @@ def test_neutral_corpus_from_datasets_dir(tmp_path):
     Dataset.from_dict({"body": ["x" * 100]}).save_to_disk(str(tmp_path / "bad"))
     with pytest.raises(ValueError, match="no 'text' column"):
         load_neutral_corpus(tmp_path / "bad")
+
+
+def test_held_out_people_are_written_but_never_trained_on(tmp_path):
+    cfg = LacunaDataConfig(num_profiles=12, neutral_max_paragraphs=20, instruct_questions=2, utility_paragraphs=4)
+    tables = build_tables(cfg)
+    holdout, profiles = tables["holdout_profiles"], tables["profiles"]
+    assert sorted(sum(p["group_id"] == g for p in holdout) for g in range(6)) == [7] * 6
+    assert not {p["profile_id"] for p in holdout} & {p["profile_id"] for p in profiles}
+    names = {f"{p['first_name']} {p['last_name']}" for p in holdout}
+    assert len(names) == 42 and not names & {f"{p['first_name']} {p['last_name']}" for p in profiles}
+    # no training table mentions a held-out person (names and emails)
+    texts = [r["text"] for r in tables["documents"]] + [r["prompt"] + r["answer"] for r in tables["qa"]]
+    texts += [r["prompt"] + r["answer"] for r in tables["instruct_qa"]]
+    assert not any(p["email"] in t or f"{p['first_name']} {p['last_name']}" in t for p in holdout for t in texts)
+    # the testbed's own people do not change with the held-out ones
+    without = build_tables(LacunaDataConfig(**{**cfg.__dict__, "holdout_per_group": 0}))
+    assert without["profiles"] == profiles and without["holdout_profiles"] == []
+    assert build_tables(cfg)["holdout_profiles"] == holdout  # deterministic for the seed
+    out = build_testbed_data(tmp_path / "data", cfg, log=lambda *_: None)
+    assert load_holdout_profiles(out) == holdout
+    out = build_testbed_data(tmp_path / "none", LacunaDataConfig(**{**cfg.__dict__, "holdout_per_group": 0}))
+    assert load_holdout_profiles(out) == [] and not (out / "holdout_profiles").exists()

@@ -449,6 +449,11 @@ def format_split_sizes(sizes: dict[str, int]) -> str:
     for f in TARGET_FIELDS:
         lines.append(f"{f:<18}" + "".join(f"{sizes[f'{f}/{c}']:>19}" for c in columns))
     lines.append(f"relearn: {sizes['relearn']} rows (held-out profiles, for the resurfacing attack)")
+    if "mia/members" in sizes:
+        lines.append(
+            f"membership inference: {sizes['mia/members']} member rows (forget people), {sizes['mia/nonmembers']} "
+            "non-member rows (held-out people of the forget groups, never trained on)"
+        )
     return "\n".join(lines)
 
 

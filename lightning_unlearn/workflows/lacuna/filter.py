@@ -1,5 +1,6 @@
 """The Lacuna filter: greedy extraction per field on the non-instruction profiles, then the memorization-filtered
-splits (``data/splits.py``) as ``datasets`` directories beside ``extraction.json``: ``lightning-unlearn lacuna filter``.
+splits (``data/splits.py``: forget / retain with TOFU's truth-ratio columns, and the membership-inference members and
+non-members) as ``datasets`` directories beside ``extraction.json``: ``lightning-unlearn lacuna filter``.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import logging
 from collections.abc import Sequence
 
 from lightning_unlearn.data.splits import build_splits, save_splits
-from lightning_unlearn.data.testbed_data import load_table
+from lightning_unlearn.data.testbed_data import load_holdout_profiles, load_table
 from lightning_unlearn.workflows.lacuna.extraction import extraction_rates
 
 logger = logging.getLogger("lightning_unlearn")
@@ -48,7 +49,16 @@ def filter_stage(
         "extraction": rates,
         "memorized": {f: sorted(ids) for f, ids in memorized.items()},
     }
-    splits = build_splits(profiles, memorized, seed=seed) if write_splits else {}
+    splits = {}
+    if write_splits:
+        holdout = load_holdout_profiles(data_dir)
+        if not holdout:
+            logger.warning(
+                "[lacuna] warning: %s has no held-out people (holdout_profiles), so no membership-inference splits "
+                "are written; rebuild the data with holdout_per_group > 0 for mia/members and mia/nonmembers.",
+                data_dir,
+            )
+        splits = build_splits(profiles, memorized, seed=seed, holdout=holdout)
     if write_splits:
         report["split_sizes"] = {name: len(rows) for name, rows in splits.items()}
         empty = [name for name, n in report["split_sizes"].items() if n == 0 and name.endswith("forget")]

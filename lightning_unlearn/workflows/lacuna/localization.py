@@ -8,8 +8,10 @@ memorization-filtered splits of a testbed work directory written by ``lightning-
 1. **Unlearn**: ``lightning-unlearn fit`` from the instruction-tuned model, one checkpoint after the last epoch, with
    the library's evaluation callbacks on that checkpoint: ``MemorizationEvaluation`` (EM / ES / Prob and the
    extraction rate on forget, retain and both paraphrase splits) and ``RetainDriftEvaluation`` on held-out neutral
-   text (utility: CE / PPL and ΔCE against the model before unlearning). A ``validate`` of the starting model gives
-   the same rows before unlearning.
+   text (utility: CE / PPL and ΔCE against the model before unlearning); with the testbed's retain reference
+   (``lacuna reference``: the start model with m^F reset to θ_pre, exported on the same separability terms as this
+   report) also ``TOFUEvaluation`` (forget quality, model utility) and ``MIAEvaluation`` (the forget people vs the
+   held-out people: AUC and PrivLeak). A ``validate`` of the starting model gives the same rows before unlearning.
 2. **The UnMask control**: every method but OracleGrad (whose control is undefined, App. E) is run again from the
    unmasked-injection model, for the contrast families.
 3. **Localization**: ``mask-auc`` on the weight change, every family against m^F and against m^F ∨ m^R.
@@ -121,7 +123,7 @@ def ensure_splits(workdir: str | os.PathLike, field: str, seed: int = 0) -> tupl
     from datasets import load_from_disk
 
     from lightning_unlearn.data.splits import build_splits, save_splits
-    from lightning_unlearn.data.testbed_data import load_table
+    from lightning_unlearn.data.testbed_data import load_holdout_profiles, load_table
 
     if field not in TARGET_FIELDS:
         raise ValueError(f"field {field!r} is not one of {TARGET_FIELDS}.")
@@ -138,7 +140,10 @@ def ensure_splits(workdir: str | os.PathLike, field: str, seed: int = 0) -> tupl
     if not usable(unfiltered):
         profiles = list(load_table(str(w / "data"), "profiles"))
         everyone = {p["profile_id"] for p in profiles if not p["instruct"]}
-        save_splits(unfiltered, build_splits(profiles, {f: everyone for f in TARGET_FIELDS}, seed=seed))
+        holdout = load_holdout_profiles(str(w / "data"))
+        save_splits(
+            unfiltered, build_splits(profiles, {f: everyone for f in TARGET_FIELDS}, seed=seed, holdout=holdout)
+        )
     if not usable(unfiltered):
         raise ValueError(f"the testbed in {str(w)!r} has no forget or no retain profile for {field!r}.")
     return unfiltered, False
@@ -198,9 +203,14 @@ def method_epochs(method: str, epoch_scale: float) -> int:
     return max(1, round(int(config["trainer"]["max_epochs"]) * epoch_scale))
 
 
-def evaluators(splits: Path, field: str, utility: Path, out: Path, before: bool = False) -> list[dict]:
+def evaluators(
+    splits: Path, field: str, utility: Path, out: Path, before: bool = False, reference: Path | None = None
+) -> list[dict]:
     """The evaluation callbacks of every run of ``field``: output-level memorization and utility, into ``out``
-    (``before``: for the ``validate`` of the starting model, which is its own utility base)."""
+    (``before``: for the ``validate`` of the starting model, which is its own utility base); with the testbed's
+    ``reference`` (``lacuna reference``), TOFU's forget quality and model utility on the field's forget and retain
+    splits, and membership inference with PrivLeak on ``mia/members`` vs ``mia/nonmembers`` (each where the splits
+    have what it reads: splits written before the truth-ratio columns and the held-out people have neither)."""
     memorization = {
         "class_path": "lightning_unlearn.callbacks.MemorizationEvaluation",
         "init_args": {"splits": {s: str(splits / field / s) for s in EVAL_SPLITS}, "max_new_tokens": 24,
@@ -211,7 +221,30 @@ def evaluators(splits: Path, field: str, utility: Path, out: Path, before: bool 
         "init_args": {"records": str(utility), "name": "utility", "max_length": 96, "batch_size": 16,
                       "output_dir": str(out), "current_is_base": before},
     }  # fmt: skip
-    return [memorization, drift]
+    field_metrics = []
+    if reference is not None and _has_truth_ratio_columns(splits / field / "forget"):
+        field_metrics.append({
+            "class_path": "lightning_unlearn.callbacks.TOFUEvaluation",
+            "init_args": {"splits": {s: str(splits / field / s) for s in ("forget", "retain")},
+                          "reference_model": str(reference), "rouge": False, "max_length": 128, "batch_size": 16,
+                          "output_dir": str(out)},
+        })  # fmt: skip
+    if reference is not None and (splits / "mia" / "nonmembers").exists():
+        field_metrics.append({
+            "class_path": "lightning_unlearn.callbacks.MIAEvaluation",
+            "init_args": {"members": str(splits / "mia" / "members"), "nonmembers": str(splits / "mia" / "nonmembers"),
+                          "reference_model": str(reference), "max_length": 128, "batch_size": 16,
+                          "output_dir": str(out)},
+        })  # fmt: skip
+    return [memorization, drift, *field_metrics]
+
+
+def _has_truth_ratio_columns(split: Path) -> bool:
+    from datasets import load_from_disk
+
+    from lightning_unlearn.data.records import TRUTH_RATIO_COLUMNS
+
+    return split.exists() and set(TRUTH_RATIO_COLUMNS) <= set(load_from_disk(str(split)).column_names)
 
 
 def fit_command(
@@ -329,11 +362,15 @@ def _last_rows(metrics: Path) -> dict[str, dict]:
 
 
 def output_metrics(metrics: Path) -> dict:
-    """The output-level numbers of one run: ``{split: {em, es, prob, extraction}}`` and ``utility``."""
+    """The output-level numbers of one run: ``{split: {em, es, prob, extraction}}``, ``utility`` and, where the run
+    measured them, ``forget_quality``, ``model_utility`` and ``mia`` (``{attack: {auc, privleak}}``)."""
     rows = _last_rows(metrics)
     mem, util = rows["memorization"], rows["retain_drift:utility"]
     out = {s: {k: mem[s][k] for k in ("em", "es", "prob", "extraction_rate")} for s in EVAL_SPLITS}
     out["utility"] = {k: util.get(k) for k in ("ce", "ppl", "delta_ce")}
+    tofu, mia = rows.get("tofu") or {}, rows.get("mia")
+    out["forget_quality"], out["model_utility"] = tofu.get("forget_quality"), tofu.get("model_utility")
+    out["mia"] = mia and {a: {k: v.get(k) for k in ("auc", "privleak")} for a, v in mia.items() if isinstance(v, dict)}
     out["step"] = int(rows["memorization"]["step"])
     return out
 
@@ -367,6 +404,7 @@ class _Plan:
     batch_size: int | None
     control: bool  # run the UnMask controls of the methods that have one
     log: Callable[[str], None]
+    reference: Path | None = None  # the testbed's retain reference (lacuna reference), for forget quality / PrivLeak
 
     def run_names(self, method: str) -> list[tuple[str, Path]]:
         """``(run name, starting model)`` of the method's run and, when it has one, of its UnMask control."""
@@ -435,14 +473,15 @@ def _fit_jobs(plan: _Plan, fields: Sequence[str], summary: dict) -> tuple[dict[t
         before = field_root / "before"
         # the starting model's rows: a `validate` with the same evaluators (GA's config: no masks needed)
         args = fit_command("ga", paths["start"], splits, field, before, 1, paths["masks"], plan.lr, plan.batch_size,
-                           evaluators(splits, field, plan.utility, before, before=True), stage="validate")  # fmt: skip
+                           evaluators(splits, field, plan.utility, before, before=True, reference=plan.reference),
+                           stage="validate")  # fmt: skip
         if not (before / "checkpoint_metrics.jsonl").exists():
             todo.append((args, before / "run.log"))
         for method in plan.methods:
             for name, start in plan.run_names(method):
                 out = field_root / name
                 # the controls are only scored by their weights; the methods also get the output-level evaluation
-                cbs = evaluators(splits, field, plan.utility, out) if name == method else []
+                cbs = evaluators(splits, field, plan.utility, out, reference=plan.reference) if name == method else []
                 args = fit_command(method, start, splits, field, out, plan.epochs[method], paths["masks"], plan.lr,
                                    plan.batch_size, cbs)  # fmt: skip
                 recipe = {"args": args}
@@ -593,7 +632,11 @@ def run_localization(
             f"{workdir} --control true` (the finished stages are reused), or pass --control false."
         )
     epochs = {m: method_epochs(m, epoch_scale) for m in methods}
-    plan = _Plan(workdir, paths, out_root, utility, methods, epochs, lr, batch_size, has_control, log)
+    from lightning_unlearn.workflows.lacuna.reference import ensure_reference
+
+    # the retain reference of forget quality and PrivLeak (refused on the same terms as this report)
+    reference = ensure_reference(workdir, allow_inseparable)
+    plan = _Plan(workdir, paths, out_root, utility, methods, epochs, lr, batch_size, has_control, log, reference)
     jobs = _Jobs(parallel, in_process, log)
     summary: dict = {"workdir": str(workdir), "methods": list(methods), "epochs": epochs, "lr": lr, "k": k,
                      "relearn_epochs": relearn_epochs, "seed": seed, "separable": separable,
@@ -656,11 +699,27 @@ def format_table(entry: dict) -> str:
     return "\n".join(lines)
 
 
+FIELD_METRIC_HEADS = ("forget quality", "MIA AUC (loss)", "PrivLeak (loss)")
+
+
+def field_metric_cells(output: dict) -> list[str]:
+    """The field's numbers of one run (:data:`FIELD_METRIC_HEADS`): TOFU's forget quality against the testbed's
+    reference, the LOSS attack's AUC on the forget people vs held-out people, and its PrivLeak (MUSE: near 0 = as
+    the reference, −100 = fully detectable); "–" where the run did not measure them."""
+    loss = (output.get("mia") or {}).get("loss") or {}
+    fq = output.get("forget_quality")
+    return [
+        "–" if fq is None else f"{fq:.3g}",
+        _cell(loss.get("auc")),
+        "–" if loss.get("privleak") is None else f"{loss['privleak']:+.1f}",
+    ]
+
+
 def format_outputs(entry: dict) -> str:
     """Markdown table of one field's output-level results: per split EM / ES / Prob / extraction, utility and
     resurfacing, before unlearning and after each method."""
-    head = ["method", *[f"{s} EM / ES / Prob / extr." for s in EVAL_SPLITS], "utility CE (Δ)", "AUC(F)",
-            "AUC(F∨R)", "leak unlearned", "leak relearned"]  # fmt: skip
+    head = ["method", *[f"{s} EM / ES / Prob / extr." for s in EVAL_SPLITS], "utility CE (Δ)", *FIELD_METRIC_HEADS,
+            "AUC(F)", "AUC(F∨R)", "leak unlearned", "leak relearned"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def row(label: str, output: dict, auc: dict | None, attack: dict | None) -> str:
@@ -670,6 +729,7 @@ def format_outputs(entry: dict) -> str:
             cells.append(" / ".join(f"{m[k]:.2f}" for k in ("em", "es", "prob", "extraction_rate")))
         u = output["utility"]
         cells.append(f"{u['ce']:.3f} ({u['delta_ce']:+.3f})" if u.get("delta_ce") is not None else f"{u['ce']:.3f}")
+        cells += field_metric_cells(output)
         cells += [_cell(auc["F"]["max"]) if auc else "–", _cell(auc["F|R"]["max"]) if auc and "F|R" in auc else "–"]
         cells += [_leak_cell(attack, relearned=False), _leak_cell(attack, relearned=True)]
         return "| " + " | ".join(cells) + " |"
@@ -683,8 +743,8 @@ def format_outputs(entry: dict) -> str:
 def format_overview(summary: dict) -> str:
     """Markdown table of every field and method in one: forget and retain extraction, utility ΔCE, the AUC maxima
     (with the best family) and the resurfacing counts, the starting model's row first in each field."""
-    head = ["field", "model", "forget extr.", "forget para. extr.", "retain extr.", "utility ΔCE", "AUC(F) max",
-            "AUC(F∨R) max", "leak unlearned", "leak relearned"]  # fmt: skip
+    head = ["field", "model", "forget extr.", "forget para. extr.", "retain extr.", "utility ΔCE",
+            *FIELD_METRIC_HEADS, "AUC(F) max", "AUC(F∨R) max", "leak unlearned", "leak relearned"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     for field, entry in summary["fields"].items():
@@ -694,7 +754,7 @@ def format_overview(summary: dict) -> str:
             delta = output["utility"].get("delta_ce")
             cells = [field, label, _cell(output["forget"]["extraction_rate"]),
                      _cell(output["forget_paraphrase"]["extraction_rate"]), _cell(output["retain"]["extraction_rate"]),
-                     "–" if delta is None else f"{delta:+.2f}"]  # fmt: skip
+                     "–" if delta is None else f"{delta:+.2f}", *field_metric_cells(output)]  # fmt: skip
             for key in ("F", "F|R"):
                 cells.append(f"{_cell(auc[key]['max'])} ({auc[key]['best']})" if auc and key in auc else "–")
             cells += [_leak_cell(attack, relearned=False), _leak_cell(attack, relearned=True)]
