@@ -1,8 +1,10 @@
-"""Every user mistake is one line on stderr, a non-zero exit and an untouched run directory (real subprocesses).
+"""Every user mistake is one line on stderr, a non-zero exit and an untouched run directory.
 
 Each case runs ``lightning-unlearn`` in a fresh directory holding only what the case wrote there; afterwards stderr's
 last line must name the problem, no stderr line may start a traceback, and the directory must be byte-for-byte as
-before (no ``run/``, no logger version, no lock).
+before (no ``run/``, no logger version, no lock). The cases call the command's ``main`` in this process (what the
+interpreter does with the ``SystemExit`` it raises, exit status and message on stderr, is done here as Python does
+it);     one of them also runs as a real subprocess, the command line end to end.
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
+
+# Imported at collection, not inside a test: Lightning's loggers keep the stderr of the moment they are first
+# imported, and a test's captured stderr is closed when that test ends.
+from lightning_unlearn.cli import main
 
 CLI = [sys.executable, "-m", "lightning_unlearn.cli"]
 
@@ -173,8 +179,31 @@ def _snapshot(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*"))}  # fmt: skip
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_a_mistake_is_one_line_and_leaves_nothing(testbed, tmp_path, name):
+def _in_process(argv: list[str], cwd: Path, monkeypatch, capfd) -> subprocess.CompletedProcess:
+    """``argv`` (a command line starting with ``CLI``) through ``main`` in this process, in ``cwd``: the exit status
+    and stderr the interpreter would give (a ``SystemExit`` message is printed to stderr with status 1). Any other
+    exception propagates and fails the test with its traceback."""
+    assert argv[: len(CLI)] == CLI, argv
+    capfd.readouterr()
+    with monkeypatch.context() as patch:
+        patch.chdir(cwd)
+        try:
+            main(argv[len(CLI) :])
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code
+    out, err = capfd.readouterr()
+    if isinstance(code, str):
+        err, code = f"{err}{code}\n", 1
+    return subprocess.CompletedProcess(argv, 0 if code is None else code, out, err)
+
+
+def _as_subprocess(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def _check_a_mistake(testbed, tmp_path, name, run) -> None:
     if name == "an accelerator this machine lacks" and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     command, files, expected = CASES[name]
@@ -183,8 +212,7 @@ def test_a_mistake_is_one_line_and_leaves_nothing(testbed, tmp_path, name):
         (tmp_path / rel).write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
     argv = command(testbed)
     before = _snapshot(tmp_path)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    proc = run(argv, tmp_path)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode != 0, (name, proc.stderr[-2000:])
     assert not any(line.startswith("Traceback") for line in lines), proc.stderr[-3000:]
@@ -192,10 +220,20 @@ def test_a_mistake_is_one_line_and_leaves_nothing(testbed, tmp_path, name):
     assert _snapshot(tmp_path) == before  # no run directory, logger version, lock or cell left behind
 
 
-def test_configs_copy_into_a_folder_path_creates_the_folder(tmp_path):
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_mistake_is_one_line_and_leaves_nothing(testbed, tmp_path, name, monkeypatch, capfd):
+    _check_a_mistake(testbed, tmp_path, name, lambda argv, cwd: _in_process(argv, cwd, monkeypatch, capfd))
+
+
+def test_a_mistake_from_a_real_command_line_is_one_line_and_leaves_nothing(testbed, tmp_path):
+    # The same checks on one case run as its own Python process: the interpreter's handling of the exit, the
+    # package's imports and logging set up from scratch.
+    _check_a_mistake(testbed, tmp_path, "a checkpoint that does not exist", _as_subprocess)
+
+
+def test_configs_copy_into_a_folder_path_creates_the_folder(tmp_path, monkeypatch, capfd):
     for destination in ("newdir/", "other"):
-        proc = subprocess.run([*CLI, "configs", "copy", "lens/npo.yaml", destination], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        proc = _in_process([*CLI, "configs", "copy", "lens/npo.yaml", destination], tmp_path, monkeypatch, capfd)
         assert proc.returncode == 0, proc.stderr[-2000:]
         folder = tmp_path / destination.rstrip("/")
         assert folder.is_dir() and (folder / "npo.yaml").read_text(encoding="utf-8").startswith("#")
@@ -250,7 +288,6 @@ def test_fit_saves_through_the_atomic_checkpoint_io(testbed, tmp_path):
 
 
 def test_a_non_finite_loss_at_the_first_step_exits_non_zero(testbed, tmp_path):
-    from lightning_unlearn.cli import main
     from lightning_unlearn.models import load_causal_lm, load_tokenizer
 
     broken = tmp_path / "nan_model"
@@ -276,7 +313,6 @@ def test_an_unwritable_run_directory_is_one_line(testbed, tmp_path, monkeypatch,
     import errno
 
     import lightning_unlearn.checkpoints as checkpoints
-    from lightning_unlearn.cli import main
 
     def refuse(root):
         raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)), str(root))
