@@ -11,5 +11,6 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_
 # Lint and format first: a file ruff would change fails the run.
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-# One worker per physical core (pytest-xdist); the 25 slowest tests are listed at the end.
-.venv/bin/python -m pytest -q -p no:cacheprovider -n auto --durations=25 "$@"
+# One worker per physical core (pytest-xdist); a file's tests that share a module fixture run on one worker, and the
+# files with slow tests start first (tests/conftest.py). The 25 slowest tests are listed at the end.
+.venv/bin/python -m pytest -q -p no:cacheprovider -n auto --dist loadgroup --durations=25 "$@"
