@@ -51,23 +51,17 @@ def tiny_tokenizer(tiny_dir):
     return load_tokenizer(tiny_dir)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Order and group the tests for pytest-xdist (``scripts/test.sh`` runs ``-n auto --dist loadgroup``).
+    """Files holding slow tests first, then those holding multi-process ones, then the rest; each file's tests stay
+    together and in their order.
 
-    A file whose tests share a module-scoped fixture (a distributed launch, a trained chain, a killed run) forms one
-    xdist group, so one worker builds that fixture once instead of each worker that draws one of its tests. Files
-    holding slow tests go first, then those holding multi-process ones, so the longest work starts while the other
-    worker still has short tests to take; within each rank the collection order stands (files stay contiguous, which
-    a plain run without xdist needs to build each module fixture once).
+    ``scripts/test.sh`` runs ``-n auto --dist loadfile --no-loadscope-reorder``: pytest-xdist hands each file to one
+    worker (a module fixture such as a distributed launch is built once) in this order, so the longest files start
+    while the other worker still has short ones to take.
     """
     rank = {}
     for item in items:
         file = item.nodeid.split("::", 1)[0]
         marks = {m.name for m in item.iter_markers()}
         rank[file] = min(rank.get(file, 2), 0 if "slow" in marks else 1 if "multiprocess" in marks else 2)
-        # pytest keeps each test's fixture definitions there; it has no public accessor for their scopes.
-        fixturedefs = item._fixtureinfo.name2fixturedefs.values()
-        if any(defs[-1].scope == "module" for defs in fixturedefs):
-            item.add_marker(pytest.mark.xdist_group(file))
     items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])
