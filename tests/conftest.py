@@ -49,3 +49,19 @@ def tiny_model(tiny_dir):
 @pytest.fixture
 def tiny_tokenizer(tiny_dir):
     return load_tokenizer(tiny_dir)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files holding slow tests first, then those holding multi-process ones, then the rest; each file's tests stay
+    together and in their order.
+
+    ``scripts/test.sh`` runs ``-n auto --dist loadfile --no-loadscope-reorder``: pytest-xdist hands each file to one
+    worker (a module fixture such as a distributed launch is built once) in this order, so the longest files start
+    while the other worker still has short ones to take.
+    """
+    rank = {}
+    for item in items:
+        file = item.nodeid.split("::", 1)[0]
+        marks = {m.name for m in item.iter_markers()}
+        rank[file] = min(rank.get(file, 2), 0 if "slow" in marks else 1 if "multiprocess" in marks else 2)
+    items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])

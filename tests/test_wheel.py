@@ -1,6 +1,7 @@
-"""The package runs from a wheel outside the repository: build it, install it into a fresh venv with the pinned
-torch, and from an empty directory list the shipped configs, build the Lacuna testbed data, and fit a shipped LENS
-config for 2 steps on a tiny saved model."""
+"""The package runs from a wheel outside the repository: build it, install it alone (``--no-deps``) into a fresh venv
+that sees the test environment's installed dependencies (torch, Lightning, transformers, ...) but not the repository
+or its editable install, and from an empty directory list the shipped configs, build the Lacuna testbed data, and fit
+a shipped LENS config for 2 steps on a tiny saved model."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TORCH = "torch==2.13.0"
 
 TINY_MODEL = textwrap.dedent(
     """
@@ -49,9 +50,16 @@ def test_wheel_runs_outside_the_repository(tmp_path):
                PIP_DISABLE_PIP_VERSION_CHECK="1")  # fmt: skip
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)], tmp_path, env)
     wheel = next(dist.glob("lightning_unlearn-*.whl"))
-    _run([sys.executable, "-m", "venv", str(venv)], tmp_path, env)
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path, env)
     py, cli = venv / "bin" / "python", venv / "bin" / "lightning-unlearn"
-    _run([str(py), "-m", "pip", "install", "-q", TORCH, str(wheel)], tmp_path, env, timeout=1800)
+    # The dependencies are the ones this test runs with: their directories go on the new venv's path after its own
+    # site-packages, as plain path lines, so the .pth files there (the repository's editable install) are not run.
+    # Only the wheel is installed; it comes first on the path.
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(_run([str(py), "-c", purelib], tmp_path, env).strip())
+    deps = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+    (site / "test_environment.pth").write_text("".join(f"{d}\n" for d in deps), encoding="utf-8")
+    _run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", str(wheel)], tmp_path, env)
     # Nothing of the repository is importable from here: the installed package is what runs.
     where = _run([str(py), "-c", "import lightning_unlearn; print(lightning_unlearn.__file__)"], work, env)
     assert str(venv) in where and str(ROOT) not in where

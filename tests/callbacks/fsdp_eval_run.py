@@ -3,10 +3,11 @@
 Launched by ``test_distributed_agreement.py`` with ``LOCAL_RANK=0/1`` and ``WORLD_SIZE=2`` (FSDP2 via
 ``ModelParallelStrategy``, gloo), or in-process with one device for the reference. Usage::
 
-    python fsdp_eval_run.py SPEC.json
+    python fsdp_eval_run.py SPEC.json [SPEC.json ...]
 
 SPEC: ``{"lora_dir", "unl_dir", "pre_dir", "inj_dir", "masks", "out", "devices"}``; with ``"mode": "fit"`` the ranks
-instead train the LoRA module for 4 steps with a checkpoint every 2, evaluating at each save.
+instead train the LoRA module for 4 steps with a checkpoint every 2, evaluating at each save. Several SPECs run one
+after the other in the same processes (one launch, one process group).
 """
 
 from __future__ import annotations
@@ -109,5 +110,6 @@ def fit(spec: dict) -> None:
 
 
 if __name__ == "__main__":
-    spec = json.loads(open(sys.argv[1]).read())
-    fit(spec) if spec.get("mode") == "fit" else run(spec)
+    for path in sys.argv[1:]:
+        spec = json.loads(open(path).read())
+        fit(spec) if spec.get("mode") == "fit" else run(spec)

@@ -37,7 +37,7 @@ def _spec(weights, out: Path, devices: int, mode: str = "validate") -> Path:
     return path
 
 
-def _launch_two(spec: Path, root: Path) -> tuple[list, list]:
+def _launch_two(specs: list[Path], root: Path) -> tuple[list, list]:
     port, procs, logs = _free_port(), [], []
     for rank in range(2):
         env = dict(
@@ -54,14 +54,14 @@ def _launch_two(spec: Path, root: Path) -> tuple[list, list]:
         )
         logs.append(open(root / f"rank{rank}.log", "w"))
         procs.append(
-            subprocess.Popen([sys.executable, str(RUNNER), str(spec)], env=env, stdout=logs[-1], stderr=logs[-1])
+            subprocess.Popen([sys.executable, str(RUNNER), *map(str, specs)], env=env, stdout=logs[-1], stderr=logs[-1])
         )
     return procs, logs
 
 
 def _wait(procs: list, logs: list, root: Path) -> None:
     try:
-        codes = [p.wait(timeout=120) for p in procs]
+        codes = [p.wait(timeout=240) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -71,20 +71,26 @@ def _wait(procs: list, logs: list, root: Path) -> None:
     assert codes == [0, 0], (root / "rank0.log").read_text()[-4000:]
 
 
-@pytest.mark.multiprocess
-def test_fsdp_two_processes_match_one_process(weights):
+@pytest.fixture(scope="module")
+def runs(weights) -> dict[str, Path]:
+    """One launch of two ranks: ``validate`` of every evaluator (``two``), then a 4-step ``fit`` that evaluates at each
+    save (``fit``); the one-process reference of the first (``one``) runs here while the two ranks work."""
     root = weights["root"]
-    one, two = root / "one", root / "two"
-    for d in (one, two):
+    out = {"one": root / "one", "two": root / "two", "fit": root / "fit"}
+    for d in out.values():
         shutil.rmtree(d, ignore_errors=True)
-    procs, logs = _launch_two(_spec(weights, two, 2), root)
-    # The one-process reference runs here while the two ranks work.
+    procs, logs = _launch_two([_spec(weights, out["two"], 2), _spec(weights, out["fit"], 2, mode="fit")], root)
     sys.path.insert(0, str(RUNNER.parent))
     from fsdp_eval_run import run
 
-    run(json.loads(_spec(weights, one, 1).read_text()))
+    run(json.loads(_spec(weights, out["one"], 1).read_text()))
     _wait(procs, logs, root)
+    return out
 
+
+@pytest.mark.multiprocess
+def test_fsdp_two_processes_match_one_process(runs):
+    one, two = runs["one"], runs["two"]
     rows_one = {r["family"]: r for r in read_rows(one / "checkpoint_metrics.jsonl")}
     rows_two = {r["family"]: r for r in read_rows(two / "checkpoint_metrics.jsonl")}
     assert (
@@ -109,11 +115,8 @@ def test_fsdp_two_processes_match_one_process(weights):
 
 
 @pytest.mark.multiprocess
-def test_fsdp_fit_evaluates_every_checkpoint_once(weights):
-    root = weights["root"]
-    out = root / "fit"
-    shutil.rmtree(out, ignore_errors=True)
-    _wait(*_launch_two(_spec(weights, out, 2, mode="fit"), root), root)
+def test_fsdp_fit_evaluates_every_checkpoint_once(runs):
+    out = runs["fit"]
     rows = read_rows(out / "checkpoint_metrics.jsonl")
     assert sorted((r["step"], r["family"]) for r in rows) == [
         (2, "retain_drift"),

@@ -2,6 +2,8 @@
 
 Usage: python _worker.py STRATEGY MODEL_DIR DATA_FILE OUT_DIR [--devices N] [--num-nodes N] [--restrict]
     [--masking auto|one_pass|lockstep] [--precision 32-true|bf16-mixed] [--keep-unsharded] [--no-masks]
+or: python _worker.py --runs RUNS.json, a JSON list of such argument lists, trained one after the other in the same
+    processes (one launch, one process group; every run of a list must have the same devices and num-nodes).
 Rank 0 writes ``OUT_DIR/params.pt`` (full parameters after training); every rank writes ``OUT_DIR/rank{r}.json``
 (packed-mask bytes it holds, its local parameter elements, whether the step ran in one pass, and the largest full
 mask it gathered).
@@ -49,7 +51,7 @@ class _Dump(Callback):
             torch.save(full, self.out / "params.pt")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("strategy", choices=["ddp", "fsdp"])
     ap.add_argument("model_dir")
@@ -62,7 +64,7 @@ def main() -> None:
     ap.add_argument("--precision", default="32-true")
     ap.add_argument("--keep-unsharded", action="store_true", help="FSDP: reshard_after_forward=False")
     ap.add_argument("--no-masks", action="store_true", help="plain training (masks off)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
     data = torch.load(args.data_file)
     out = Path(args.out_dir)
@@ -100,4 +102,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--runs"]:
+        for run in json.loads(Path(sys.argv[2]).read_text()):
+            main(run)
+    else:
+        main()

@@ -99,38 +99,77 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(
-    tmp_path,
-    tiny_dir,
-    problem,
+# Every multi-process training of this module as (strategy, nodes, restrict, extra worker flags, batches): `launched`
+# trains them all in two launches of two processes (one per topology: 2 devices on 1 node, 1 device on each of 2
+# nodes), each run after the other in the same process group, and the tests read their outputs.
+BF16 = ("--precision", "bf16-mixed")
+RUNS = [
+    ("ddp", 1, False, (), "problem"),
+    ("fsdp", 1, False, (), "problem"),
+    ("fsdp", 1, False, ("--masking", "lockstep"), "problem"),
+    ("fsdp", 2, False, ("--keep-unsharded",), "problem"),
+    ("ddp", 2, False, (), "problem"),
+    ("fsdp", 1, False, BF16, "all-groups"),
+    ("fsdp", 1, False, (*BF16, "--masking", "lockstep"), "all-groups"),
+    ("fsdp", 1, False, (*BF16, "--no-masks"), "all-groups"),
+    ("ddp", 1, True, (), "problem"),
+    ("fsdp", 1, True, (), "problem"),
+    ("ddp", 1, False, ("--masking", "lockstep"), "problem"),
+]
+
+
+def _all_groups_batches(problem) -> list[dict]:
+    """The problem's batches with every sample in a group (no neutral sample)."""
+    return [dict(b, group_ids=torch.tensor([0, 1, 2, 3, 4, 5, 0, 1])) for b in problem["batches"]]
+
+
+def _run_name(strategy: str, nodes: int, restrict: bool, extra: tuple[str, ...], data: str) -> str:
+    return "-".join([strategy, str(nodes), str(restrict), *extra, data])
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory, tiny_dir, problem) -> Path:
+    """The folder holding one output folder per entry of RUNS (named by ``_run_name``)."""
+    root = tmp_path_factory.mktemp("masked_runs")
+    data = {"problem": problem["batches"], "all-groups": _all_groups_batches(problem)}
+    for name, batches in data.items():
+        torch.save({"masks": problem["masks"], "batches": batches}, root / f"{name}.pt")
+    for nodes in (1, 2):
+        runs = []
+        for strategy, run_nodes, restrict, extra, batches in RUNS:
+            if run_nodes != nodes:
+                continue
+            out = root / _run_name(strategy, nodes, restrict, extra, batches)
+            out.mkdir()
+            argv = [strategy, str(tiny_dir), str(root / f"{batches}.pt"), str(out), *extra]
+            argv += ["--restrict"] if restrict else []
+            argv += ["--devices", "1", "--num-nodes", str(nodes)] if nodes > 1 else []
+            runs.append(argv)
+        (root / f"runs-{nodes}.json").write_text(json.dumps(runs))
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
+        env.pop("LOCAL_RANK", None)
+        cmd = [sys.executable, str(WORKER), "--runs", str(root / f"runs-{nodes}.json")]
+        # one node: Lightning's launcher starts rank 1; two nodes: one process per node
+        envs = [env] if nodes == 1 else [dict(env, NODE_RANK=str(r)) for r in range(nodes)]
+        procs = [subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for e in envs]
+        for p in procs:
+            log, _ = p.communicate(timeout=240 * len(runs))
+            assert p.returncode == 0, log.decode()[-3000:]
+    return root
+
+
+def _run_dir(
+    launched: Path,
     strategy,
     *,
     nodes: int = 1,
     restrict: bool = False,
     extra: tuple[str, ...] = (),
-    batches: list[dict] | None = None,
+    batches: str = "problem",
 ) -> Path:
-    data = tmp_path / ("data.pt" if batches is None else "data-custom.pt")
-    if not data.exists():
-        torch.save({"masks": problem["masks"], "batches": problem["batches"] if batches is None else batches}, data)
-    out = tmp_path / "-".join([strategy, str(nodes), str(restrict), *extra, data.stem])
-    out.mkdir()
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
-    env.pop("LOCAL_RANK", None)
-    cmd = [sys.executable, str(WORKER), strategy, str(tiny_dir), str(data), str(out), *extra]
-    if restrict:
-        cmd.append("--restrict")
-    if nodes == 1:
-        procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)]
-    else:
-        cmd += ["--devices", "1", "--num-nodes", str(nodes)]
-        procs = [
-            subprocess.Popen(cmd, env=dict(env, NODE_RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            for r in range(nodes)
-        ]
-    for p in procs:
-        log, _ = p.communicate(timeout=240)
-        assert p.returncode == 0, log.decode()[-3000:]
+    """The output folder of that run of RUNS."""
+    out = launched / _run_name(strategy, nodes, restrict, extra, batches)
+    assert out.is_dir(), f"{out.name} is not in RUNS"
     return out
 
 
@@ -146,8 +185,8 @@ def _launch(
     ],
     ids=["ddp", "fsdp-one-pass", "fsdp-lockstep", "fsdp-2nodes-unsharded-after-forward", "ddp-2nodes"],
 )
-def test_distributed_matches_reference(tmp_path, tiny_dir, problem, strategy, nodes, extra):
-    out = _launch(tmp_path, tiny_dir, problem, strategy, nodes=nodes, extra=extra)
+def test_distributed_matches_reference(launched, problem, strategy, nodes, extra):
+    out = _run_dir(launched, strategy, nodes=nodes, extra=extra)
     got = torch.load(out / "params.pt")
     gap = relative_gap(got, problem["reference"])
     assert gap <= 1e-6
@@ -167,12 +206,11 @@ def test_distributed_matches_reference(tmp_path, tiny_dir, problem, strategy, no
 
 
 @pytest.mark.multiprocess
-def test_fsdp_one_pass_under_bf16_matches_lockstep_and_is_zero_outside_the_masks(tmp_path, tiny_dir, problem):
+def test_fsdp_one_pass_under_bf16_matches_lockstep_and_is_zero_outside_the_masks(launched, tiny_dir, problem):
     """bf16-mixed: one pass agrees with lockstep FSDP to bf16 tolerance; with no neutral sample in the batches, no
     weight outside the union of the present groups' masks moves at all (SGD, no weight decay)."""
-    batches = [dict(b, group_ids=torch.tensor([0, 1, 2, 3, 4, 5, 0, 1])) for b in problem["batches"]]
     runs = {
-        name: torch.load(_launch(tmp_path, tiny_dir, problem, "fsdp", extra=flags, batches=batches) / "params.pt")
+        name: torch.load(_run_dir(launched, "fsdp", extra=flags, batches="all-groups") / "params.pt")
         for name, flags in {
             "one_pass": ("--precision", "bf16-mixed"),
             "lockstep": ("--precision", "bf16-mixed", "--masking", "lockstep"),
@@ -194,8 +232,8 @@ def test_fsdp_one_pass_under_bf16_matches_lockstep_and_is_zero_outside_the_masks
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_distributed_restricted_update(tmp_path, tiny_dir, problem, strategy):
-    out = _launch(tmp_path, tiny_dir, problem, strategy, restrict=True)
+def test_distributed_restricted_update(launched, tiny_dir, problem, strategy):
+    out = _run_dir(launched, strategy, restrict=True)
     assert all(json.loads((out / f"rank{r}.json").read_text())["one_pass"] for r in range(2))
     got = torch.load(out / "params.pt")
     before = {k: v for k, v in load_causal_lm(tiny_dir).state_dict().items() if k in got}
@@ -269,10 +307,10 @@ def test_lockstep_under_gradient_accumulation_matches_one_pass_in_every_hook(tin
 
 
 @pytest.mark.multiprocess
-def test_ddp_lockstep_matches_reference(tmp_path, tiny_dir, problem):
+def test_ddp_lockstep_matches_reference(launched, problem):
     """Lockstep under DDP: each pass all-reduces one group's gradients, and the masked sum reaches .grad through the
     backward Lightning runs on the returned loss, outside any DDP forward."""
-    out = _launch(tmp_path, tiny_dir, problem, "ddp", extra=("--masking", "lockstep"))
+    out = _run_dir(launched, "ddp", extra=("--masking", "lockstep"))
     assert not any(json.loads((out / f"rank{r}.json").read_text())["one_pass"] for r in range(2))
     gap = relative_gap(torch.load(out / "params.pt"), problem["reference"])
     assert gap <= 1e-6
