@@ -34,6 +34,7 @@ MINIMAL = {
     ("lacuna", "resurface"): ["--model", "m", "--out", "attack"],
     ("lacuna", "locality"): ["--group", "[2]"],
     ("lacuna", "localization"): [],
+    ("lacuna", "reference"): [],
     ("configs", "list"): [],
     ("configs", "copy"): ["lens/npo.yaml", "mine.yaml"],
 }

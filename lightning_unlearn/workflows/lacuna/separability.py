@@ -175,7 +175,7 @@ def format_separability(report: dict) -> str:
         lines[-1] += f"  FAILS: groups {report['unmemorized']} below {report['thresholds']['memorized_min']}"
     for name, r in report["resets"].items():
         cells = "".join(f"{r['extraction'][g]['rate']:>9.2f}{'*' if int(g) in r['groups'] else ' '}" for g in groups)
-        lines.append(f"{name:<22}{cells}  {'ok' if r['met'] else 'FAILS: ' + '; '.join(r['failures'])}")
+        lines.append(f"{name:<22}{cells}  {'ok' if r['met'] else 'FAILS: ' + _first_failures(r['failures'])}")
     u = report["utility"]
     limit = report["thresholds"]["utility_max_delta"]
     lines.append(
@@ -183,6 +183,12 @@ def format_separability(report: dict) -> str:
         f"uniform {u['uniform']:.2f}) {'ok' if u['met'] else f'FAILS: more than {limit} nat'}"
     )
     return "\n".join(lines)
+
+
+def _first_failures(failures: Sequence[str], shown: int = 2) -> str:
+    """The first ``shown`` failures of a reset and how many more (all of them are in the report's JSON)."""
+    more = len(failures) - shown
+    return "; ".join(failures[:shown]) + (f"; {more} more" if more > 0 else "")
 
 
 def separability_verdict(report: dict) -> str:
