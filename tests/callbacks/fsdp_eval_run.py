@@ -6,8 +6,9 @@ Launched by ``test_distributed_agreement.py`` with ``LOCAL_RANK=0/1`` and ``WORL
     python fsdp_eval_run.py SPEC.json [SPEC.json ...]
 
 SPEC: ``{"lora_dir", "unl_dir", "pre_dir", "inj_dir", "masks", "out", "devices"}``; with ``"mode": "fit"`` the ranks
-instead train the LoRA module for 4 steps with a checkpoint every 2, evaluating at each save. Several SPECs run one
-after the other in the same processes (one launch, one process group).
+instead train the LoRA module for 4 steps with a checkpoint every 2, evaluating at each save; with ``"mode":
+"ddp"`` they evaluate the TOFU and MIA families under DDP instead of FSDP2. Several SPECs run one after the other in
+the same processes (one launch, one process group).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from callback_fixtures import PROMPTS, StubLabeler, TinyCausalLM, mc_items, qa_loader, qa_records  # noqa: E402
 from lightning.pytorch import Trainer  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
-from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy  # noqa: E402
 
 from lightning_unlearn.callbacks import (  # noqa: E402
     MaskAUCEvaluation,
@@ -41,12 +42,15 @@ from lightning_unlearn.callbacks import (  # noqa: E402
 PERTURBED = ["The quick brown fox.", "Python is a snake.", "Bob Jones was born in Springfield."]
 
 
-def _trainer(devices: int, callbacks: list, **kwargs) -> Trainer:
-    strategy = (
-        ModelParallelStrategy(data_parallel_size=devices, tensor_parallel_size=1, process_group_backend="gloo")
-        if devices > 1
-        else "auto"
-    )
+def _trainer(devices: int, callbacks: list, ddp: bool = False, **kwargs) -> Trainer:
+    if devices == 1:
+        strategy = "auto"
+    elif ddp:
+        strategy = DDPStrategy(process_group_backend="gloo")
+    else:
+        strategy = ModelParallelStrategy(
+            data_parallel_size=devices, tensor_parallel_size=1, process_group_backend="gloo"
+        )
     return Trainer(
         accelerator="cpu",
         devices=devices,
@@ -59,22 +63,14 @@ def _trainer(devices: int, callbacks: list, **kwargs) -> Trainer:
     )
 
 
-def run(spec: dict) -> None:
-    out, devices = spec["out"], int(spec["devices"])
-    lora = TinyCausalLM(spec["lora_dir"], lora=True, lora_init_scale=0.3)
+def _field_families(spec: dict, out: str) -> list:
+    """The field's families (TOFU, MIA); θ_inj stands in for a reference model (any save_pretrained model with the
+    tokenizer)."""
     tofu = [
         {**r, "paraphrased_answer": r["answer"].lower(), "perturbed_answer": PERTURBED[i % 3 :] + PERTURBED[: i % 3]}
         for i, r in enumerate(qa_records())
     ]
-    generation_callbacks = [
-        # batch_size 3 over 6 prompts: two ranks get one batch each; uneven splits are covered by memorization.
-        SCEEvaluation(PROMPTS, StubLabeler(), max_new_tokens=8, batch_size=3, output_dir=out),
-        RetainDriftEvaluation(qa_records(), batch_size=1, output_dir=out),
-        MemorizationEvaluation(
-            {"forget": qa_records()[:3], "retain": qa_records()[3:]}, max_new_tokens=6, batch_size=2, output_dir=out
-        ),
-        UtilityEvaluation(mc_items(), batch_size=2, output_dir=out),
-        # the field's families: θ_inj stands in for a reference model (any save_pretrained model with the tokenizer)
+    return [
         TOFUEvaluation(
             {"forget": tofu[:2], "retain": tofu[2:]},
             reference_model=spec["inj_dir"],
@@ -90,6 +86,28 @@ def run(spec: dict) -> None:
             batch_size=1,
             output_dir=out,
         ),
+    ]
+
+
+def ddp(spec: dict) -> None:
+    out, devices = spec["out"], int(spec["devices"])
+    lora = TinyCausalLM(spec["lora_dir"], lora=True, lora_init_scale=0.3)
+    trainer = _trainer(devices, _field_families(spec, out), ddp=True, enable_checkpointing=False)
+    trainer.validate(lora, qa_loader(lora.tokenizer))
+
+
+def run(spec: dict) -> None:
+    out, devices = spec["out"], int(spec["devices"])
+    lora = TinyCausalLM(spec["lora_dir"], lora=True, lora_init_scale=0.3)
+    generation_callbacks = [
+        # batch_size 3 over 6 prompts: two ranks get one batch each; uneven splits are covered by memorization.
+        SCEEvaluation(PROMPTS, StubLabeler(), max_new_tokens=8, batch_size=3, output_dir=out),
+        RetainDriftEvaluation(qa_records(), batch_size=1, output_dir=out),
+        MemorizationEvaluation(
+            {"forget": qa_records()[:3], "retain": qa_records()[3:]}, max_new_tokens=6, batch_size=2, output_dir=out
+        ),
+        UtilityEvaluation(mc_items(), batch_size=2, output_dir=out),
+        *_field_families(spec, out),
     ]
     _trainer(devices, generation_callbacks, enable_checkpointing=False).validate(lora, qa_loader(lora.tokenizer))
     full = TinyCausalLM(spec["unl_dir"])
@@ -112,4 +130,4 @@ def fit(spec: dict) -> None:
 if __name__ == "__main__":
     for path in sys.argv[1:]:
         spec = json.loads(open(path).read())
-        fit(spec) if spec.get("mode") == "fit" else run(spec)
+        {"fit": fit, "ddp": ddp}.get(spec.get("mode"), run)(spec)
