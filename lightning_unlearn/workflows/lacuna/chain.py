@@ -156,6 +156,22 @@ def testbed_separable(workdir: str | os.PathLike) -> bool | None:
     return json.loads(path.read_text()).get("separable") if path.exists() else None
 
 
+def require_separable(
+    workdir: str | os.PathLike, allow_inseparable: bool, consequence: str, anyway: str
+) -> bool | None:
+    """The testbed's separability verdict; raise unless it is met or ``allow_inseparable``. The message says why
+    the verdict is missing, what ``consequence`` follows, and that --allow_inseparable true does ``anyway``."""
+    separable = testbed_separable(workdir)
+    if separable is not True and not allow_inseparable:
+        why = "was never measured (built before the check existed)" if separable is None else "is NOT met"
+        raise ValueError(
+            f"the testbed in {str(workdir)!r}: its separability verdict {why}, so {consequence}. Rebuild it "
+            f"(`lightning-unlearn lacuna run --workdir {workdir}` prints the verdict), or pass --allow_inseparable "
+            f"true to {anyway}."
+        )
+    return separable
+
+
 @dataclass
 class _Stages:
     """The chain's stages in one work directory: which finished ones are reused, and running the others."""

@@ -47,7 +47,7 @@ from typing import Literal
 from lightning_unlearn.atomic import write_directory_atomically, write_text_atomically
 from lightning_unlearn.data.templates import TARGET_FIELDS
 from lightning_unlearn.workflows import processes, recipes
-from lightning_unlearn.workflows.lacuna.chain import CONFIG_DIR, testbed_separable
+from lightning_unlearn.workflows.lacuna.chain import CONFIG_DIR, require_separable
 from lightning_unlearn.workflows.lacuna.resurface import K, format_sanity, resurfacing_sanity
 
 logger = logging.getLogger("lightning_unlearn")
@@ -417,16 +417,14 @@ class _Plan:
 def _check_request(workdir, methods, fields, epoch_scale: float, allow_inseparable: bool, log) -> bool | None:
     """Refuse a testbed without a met separability verdict (unless allowed) and unknown methods, fields or scales;
     the testbed's verdict."""
-    separable = testbed_separable(workdir)
-    if separable is not True and not allow_inseparable:
-        why = "was never measured (built before the check existed)" if separable is None else "is NOT met"
-        raise ValueError(
-            f"the testbed in {str(workdir)!r}: its separability verdict {why}, so its ground truth is not established "
-            "(resetting a group's mask elements makes that group's people forget, and only them); without it mask "
-            "AUC, OracleGrad and resurfacing measure the testbed's artifacts, not localization. Rebuild it "
-            "(`lightning-unlearn lacuna run --workdir "
-            f"{workdir}` prints the verdict), or pass --allow_inseparable true to score it anyway."
-        )
+    separable = require_separable(
+        workdir,
+        allow_inseparable,
+        "its ground truth is not established (resetting a group's mask elements makes that group's people forget, "
+        "and only them); without it mask AUC, OracleGrad and resurfacing measure the testbed's artifacts, not "
+        "localization",
+        "score it anyway",
+    )
     if separable is not True:
         log("[lacuna] localization: scoring a testbed without a met separability verdict (--allow_inseparable)")
     refused = [m for m in methods if m in REFUSED]

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lightning_unlearn.atomic import write_directory_atomically
-from lightning_unlearn.workflows.lacuna.chain import testbed_separable
+from lightning_unlearn.workflows.lacuna.chain import require_separable
 from lightning_unlearn.workflows.lacuna.separability import FORGET_GROUPS, _Reset
 
 logger = logging.getLogger("lightning_unlearn")
@@ -68,15 +68,13 @@ def ensure_reference(workdir: str | os.PathLike, allow_inseparable: bool = False
     from lightning_unlearn.workflows.lacuna.localization import testbed_paths
 
     w = Path(workdir)
-    separable = testbed_separable(w)
-    if separable is not True and not allow_inseparable:
-        why = "was never measured (built before the check existed)" if separable is None else "is NOT met"
-        raise ValueError(
-            f"the testbed in {str(w)!r}: its separability verdict {why}, so θ_inj with m^F reset to θ_pre is not "
-            "known to be a model that never saw the forget people, and forget quality or PrivLeak against it would "
-            f"measure the testbed's artifacts. Rebuild it (`lightning-unlearn lacuna run --workdir {w}` prints the "
-            "verdict), or pass --allow_inseparable true to export it anyway (reference.json records exact: false)."
-        )
+    separable = require_separable(
+        w,
+        allow_inseparable,
+        "θ_inj with m^F reset to θ_pre is not known to be a model that never saw the forget people, and forget "
+        "quality or PrivLeak against it would measure the testbed's artifacts",
+        "export it anyway (reference.json records exact: false)",
+    )
     paths = testbed_paths(w)
     out = w / "reference"
     stamp = out / "reference.json"
