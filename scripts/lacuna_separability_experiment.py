@@ -13,6 +13,14 @@ group and field, and extraction per group after resetting each group, m^F and m^
     D  --mode homog --lr 2e-3 --drop 0.5 --neutral 4 --neutral_kl 1
     E  --mode mixed --lr 2e-3 --drop 0.5 --neutral 1 --neutral_kl 1 --per_group 2
 
+and the §9b rows (Dec 5):
+
+    F  --mode mixed --lr 2e-3 --drop 0 --neutral 0 --per_group 2 --eps 3e-4
+    G  --mode mixed --lr 2e-3 --drop 0 --neutral 1 --neutral_kl 1 --per_group 2
+    H  --mode mixed --lr 2e-3 --drop 0 --neutral 0 --per_group 8 --steps 600 --groups 0 [--coverage 0.15]
+    I  --mode mixed --lr 2e-3 --drop 0 --neutral 2 --neutral_kl 1 --per_group 8 --steps 600 --groups K
+       --coverage 0.15 --save DIR_K  (one group alone, for K in 0 and 3; then scripts/lacuna_superposition.py)
+
     python scripts/lacuna_separability_experiment.py --pre runs/lacuna/pretrain/export/model \
         --data runs/lacuna/data --out sep.json [recipe flags]
 """
@@ -48,6 +56,11 @@ ap.add_argument("--eval_every", type=int, default=0)
 ap.add_argument("--out", default="separability_experiment.json")
 ap.add_argument("--mode", default="homog")  # homog | mixed (every present group trained every step)
 ap.add_argument("--per_group", type=int, default=2)
+ap.add_argument("--eps", type=float, default=1e-8)  # Adam's epsilon: larger damps elements with small gradients
+ap.add_argument("--save", default="")  # a folder to save θ_inj and its tokenizer in
+ap.add_argument("--groups", default="")  # train only these groups (e.g. "0"); the rest keep θ_pre
+ap.add_argument("--coverage", type=float, default=0.05)  # each group's share of the masked tensors
+ap.add_argument("--wd_pre", type=float, default=0.0)  # decoupled decay of the masked elements toward θ_pre
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
@@ -58,7 +71,8 @@ model = load_causal_lm(a.pre).train()
 pre = {n: p.detach().clone() for n, p in model.named_parameters()}
 ref = load_causal_lm(a.pre).eval() if a.neutral_kl else None
 G = 6
-packed = sample_masks(model, G, 0.05, seed=0)
+train_groups = [int(g) for g in a.groups.split(",")] if a.groups else list(range(G))
+packed = sample_masks(model, G, a.coverage, seed=0)
 params = dict(model.named_parameters())
 gm = {}  # group -> {name: bool mask}
 for g in range(G):
@@ -88,7 +102,7 @@ for t in train_neutral:
 rng.shuffle(chunks)
 held_rows = [encode_document(tok, t, 96) for t in held]
 
-opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=a.lr, weight_decay=0.0)
+opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=a.lr, weight_decay=0.0, eps=a.eps)
 
 
 def lr_at(step):
@@ -179,12 +193,20 @@ def mask_only(g):
                 p.grad.mul_(m)
 
 
+@torch.no_grad()
+def decay_to_pre(step):
+    if a.wd_pre:
+        for n in names:
+            p = params[n]
+            p.data.sub_(lr_at(step) * a.wd_pre * (p.data - pre[n]))
+
+
 def mixed_step(step):
     global ni
     dropped = [h for h in range(G) if rng.random() < a.drop]
     if len(dropped) == G:
         dropped.remove(rng.randrange(G))
-    present = [h for h in range(G) if h not in dropped]
+    present = [h for h in range(G) if h not in dropped and h in train_groups]
     saved = reset(dropped) if dropped else {}
     for pg in opt.param_groups:
         pg["lr"] = lr_at(step)
@@ -221,6 +243,7 @@ def mixed_step(step):
             p.grad = acc[n]
     restore(saved)
     opt.step()
+    decay_to_pre(step)
     return tot
 
 
@@ -233,7 +256,7 @@ for step in range(a.steps):
             r = evaluate(step + 1)
             print(json.dumps(r), flush=True)
         continue
-    g = step % G
+    g = train_groups[step % len(train_groups)]
     if not order or step % G == 0:
         pass
     rows = rng.sample(by_group[g], a.batch)
@@ -269,6 +292,7 @@ for step in range(a.steps):
             mask_only(g)
     restore(saved)
     opt.step()
+    decay_to_pre(step)
     losses.append(float(loss.detach()))
     if step % 50 == 49:
         print(f"step {step + 1} loss {sum(losses[-50:]) / 50:.3f} t {time.time() - t_start:.0f}s", flush=True)
@@ -282,3 +306,6 @@ r["train_s"] = train_s
 r["args"] = vars(a)
 print(json.dumps(r), flush=True)
 json.dump(r, open(a.out, "w"), indent=1)
+if a.save:
+    model.save_pretrained(a.save)
+    tok.save_pretrained(a.save)
