@@ -20,6 +20,7 @@ and the §9b rows (Dec 5):
     H  --mode mixed --lr 2e-3 --drop 0 --neutral 0 --per_group 8 --steps 600 --groups 0 [--coverage 0.15]
     I  --mode mixed --lr 2e-3 --drop 0 --neutral 2 --neutral_kl 1 --per_group 8 --steps 600 --groups K
        --coverage 0.15 --save DIR_K  (one group alone, for K in 0 and 3; then scripts/lacuna_superposition.py)
+    J  as G, with --drop 0.5 --drop_from 300 (group dropout after the first third)
 
     python scripts/lacuna_separability_experiment.py --pre runs/lacuna/pretrain/export/model \
         --data runs/lacuna/data --out sep.json [recipe flags]
@@ -59,6 +60,7 @@ ap.add_argument("--per_group", type=int, default=2)
 ap.add_argument("--eps", type=float, default=1e-8)  # Adam's epsilon: larger damps elements with small gradients
 ap.add_argument("--save", default="")  # a folder to save θ_inj and its tokenizer in
 ap.add_argument("--groups", default="")  # train only these groups (e.g. "0"); the rest keep θ_pre
+ap.add_argument("--drop_from", type=int, default=0)  # group dropout only from this step on
 ap.add_argument("--coverage", type=float, default=0.05)  # each group's share of the masked tensors
 ap.add_argument("--wd_pre", type=float, default=0.0)  # decoupled decay of the masked elements toward θ_pre
 a = ap.parse_args()
@@ -203,7 +205,7 @@ def decay_to_pre(step):
 
 def mixed_step(step):
     global ni
-    dropped = [h for h in range(G) if rng.random() < a.drop]
+    dropped = [h for h in range(G) if rng.random() < a.drop] if step >= a.drop_from else []
     if len(dropped) == G:
         dropped.remove(rng.randrange(G))
     present = [h for h in range(G) if h not in dropped and h in train_groups]
@@ -260,7 +262,7 @@ for step in range(a.steps):
     if not order or step % G == 0:
         pass
     rows = rng.sample(by_group[g], a.batch)
-    others = [h for h in range(G) if h != g and rng.random() < a.drop]
+    others = [h for h in range(G) if h != g and rng.random() < a.drop] if step >= a.drop_from else []
     saved = reset(others) if others else {}
     for pg in opt.param_groups:
         pg["lr"] = lr_at(step)
