@@ -21,6 +21,7 @@ and the §9b rows (Dec 5):
     I  --mode mixed --lr 2e-3 --drop 0 --neutral 2 --neutral_kl 1 --per_group 8 --steps 600 --groups K
        --coverage 0.15 --save DIR_K  (one group alone, for K in 0 and 3; then scripts/lacuna_superposition.py)
     J  as G, with --drop 0.5 --drop_from 300 (group dropout after the first third)
+    K  as G, with --pre set to a θ_pre warmed on other people's QA (§9a idea 5)
 
     python scripts/lacuna_separability_experiment.py --pre runs/lacuna/pretrain/export/model \
         --data runs/lacuna/data --out sep.json [recipe flags]
