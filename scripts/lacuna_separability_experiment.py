@@ -63,7 +63,6 @@ ap.add_argument("--save", default="")  # a folder to save θ_inj and its tokeniz
 ap.add_argument("--groups", default="")  # train only these groups (e.g. "0"); the rest keep θ_pre
 ap.add_argument("--drop_from", type=int, default=0)  # group dropout only from this step on
 ap.add_argument("--coverage", type=float, default=0.05)  # each group's share of the masked tensors
-ap.add_argument("--wd_pre", type=float, default=0.0)  # decoupled decay of the masked elements toward θ_pre
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
@@ -196,14 +195,6 @@ def mask_only(g):
                 p.grad.mul_(m)
 
 
-@torch.no_grad()
-def decay_to_pre(step):
-    if a.wd_pre:
-        for n in names:
-            p = params[n]
-            p.data.sub_(lr_at(step) * a.wd_pre * (p.data - pre[n]))
-
-
 def mixed_step(step):
     global ni
     dropped = [h for h in range(G) if rng.random() < a.drop] if step >= a.drop_from else []
@@ -246,7 +237,6 @@ def mixed_step(step):
             p.grad = acc[n]
     restore(saved)
     opt.step()
-    decay_to_pre(step)
     return tot
 
 
@@ -295,7 +285,6 @@ for step in range(a.steps):
             mask_only(g)
     restore(saved)
     opt.step()
-    decay_to_pre(step)
     losses.append(float(loss.detach()))
     if step % 50 == 49:
         print(f"step {step + 1} loss {sum(losses[-50:]) / 50:.3f} t {time.time() - t_start:.0f}s", flush=True)
