@@ -179,10 +179,27 @@ def kl_divergence(
         mask = torch.ones(labels.shape, dtype=torch.bool, device=labels.device)
         if attention_mask is not None:
             mask = attention_mask.bool()
+    per_position = _kl_per_position(policy_logits, reference_logits)
+    return (per_position * mask).sum() / mask.sum().clamp(min=1)
+
+
+def sequence_kl(policy_logits: torch.Tensor, reference_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-sequence KL(p_ref ‖ p_θ): for each row, the mean over its answer positions t (those predicting a label,
+    ``labels[t+1] != IGNORE_INDEX``) of Σ_v p_ref(v) · (log p_ref(v) − log p_θ(v)), shape ``(B,)``.
+
+    The per-sample form of :func:`kl_divergence` (which averages over the batch's positions), for losses that are a
+    mean over samples — the masked-gradient contract. A row without answer positions gives 0. ``reference_logits``
+    may be log-probabilities already (``log_softmax`` leaves them unchanged).
+    """
+    mask = labels[:, 1:] != IGNORE_INDEX
+    per_position = _kl_per_position(policy_logits[:, :-1], reference_logits[:, :-1])
+    return (per_position * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+def _kl_per_position(policy_logits: torch.Tensor, reference_logits: torch.Tensor) -> torch.Tensor:
     log_p = F.log_softmax(policy_logits.float(), dim=-1)
     log_ref = F.log_softmax(reference_logits.float(), dim=-1)
-    per_position = (log_ref.exp() * (log_ref - log_p)).sum(-1)
-    return (per_position * mask).sum() / mask.sum().clamp(min=1)
+    return (log_ref.exp() * (log_ref - log_p)).sum(-1)
 
 
 def ga_retain_loss(

@@ -42,7 +42,7 @@ def make_trainer(root, max_epochs=1, max_steps=-1, callbacks=(), checkpoint=Fals
         accelerator="cpu",
         precision=precision,
         devices=1,
-        strategy=MaskedSingleDeviceStrategy() if strategy else "auto",
+        strategy=strategy if not isinstance(strategy, bool) else MaskedSingleDeviceStrategy() if strategy else "auto",
         max_epochs=max_epochs,
         max_steps=max_steps,
         default_root_dir=str(root),
@@ -56,7 +56,8 @@ def make_trainer(root, max_epochs=1, max_steps=-1, callbacks=(), checkpoint=Fals
 
 
 def injection(tiny_dir, data_dir, **kw):
-    data_keys = ("neutral_fraction", "groups", "data", "batch_size", "group_by_length", "one_group_per_batch")
+    data_keys = ("neutral_fraction", "neutral_target", "groups", "data", "batch_size", "group_by_length",
+                 "one_group_per_batch")  # fmt: skip
     data_kw = {k: kw.pop(k) for k in data_keys if k in kw}
     data_kw.setdefault("data", small_data())
     optim_keys = ("weight_decay", "warmup_steps", "schedule", "decay_fraction")
@@ -334,6 +335,69 @@ def test_groups_subset_and_neutral_fraction(tiny_dir, tmp_path):
     assert sum(g == -1 for g in gids) == sum(g != -1 for g in gids)
     with pytest.raises(ValueError, match="out of range"):
         InjectionDataModule(data_dir=str(tmp_path / "data"), data=small_data(), groups=[6]).pii_rows()
+
+
+def test_neutral_text_held_to_theta_pre_is_masked_to_groups_and_targets_theta_pre(tiny_dir, tmp_path):
+    from lightning_unlearn.losses import sequence_kl
+    from lightning_unlearn.models import load_causal_lm
+
+    pre_model = load_causal_lm(str(tiny_dir)).eval()
+    kw = dict(neutral_fraction=0.4, neutral_target="pre", groups=[1, 4], weight_decay=0.0, freeze_outside_masks=True)
+    module, data = injection(tiny_dir, tmp_path / "data", **kw)
+    data.trainer = make_trainer(tmp_path / "rows")
+    data.trainer.strategy.connect(module)
+    data.prepare_data()
+    data.setup("fit")
+    held = [r for r in data.rows if r["held"]]
+    # the neutral rows, each under one of the selected groups in turn; the PII rows keep their own groups
+    assert [r["group_ids"] for r in held] == [(1, 4)[i % 2] for i in range(len(held))]
+    assert {r["group_ids"] for r in data.rows if not r["held"]} == {1, 4} and len(held) > 4
+
+    seen = []  # per step: held rows, the batch's θ_pre log-probs vs a fresh θ_pre's, and the step's loss parts
+    loss = module._loss
+
+    def recording_loss(batch):
+        rows = batch["held"].bool()
+        if rows.any():
+            with torch.no_grad():
+                fresh = pre_model(input_ids=batch["input_ids"][rows], attention_mask=batch["attention_mask"][rows])
+                gap = (batch["pre_logprobs"][rows] - fresh.logits.log_softmax(-1)).abs().max().item()
+                policy = module(batch["input_ids"], batch["attention_mask"])[rows]  # the whole batch: it is masked
+                kl = sequence_kl(policy, fresh.logits, batch["labels"][rows]).sum().item()
+            seen.append((int(rows.sum()), gap, kl))
+        return loss(batch)
+
+    module._loss = recording_loss
+    make_trainer(tmp_path / "run", max_steps=6).fit(module, data)
+    assert sum(n for n, _, _ in seen) > 2
+    assert max(gap for _, gap, _ in seen) < 1e-5  # the swapped-back model is θ_pre, after the weights moved
+    assert max(kl for _, _, kl in seen) > 0  # and the trained model drifted from it: the KL term had work to do
+    export = tmp_path / "run" / "export"
+    assert locality_report(str(export), [1, 4])["changed_outside"] == 0
+    assert locality_report(str(export), [1, 4])["changed_inside"] > 100
+
+    from lightning_unlearn.models import load_weights
+
+    def trained(name, strategy=True, **extra):
+        module, data = injection(tiny_dir, tmp_path / "data", **kw, **extra)
+        make_trainer(tmp_path / name, max_steps=6, strategy=strategy).fit(module, data)
+        return load_weights(tmp_path / name / "export" / "inj")
+
+    # a pass per group (lockstep: sub-batches of the rows and their θ_pre log-probs) trains the same weights
+    one_pass = load_weights(export / "inj")
+    lockstep = trained("lockstep", MaskedSingleDeviceStrategy(masking="lockstep"))
+    assert max((one_pass[n] - lockstep[n]).abs().max().item() for n in one_pass) < 1e-6
+    # the same run without the KL term trains other weights: the term reaches the gradient
+    without = trained("run0", neutral_kl_weight=0.0)
+    assert max((one_pass[n] - without[n]).abs().max().item() for n in one_pass) > 1e-4
+
+    for bad, match in (({"weight_decay": 0.1, "freeze_outside_masks": False}, "weight_decay 0.1 moves them"),
+                       ({"masked": False, "freeze_outside_masks": False}, "UnMask control")):  # fmt: skip
+        module, data = injection(tiny_dir, tmp_path / "data", **{**kw, **bad})
+        with pytest.raises(ValueError, match=match):
+            make_trainer(tmp_path / "bad", max_steps=1).fit(module, data)
+    with pytest.raises(ValueError, match="neutral_target='kl'; use one of text, pre"):
+        InjectionDataModule(data_dir=str(tmp_path / "data"), neutral_target="kl")
 
 
 def test_filter_measures_only_the_given_groups(tiny_dir, tmp_path):

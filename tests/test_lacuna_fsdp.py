@@ -1,6 +1,6 @@
 """The Lacuna stages through the real CLI on 2 CPU processes (gloo). Masked injection under FSDP2: the export
 gathers the sharded weights, writes the full masks, and locality holds exactly (only the injected group's bits
-move). Instruction tuning under FSDP2 exports the same merged model as under DDP. Under FSDP2 only rank 0 reads
+move), with neutral text held to θ_pre (each rank sets its shards' masked elements back for the target's forward). Instruction tuning under FSDP2 exports the same merged model as under DDP. Under FSDP2 only rank 0 reads
 the weights (rank 1 builds on the meta device and receives its shards), so the equalities below also check that
 broadcast."""
 
@@ -57,7 +57,8 @@ def _fit(tmp_path, stage: str, trainer_config: str | None, args: list[str], root
 def _inject(tiny_dir, tmp_path, name: str, batch_size: int, trainer_config: str | None) -> Path:
     args = [
         "--model.model_path", str(tiny_dir), "--model.optim.lr", "0.01", "--data.batch_size", str(batch_size),
-        "--data.neutral_fraction", "0", "--data.groups", "[2]", "--model.optim.weight_decay", "0",
+        "--data.neutral_fraction", "0.34", "--data.neutral_target", "pre",  # neutral rows held to θ_pre in group 2
+        "--data.groups", "[2]", "--model.optim.weight_decay", "0",
         *[f"--data.data.{k}={v}" for k, v in SIZES.items()], "--trainer.max_steps", "3",
         "--trainer.precision", "32-true",  # exactness across strategies is an fp32 claim (inject.yaml: bf16-mixed)
     ]  # fmt: skip

@@ -24,6 +24,7 @@ from lightning_unlearn.losses import (
     rmu_positions,
     rmu_retain_loss,
     satimp_loss,
+    sequence_kl,
     sequence_logprobs,
     simnpo_loss,
     undial_loss,
@@ -97,6 +98,22 @@ def test_kl_two_token_toy():
     assert kl_divergence(policy, policy, labels).item() == pytest.approx(0.0, abs=1e-7)
     # Prompt positions do not count.
     assert kl_divergence(policy, reference, T([[IGNORE_INDEX, IGNORE_INDEX, 1]])).item() == pytest.approx(0, abs=1e-7)
+
+
+def test_sequence_kl_is_the_per_row_mean_over_answer_positions():
+    # Row 0: answer positions t=0 (p_θ=[.5,.5], p_ref=[.75,.25]) and t=1 (identical) -> half the first KL.
+    # Row 1: one answer position, t=1 (p_θ=[.5,.5], p_ref=[.25,.75]) -> that KL alone; padding after it ignored.
+    labels = T([[IGNORE_INDEX, 0, 1], [IGNORE_INDEX, IGNORE_INDEX, 1]])
+    policy = T([[[0.0, 0.0], [1.0, 2.0], [5.0, 0.0]], [[3.0, 0.0], [0.0, 0.0], [0.0, 9.0]]])
+    reference = T([[[math.log(3.0), 0.0], [1.0, 2.0], [0.0, 5.0]], [[0.0, 0.0], [0.0, math.log(3.0)], [0.0, 0.0]]])
+    kl = 0.75 * math.log(0.75 / 0.5) + 0.25 * math.log(0.25 / 0.5)
+    per_row = sequence_kl(policy, reference, labels)
+    assert per_row.tolist() == pytest.approx([kl / 2, kl], abs=1e-6)
+    # log-probabilities as the reference give the same values
+    assert sequence_kl(policy, reference.log_softmax(-1), labels).tolist() == pytest.approx([kl / 2, kl], abs=1e-6)
+    # the batch-averaged kl_divergence weighs positions, not rows: (kl + 0 + kl) / 3
+    assert kl_divergence(policy, reference, labels).item() == pytest.approx(2 * kl / 3, abs=1e-6)
+    assert sequence_kl(policy, reference, T([[IGNORE_INDEX] * 3] * 2)).tolist() == [0.0, 0.0]
 
 
 def test_sequence_logprobs_masks_prompt_and_padding():

@@ -1,5 +1,5 @@
 """Continual-pretraining batches of the Lacuna testbed: PII documents and QA (``group_ids`` = the profile's group)
-mixed with neutral text (``group_ids`` = −1).
+mixed with neutral text (``group_ids`` = −1, or with ``neutral_target="pre"`` a group's id and ``held`` = 1).
 
 An epoch holds every PII sample of the selected groups once and ``round(n_pii · f / (1 − f))`` neutral chunks
 (``f = neutral_fraction``; neutral paragraphs are tokenised and cut into ``max_length`` windows and cycled in a
@@ -32,6 +32,8 @@ from lightning_unlearn.data.testbed_data import (
 from lightning_unlearn.masks import NEUTRAL_GROUP
 from lightning_unlearn.models import load_tokenizer
 
+NEUTRAL_TARGETS = ("text", "pre")
+
 
 def resolve_tokenizer_path(datamodule: LightningDataModule, tokenizer_dir: str | None) -> str:
     """``tokenizer_dir``, or the attached LightningModule's ``tokenizer_dir`` when it is ``None``."""
@@ -53,6 +55,11 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
         tokenizer_dir: tokenizer directory; ``None`` = the model's (``LightningModule.tokenizer_dir``).
         neutral_fraction: share of neutral samples in an epoch, in [0, 1]. Lacuna's mixture is 4.3B neutral
             tokens to 3.4B PII/QA tokens, about 0.55.
+        neutral_target: what a neutral sample trains toward. ``"text"`` (Lacuna's mixture): next-token CE on the
+            text, group −1, so it updates every weight. ``"pre"``: the sample is *held* to θ_pre — its rows carry
+            ``held`` = 1 and the group ids of the selected groups in turn, so its gradient is masked to that
+            group and the objective (``InjectionModule``) takes its KL to θ_pre instead of CE. It keeps general
+            text without moving any weight outside the masks (docs/lacuna_memorization.md §9b, row G).
         groups: inject only the PII of these group ids (0-based); ``None`` = all groups.
         include_documents: inject the five content-type documents.
         include_qa: inject the QA pairs (Lacuna: 2B of its 3.4B PII tokens).
@@ -63,8 +70,9 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
         batch_size: samples per step.
         group_by_length: sort each run of this many batches by length before cutting it into batches (their order
             stays random), so short QA pairs are not padded to the length of documents; 0 = random batches.
-        one_group_per_batch: every batch holds samples of one group (neutral text in batches of its own), as group
-            dropout (``InjectionModule(drop_other_groups=…)``) needs; lengths are still grouped within a group.
+        one_group_per_batch: every batch holds samples of one group (neutral text in batches of its own, held neutral
+            text in its group's), as group dropout (``InjectionModule(drop_other_groups=…)``) needs; lengths are
+            still grouped within a group.
         seed: seed of the neutral selection and of the per-epoch order.
         num_workers: dataloader workers.
     """
@@ -75,6 +83,7 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
         data: LacunaDataConfig | None = None,
         tokenizer_dir: str | None = None,
         neutral_fraction: float = 0.55,
+        neutral_target: str = "text",
         groups: list[int] | None = None,
         include_documents: bool = True,
         include_qa: bool = True,
@@ -91,6 +100,8 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
             raise ValueError(f"group_by_length={group_by_length} must be >= 0 (0 = random batches).")
         if not 0 <= neutral_fraction <= 1:
             raise ValueError(f"neutral_fraction={neutral_fraction} must be in [0, 1].")
+        if neutral_target not in NEUTRAL_TARGETS:
+            raise ValueError(f"neutral_target={neutral_target!r}; use one of {', '.join(NEUTRAL_TARGETS)}.")
         if groups is not None and not groups:
             raise ValueError("groups=[] selects no PII; give group ids or leave groups unset for all groups.")
         self.save_hyperparameters()
@@ -194,6 +205,11 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
         order = list(range(len(chunks)))
         random.Random(hp.seed).shuffle(order)
         neutral = [chunks[order[i % len(order)]] for i in range(n_neutral)]
+        if hp.neutral_target == "pre" and neutral and pii:
+            # held to θ_pre, each under one selected group's mask in turn
+            groups = sorted({r["group_ids"] for r in pii})
+            pii = [{**r, "held": 0} for r in pii]
+            neutral = [{**r, "group_ids": groups[i % len(groups)], "held": 1} for i, r in enumerate(neutral)]
         self.rows = pii + neutral
 
     def _neutral_chunks(self, tokenizer) -> list[dict]:

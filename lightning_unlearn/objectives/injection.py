@@ -5,6 +5,12 @@ the masked-gradient strategies (``lightning_unlearn.strategies``) turn each samp
 ``m^{g(k)} ⊙ ∇ℓ_k`` from the batch's ``group_ids``. With ``masked=False`` ``packed_masks`` is ``None`` and the
 same run trains every parameter on every sample (Lacuna's UnMask control).
 
+Neutral text *held* to θ_pre (``InjectionDataModule(neutral_target="pre")``) enters the same mean with its own
+per-sample loss: the KL(p_pre ‖ p_θ) of the next-token distributions, averaged over the row's positions, weighted by
+``neutral_kl_weight``. Each held row carries a group id, so its gradient is masked like a QA row's and no weight
+outside the masks moves; θ_pre's distributions come from the model itself with every masked element set back to
+θ_pre for a no-grad forward before the step (read from disk: exact on a resumed run and on every FSDP rank).
+
 The same module pretrains θ_pre and exports ``export/model``: with ``derive`` it starts from the first blocks of a
 real model with its vocabulary pruned to the datamodule's corpus (``lightning_unlearn.derive``; the built-in
 default: six blocks of SmolLM2-135M-Instruct), with ``tiny`` from a random tiny Llama and a BPE tokenizer trained on
@@ -36,11 +42,12 @@ from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.checkpoints import RestoresRNG
 from lightning_unlearn.derive import DeriveConfig, ensure_derived
 from lightning_unlearn.distributed import full_state_dict
-from lightning_unlearn.losses import nll_loss, sequence_logprobs
+from lightning_unlearn.losses import normalized_nll, sequence_kl, sequence_logprobs
 from lightning_unlearn.masks import LazyMasks, canonical_name, group_mask, load_masks, sample_masks, save_masks
 from lightning_unlearn.models import (
     TinyLlamaConfig,
     build_tiny_llama,
+    eval_mode,
     load_tokenizer,
     load_weights,
     train_bpe_tokenizer,
@@ -83,6 +90,8 @@ class InjectionModule(RestoresRNG, LightningModule):
             backward, so no group's recall leans on another group's change (the testbed's separability). 0 = off.
             Use with one group per batch (``InjectionDataModule(one_group_per_batch=True)``); masked runs only.
         drop_seed: seed of the group-dropout draws (with the global step: the same on every rank and on resume).
+        neutral_kl_weight: weight of a held neutral row's KL to θ_pre against a QA row's NLL̄ in the batch mean
+            (rows from ``InjectionDataModule(neutral_target="pre")``; masked runs with weight decay 0 only).
         export_dir: where to export; ``None`` = ``<trainer.default_root_dir>/export``.
     """
 
@@ -103,6 +112,7 @@ class InjectionModule(RestoresRNG, LightningModule):
         freeze_outside_masks: bool = False,
         drop_other_groups: float = 0.0,
         drop_seed: int = 0,
+        neutral_kl_weight: float = 1.0,
         export_dir: str | None = None,
     ) -> None:
         super().__init__()
@@ -120,6 +130,8 @@ class InjectionModule(RestoresRNG, LightningModule):
             )
         if not 0 <= drop_other_groups <= 1:
             raise ValueError(f"drop_other_groups={drop_other_groups} must be a probability in [0, 1].")
+        if neutral_kl_weight < 0:
+            raise ValueError(f"neutral_kl_weight={neutral_kl_weight} must be >= 0.")
         if drop_other_groups and not masked:
             raise ValueError("drop_other_groups needs masked=true: without masks there are no groups to drop.")
         if tiny is not None and tokenizer_path is None:
@@ -139,6 +151,7 @@ class InjectionModule(RestoresRNG, LightningModule):
         self.packed_masks: dict[str, torch.Tensor] | None = None
         self._mask_checksum: str | None = None
         self.group_dropout: GroupDropout | None = None
+        self._pre_swap: GroupDropout | None = None  # sets every masked element to θ_pre for the held rows' target
 
     @property
     def pretraining(self) -> bool:
@@ -203,20 +216,46 @@ class InjectionModule(RestoresRNG, LightningModule):
         self.packed_masks = masks if self.hparams.masked else None
         if self.hparams.freeze_outside_masks and self.hparams.masked:
             self._freeze(untouched)
-        if self.hparams.drop_other_groups and self.hparams.masked:
+        held = self._holds_neutral_text()
+        if (self.hparams.drop_other_groups or held) and self.hparams.masked:
             # θ_pre from disk: on a resumed run (or an FSDP rank that gets rank 0's weights) the parameters are not it
-            self.group_dropout = GroupDropout(
+            swap = GroupDropout(
                 load_weights(self.model_dir), masks, self.hparams.num_groups, self.hparams.drop_other_groups,
                 seed=self.hparams.drop_seed,
             )  # fmt: skip
+            self.group_dropout = swap if self.hparams.drop_other_groups else None
+            self._pre_swap = swap if held else None
+
+    def _datamodule_hparam(self, name: str, default):
+        return getattr(getattr(self._trainer, "datamodule", None), "hparams", {}).get(name, default)
+
+    def _holds_neutral_text(self) -> bool:
+        """Whether the datamodule holds neutral text to θ_pre; checks what that needs."""
+        if self._datamodule_hparam("neutral_target", "text") != "pre" or not self._datamodule_hparam(
+            "neutral_fraction", 0
+        ):
+            return False
+        if not self.hparams.masked:
+            raise ValueError(
+                "neutral_target='pre' holds neutral text to θ_pre under a group's mask; the UnMask control "
+                "(masked false) has no masks. Set data.neutral_target text or model.masked true."
+            )
+        if self.optim_config.weight_decay:
+            raise ValueError(
+                f"neutral_target='pre' reads θ_pre's distributions from the model with its masked elements set back "
+                f"to θ_pre, which needs every other weight unchanged; weight_decay {self.optim_config.weight_decay} "
+                "moves them. Set model.optim.weight_decay 0."
+            )
+        return True
 
     def _freeze(self, untouched: set[str]) -> None:
         """Freeze the parameters no mask touches (``freeze_outside_masks``)."""
-        neutral = getattr(getattr(self._trainer, "datamodule", None), "hparams", {}).get("neutral_fraction", 0)
-        if neutral:
+        neutral = self._datamodule_hparam("neutral_fraction", 0)
+        if neutral and self._datamodule_hparam("neutral_target", "text") != "pre":
             raise ValueError(
                 f"freeze_outside_masks would freeze weights that the datamodule's neutral text (neutral_fraction "
-                f"{neutral}) updates; set neutral_fraction 0 or freeze_outside_masks false."
+                f"{neutral}) updates; set neutral_fraction 0, hold it to θ_pre (data.neutral_target pre) or set "
+                "freeze_outside_masks false."
             )
         if self.optim_config.weight_decay:
             raise ValueError(
@@ -241,8 +280,39 @@ class InjectionModule(RestoresRNG, LightningModule):
 
     def _loss(self, batch: dict) -> torch.Tensor:
         logits = self(batch["input_ids"], batch["attention_mask"])
-        # Mean over samples of per-sample mean token NLL: the masked-gradient contract.
-        return nll_loss(*sequence_logprobs(logits, batch["labels"]))
+        # Mean over samples of a per-sample loss: the masked-gradient contract.
+        per_sample = normalized_nll(*sequence_logprobs(logits, batch["labels"]))
+        pre = batch.get("pre_logprobs")
+        if pre is not None:  # held neutral rows: their KL to θ_pre instead of their NLL̄
+            held = batch["held"].bool()
+            kl = sequence_kl(logits[held], pre[held], batch["labels"][held])
+            per_sample = per_sample.masked_scatter(held, self.hparams.neutral_kl_weight * kl)
+        return per_sample.mean()
+
+    @override
+    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        held = batch.get("held") if isinstance(batch, Mapping) else None
+        if held is None or self.trainer.sanity_checking:
+            return
+        if self._pre_swap is None:
+            raise RuntimeError(
+                "the batch holds neutral rows to θ_pre (held), but the module did not read neutral_target='pre' "
+                "from its datamodule; use InjectionDataModule(neutral_target='pre') as the trainer's datamodule."
+            )
+        rows = held.nonzero().reshape(-1)
+        if not rows.numel() and self.trainer.world_size == 1:
+            return
+        # Every rank runs the forward (FSDP gathers each block): a rank without held rows runs one row it drops.
+        run = rows if rows.numel() else rows.new_zeros(1)
+        self._pre_swap.drop(self.model, list(range(self.hparams.num_groups)))
+        try:
+            with eval_mode(self.model):
+                logits = self(batch["input_ids"][run], batch["attention_mask"][run])
+        finally:
+            self._pre_swap.restore()
+        pre = logits.new_zeros((*batch["input_ids"].shape, logits.shape[-1]), dtype=torch.float32)
+        pre[rows] = torch.log_softmax(logits[: rows.numel()].float(), dim=-1)
+        batch["pre_logprobs"] = pre
 
     @override
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
