@@ -23,6 +23,11 @@ and the §9b rows (Dec 5):
     J  as G, with --drop 0.5 --drop_from 300 (group dropout after the first third)
     K  as G, with --pre set to a θ_pre warmed on other people's QA (§9a idea 5)
 
+and §9c (Dec 5, second session):
+
+    L  as G, with --outsider_qa OTHER --outsider_rows 1 (QA of 60 people outside the testbed, `lightning-unlearn
+       lacuna data --out OTHER --data.seed 7`, held to θ_pre by KL under each group's mask)
+
     python scripts/lacuna_separability_experiment.py --pre runs/lacuna/pretrain/export/model \
         --data runs/lacuna/data --out sep.json [recipe flags]
 """
@@ -63,6 +68,10 @@ ap.add_argument("--save", default="")  # a folder to save θ_inj and its tokeniz
 ap.add_argument("--groups", default="")  # train only these groups (e.g. "0"); the rest keep θ_pre
 ap.add_argument("--drop_from", type=int, default=0)  # group dropout only from this step on
 ap.add_argument("--coverage", type=float, default=0.05)  # each group's share of the masked tensors
+# other people's QA (a data directory of another seed) held to θ_pre by KL, this many rows per group and step, each
+# under that group's mask: it asks every group's change to leave people outside the testbed as θ_pre had them
+ap.add_argument("--outsider_qa", default="")
+ap.add_argument("--outsider_rows", type=int, default=0)
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
@@ -71,7 +80,7 @@ rng = random.Random(0)
 tok = load_tokenizer(a.pre)
 model = load_causal_lm(a.pre).train()
 pre = {n: p.detach().clone() for n, p in model.named_parameters()}
-ref = load_causal_lm(a.pre).eval() if a.neutral_kl else None
+ref = load_causal_lm(a.pre).eval() if a.neutral_kl or a.outsider_rows else None
 G = 6
 train_groups = [int(g) for g in a.groups.split(",")] if a.groups else list(range(G))
 packed = sample_masks(model, G, a.coverage, seed=0)
@@ -103,6 +112,12 @@ for t in train_neutral:
             chunks.append({"input_ids": full, "labels": list(full)})
 rng.shuffle(chunks)
 held_rows = [encode_document(tok, t, 96) for t in held]
+outsiders = []
+if a.outsider_rows:
+    other = load_table(a.outsider_qa, "qa")
+    outsiders = [encode_document(tok, q + ans, 96) for q, ans in zip(other["prompt"], other["answer"])]
+    rng.shuffle(outsiders)
+oi = 0
 
 opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=a.lr, weight_decay=0.0, eps=a.eps)
 
@@ -195,8 +210,20 @@ def mask_only(g):
                 p.grad.mul_(m)
 
 
+def held_kl(rows):
+    """KL(p_pre ‖ p_θ) per position, averaged over the rows' real tokens."""
+    nb = pad_batch(rows, tok.pad_token_id)
+    nl = model(input_ids=nb["input_ids"], attention_mask=nb["attention_mask"]).logits
+    with torch.no_grad():
+        rl = ref(input_ids=nb["input_ids"], attention_mask=nb["attention_mask"]).logits
+    valid = nb["attention_mask"].bool()
+    return torch.nn.functional.kl_div(
+        nl.log_softmax(-1)[valid], rl.log_softmax(-1)[valid], log_target=True, reduction="batchmean"
+    )
+
+
 def mixed_step(step):
-    global ni
+    global ni, oi
     dropped = [h for h in range(G) if rng.random() < a.drop] if step >= a.drop_from else []
     if len(dropped) == G:
         dropped.remove(rng.randrange(G))
@@ -224,6 +251,10 @@ def mixed_step(step):
                 nl.log_softmax(-1)[valid], rl.log_softmax(-1)[valid], log_target=True, reduction="batchmean"
             )
             loss = loss + a.neutral_weight * kl / len(present)
+        if a.outsider_rows:
+            orows = [outsiders[(oi + i) % len(outsiders)] for i in range(a.outsider_rows)]
+            oi += a.outsider_rows
+            loss = loss + a.neutral_weight * held_kl(orows) / len(present)
         for p in params.values():
             p.grad = None
         loss.backward()

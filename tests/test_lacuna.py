@@ -249,8 +249,21 @@ class _Crash(Callback):
 
 RESUME_RECIPES = {
     "mixture": (dict(neutral_fraction=0.5, weight_decay=0.01, warmup_steps=3), "32-true"),
-    # the built-in default's recipe: no neutral text, wsd schedule, batches grouped by length, bf16 autocast
-    "builtin": (dict(neutral_fraction=0.0, warmup_steps=3, schedule="wsd", group_by_length=2), "bf16-mixed"),
+    # the built-in default's recipe (neutral text held to θ_pre, which is read from disk again on resume, wsd
+    # schedule, batches grouped by length), under bf16 autocast as on a GPU
+    "builtin": (
+        dict(
+            neutral_fraction=0.2,
+            neutral_target="pre",
+            neutral_kl_weight=4.0,
+            weight_decay=0.0,
+            freeze_outside_masks=True,
+            warmup_steps=3,
+            schedule="wsd",
+            group_by_length=2,
+        ),
+        "bf16-mixed",
+    ),
 }
 
 

@@ -1,8 +1,8 @@
 """The Lacuna stages through the real CLI on 2 CPU processes (gloo). Masked injection under FSDP2: the export
 gathers the sharded weights, writes the full masks, and locality holds exactly (only the injected group's bits
-move), with neutral text held to θ_pre (each rank sets its shards' masked elements back for the target's forward). Instruction tuning under FSDP2 exports the same merged model as under DDP. Under FSDP2 only rank 0 reads
-the weights (rank 1 builds on the meta device and receives its shards), so the equalities below also check that
-broadcast."""
+move), with neutral text held to θ_pre (each rank sets its shards' masked elements back for the target's forward).
+Instruction tuning under FSDP2 exports the same merged model as under DDP. Under FSDP2 only rank 0 reads the weights
+(rank 1 builds on the meta device and receives its shards), so the equalities below also check that broadcast."""
 
 from __future__ import annotations
 

@@ -287,6 +287,8 @@ class InjectionModule(RestoresRNG, LightningModule):
             held = batch["held"].bool()
             kl = sequence_kl(logits[held], pre[held], batch["labels"][held])
             per_sample = per_sample.masked_scatter(held, self.hparams.neutral_kl_weight * kl)
+            if kl.numel():  # how far the held text has drifted (train/loss mixes it with the QA NLL̄)
+                self.log("train/held_kl", kl.detach().mean(), batch_size=kl.numel())
         return per_sample.mean()
 
     @override
@@ -306,7 +308,8 @@ class InjectionModule(RestoresRNG, LightningModule):
         run = rows if rows.numel() else rows.new_zeros(1)
         self._pre_swap.drop(self.model, list(range(self.hparams.num_groups)))
         try:
-            with eval_mode(self.model):
+            # the training forward's precision (autocast under bf16-mixed): at θ = θ_pre the KL is 0
+            with self.trainer.precision_plugin.forward_context(), eval_mode(self.model):
                 logits = self(batch["input_ids"][run], batch["attention_mask"][run])
         finally:
             self._pre_swap.restore()
