@@ -27,6 +27,7 @@ and §9c (Dec 5, second session):
 
     L  as G, with --outsider_qa OTHER --outsider_rows 1 (QA of 60 people outside the testbed, `lightning-unlearn
        lacuna data --out OTHER --data.seed 7`, held to θ_pre by KL under each group's mask)
+    M  as G, with --decay_pre 1 (decoupled weight decay toward θ_pre, §9a idea 3)
 
     python scripts/lacuna_separability_experiment.py --pre runs/lacuna/pretrain/export/model \
         --data runs/lacuna/data --out sep.json [recipe flags]
@@ -72,6 +73,7 @@ ap.add_argument("--coverage", type=float, default=0.05)  # each group's share of
 # under that group's mask: it asks every group's change to leave people outside the testbed as θ_pre had them
 ap.add_argument("--outsider_qa", default="")
 ap.add_argument("--outsider_rows", type=int, default=0)
+ap.add_argument("--decay_pre", type=float, default=0.0)  # decoupled weight decay toward θ_pre (mixed mode)
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
@@ -222,6 +224,15 @@ def held_kl(rows):
     )
 
 
+@torch.no_grad()
+def decay_to_pre(step):
+    """Decoupled weight decay toward θ_pre (``--decay_pre``): θ ← θ − lr·λ·(θ − θ_pre), on the masked tensors (the
+    elements outside the masks are at θ_pre already). Loss-neutral parts of the groups' changes shrink away."""
+    if a.decay_pre:
+        for n in names:
+            params[n].sub_(lr_at(step) * a.decay_pre * (params[n] - pre[n]))
+
+
 def mixed_step(step):
     global ni, oi
     dropped = [h for h in range(G) if rng.random() < a.drop] if step >= a.drop_from else []
@@ -268,6 +279,7 @@ def mixed_step(step):
             p.grad = acc[n]
     restore(saved)
     opt.step()
+    decay_to_pre(step)
     return tot
 
 
