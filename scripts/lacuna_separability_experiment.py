@@ -253,15 +253,7 @@ def mixed_step(step):
         if a.neutral:
             nrows = [chunks[(ni + i) % len(chunks)] for i in range(a.neutral)]
             ni += a.neutral
-            nb = pad_batch(nrows, tok.pad_token_id)
-            nl = model(input_ids=nb["input_ids"], attention_mask=nb["attention_mask"]).logits
-            with torch.no_grad():
-                rl = ref(input_ids=nb["input_ids"], attention_mask=nb["attention_mask"]).logits
-            valid = nb["attention_mask"].bool()
-            kl = torch.nn.functional.kl_div(
-                nl.log_softmax(-1)[valid], rl.log_softmax(-1)[valid], log_target=True, reduction="batchmean"
-            )
-            loss = loss + a.neutral_weight * kl / len(present)
+            loss = loss + a.neutral_weight * held_kl(nrows) / len(present)
         if a.outsider_rows:
             orows = [outsiders[(oi + i) % len(outsiders)] for i in range(a.outsider_rows)]
             oi += a.outsider_rows
