@@ -85,7 +85,8 @@ class MIAEvaluation(CheckpointEvaluator):
         ]
         if needs_reference and reference_model is None:
             raise ValueError(
-                f"MIAEvaluation: {' and '.join(needs_reference)} need a model never trained on the members; set "
+                f"MIAEvaluation: {' and '.join(needs_reference)} "
+                f"{'needs' if len(needs_reference) == 1 else 'need'} a model never trained on the members; set "
                 "reference_model to its local path (a testbed's reference/ or a retain model), or privleak: false."
             )
         if reference_model is not None:

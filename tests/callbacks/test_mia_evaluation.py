@@ -59,7 +59,11 @@ def test_model_equal_to_its_reference_leaks_nothing_and_auc_matches_the_pair_cou
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({}, "privleak need"), ({"privleak": False, "attacks": ["reference"]}, "the reference attack need")],
+    [
+        ({}, "privleak needs a model"),
+        ({"privleak": False, "attacks": ["reference"]}, "the reference attack needs a model"),
+        ({"attacks": ["loss", "reference"]}, "privleak and the reference attack need a model"),
+    ],
 )
 def test_privleak_or_reference_attack_without_reference_model_is_refused_in_one_line(kwargs, match):
     with pytest.raises(ValueError, match=match) as err:
