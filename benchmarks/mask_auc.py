@@ -212,7 +212,7 @@ def main() -> None:
     ap.add_argument("--weights", type=int, default=100_000_000, help="scores (in memory) or parameters per model")
     ap.add_argument("--tensors", type=int, default=50)
     ap.add_argument("--positive-rate", type=float, default=0.15)
-    ap.add_argument("--chunk-size", type=int, default=1 << 22)
+    ap.add_argument("--chunk-size", type=int, default=1 << 16)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--check", type=int, default=0, help="cross-check this many leading weights with sklearn")
     ap.add_argument("--on-disk", action="store_true", help="write a model triple to files and score it from them")

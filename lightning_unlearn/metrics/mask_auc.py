@@ -78,24 +78,29 @@ def _flat_labels(labels: torch.Tensor | np.ndarray) -> np.ndarray:
 def _twice_count_below(table: np.ndarray, queries: np.ndarray, chunk_size: int) -> int:
     """Σ over ``queries`` q of #{t < q} + #{t ≤ q} for t in ``table``; both sorted ascending."""
     total = 0
-    last = len(table) - 1
     for start in range(0, len(queries), chunk_size):
         q = queries[start : start + chunk_size]
-        # Sorted queries: numpy's searchsorted starts each search at the previous bound, so this stays in cache.
-        left = np.searchsorted(table, q, side="left")
-        total += 2 * int(left.sum(dtype=np.int64))
+        # The piece's queries all fall in table[lo:hi], a slice about N / Q times the piece's length: searching that
+        # slice alone keeps every step of every binary search in cache (the whole table would not fit).
+        lo = int(np.searchsorted(table, q[0], side="left"))
+        hi = int(np.searchsorted(table, q[-1], side="right"))
+        window = table[lo:hi]
+        left = np.searchsorted(window, q, side="left")
+        total += 2 * (int(left.sum(dtype=np.int64)) + lo * len(q))
+        if not len(window):
+            continue
         # #{t ≤ q} − #{t < q} is q's ties. Only a query equal to the entry at its left bound has any, so the right
         # search runs on those alone (few for continuous scores; a second full search would cost 1.6×).
-        tied = table[np.minimum(left, last)] == q
+        tied = window[np.minimum(left, len(window) - 1)] == q
         if tied.any():
-            right = np.searchsorted(table, q[tied], side="right")
+            right = np.searchsorted(window, q[tied], side="right")
             total += int((right - left[tied]).sum(dtype=np.int64))
     return total
 
 
 def exact_auc(
     chunks: ScoreChunks | Sequence[tuple[torch.Tensor, torch.Tensor]],
-    chunk_size: int = 1 << 20,
+    chunk_size: int = 1 << 16,
     class_counts: tuple[int, int] | None = None,
 ) -> float:
     """Exact ROC AUC (ties count 1/2) over a stream of ``(scores, labels)`` chunks, in one copy of the scores.
