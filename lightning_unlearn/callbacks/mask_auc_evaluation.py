@@ -72,19 +72,21 @@ class MaskAUCEvaluation(CheckpointEvaluator):
         self.composite = composite
         self._reference: dict | None = None
 
-    def _load_reference(self, names: list[str]) -> dict:
+    def _load_reference(self) -> dict:
+        """θ_pre, θ_inj, the label masks and the control as lazy views of their files: ``mask_auc`` reads each tensor
+        when it scores it (as ``lightning-unlearn mask-auc`` does), so rank 0 holds no model beside the one it
+        evaluates. Only the headers are read here, once."""
         if self._reference is None:
-            packed, _ = load_masks(self.masks_path)
-            ref = {
-                "pre": load_weights(self.pre_path),
-                "inj": load_weights(self.inj_path),
-                "forget": union_mask(packed, self.forget_groups),
-                "unified": union_mask(packed, self.forget_groups + self.retain_groups) if self.retain_groups else None,
+            packed, _ = load_masks(self.masks_path, lazy=True)
+            groups = self.forget_groups + self.retain_groups
+            control = self.control_paths and tuple(load_weights(p, lazy=True) for p in self.control_paths)
+            self._reference = {
+                "pre": load_weights(self.pre_path, lazy=True),
+                "inj": load_weights(self.inj_path, lazy=True),
+                "forget": union_mask(packed, self.forget_groups, lazy=True),
+                "unified": union_mask(packed, groups, lazy=True) if self.retain_groups else None,
+                "control": control or None,
             }
-            if self.control_paths:
-                c_inj, c_unl = (load_weights(p) for p in self.control_paths)
-                ref["control"] = {n: c_unl[n] - c_inj[n] for n in names}
-            self._reference = ref
         return self._reference
 
     @override
@@ -103,13 +105,13 @@ class MaskAUCEvaluation(CheckpointEvaluator):
                 theta_unl[name] = tensor
         result = None
         if rank == 0:
-            ref = self._load_reference(names)
+            ref = self._load_reference()
             result = mask_auc(
                 ref["pre"],
                 ref["inj"],
                 theta_unl,
                 ref["forget"],
-                control=ref.get("control"),
+                control=ref["control"],
                 unified_mask=ref["unified"],
                 names=names,
                 max_samples=self.max_samples,

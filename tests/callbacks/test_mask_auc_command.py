@@ -100,3 +100,32 @@ def test_an_unlearned_model_of_another_architecture_is_named(tiny_dir, tmp_path)
     with pytest.raises(SystemExit, match=rf"mask-auc: error: --unl '{other}': .* is \(\d+, 16\)?.*but θ_pre") as err:
         main(argv)
     assert "\n" not in str(err.value)
+
+
+def test_mask_auc_callback_reads_the_reference_models_lazily_and_scores_as_in_memory(tiny_dir, tmp_path):
+    """The callback keeps θ_pre, θ_inj, the masks and the control as lazy views of their files (rank 0 holds no
+    extra model) and scores exactly what ``mask_auc`` gives on the whole models in memory, control included."""
+    from types import SimpleNamespace
+
+    from lightning_unlearn.callbacks import MaskAUCEvaluation
+    from lightning_unlearn.masks import LazyMasks
+    from lightning_unlearn.models import LazyWeights
+
+    w = write_lacuna_weights(tiny_dir, tmp_path)
+    control = {"control_inj_path": w["pre_dir"], "control_unl_path": w["unl_dir"]}
+    cb = MaskAUCEvaluation(
+        w["pre_dir"], w["inj_dir"], w["masks"], max_samples=3000, output_dir=str(tmp_path), **control
+    )
+    model = load_causal_lm(w["unl_dir"])
+    row = cb.compute(None, SimpleNamespace(model=model), step=0)
+    reference = cb._load_reference()
+    held = [reference["pre"], reference["inj"], *reference["control"]]
+    assert all(isinstance(m, LazyWeights) for m in held)  # each tensor read from its file when scored, never cached
+    assert all(isinstance(reference[k], LazyMasks) for k in ("forget", "unified"))
+    packed, _ = load_masks(w["masks"])
+    pre, inj, unl = (load_weights(w[k]) for k in ("pre_dir", "inj_dir", "unl_dir"))
+    expected = mask_auc(pre, inj, unl, union_mask(packed, [0, 1, 2]), control=(pre, unl),
+                        unified_mask=union_mask(packed, range(6)), names=masked_parameter_names(model),
+                        max_samples=3000)  # fmt: skip
+    assert row["F"] == expected["F"] and row["F_or_R"] == expected["F|R"]
+    assert "contrast" in row["F"]
