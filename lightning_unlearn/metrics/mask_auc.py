@@ -172,23 +172,34 @@ def exact_auc(
     return twice_wins / (2 * n_pos * n_neg)
 
 
-def quantile_rank(x: torch.Tensor) -> torch.Tensor:
-    """Rank of each element within ``x`` scaled to [0, 1]; tied elements share their average rank. Shape of ``x``."""
+def quantile_rank(x: torch.Tensor, chunk_size: int = 1 << 20) -> torch.Tensor:
+    """Rank of each element within ``x`` scaled to [0, 1]; tied elements share their average rank. Shape of ``x``.
+
+    One sort, then the ranks are written ``chunk_size`` sorted positions at a time: a run of equal values
+    ``[start, end)`` gets ``(start + end − 1) / 2``, so an untied value gets its position. The chunk's runs come from
+    ``unique_consecutive``; only its first and last run can reach past its ends, and ``searchsorted`` finds where
+    they start and stop. Memory: the sorted values, the sort order and the result (16 bytes a weight) plus one
+    chunk, with no full-size float64 or inverse-index temporary.
+    """
     flat = x.reshape(-1)
     n = flat.numel()
     if n <= 1:
         return torch.zeros_like(x, dtype=torch.float32)
     sorted_vals, order = flat.sort()
-    if bool((sorted_vals[1:] != sorted_vals[:-1]).all()):  # no ties (continuous scores): the rank is the position
-        rank_sorted = torch.arange(n, dtype=torch.float64)
-    else:
-        _, inverse, counts = torch.unique_consecutive(sorted_vals, return_inverse=True, return_counts=True)
-        ends = counts.cumsum(0)
-        rank_sorted = ((ends - counts + ends - 1).to(torch.float64) / 2.0)[inverse]  # average 0-based rank of a tie
-        del inverse
-    del sorted_vals
     ranks = torch.empty(n, dtype=torch.float32)
-    ranks[order] = rank_sorted.div_(n - 1).to(torch.float32)
+    for start in range(0, n, chunk_size):
+        stop = min(start + chunk_size, n)
+        values = sorted_vals[start:stop]
+        _, run_of, counts = torch.unique_consecutive(values, return_inverse=True, return_counts=True)
+        ends = counts.cumsum(0).add_(start)  # where each run stops, as a position in sorted_vals
+        starts = ends - counts
+        starts[0] = int(torch.searchsorted(sorted_vals, values[:1], side="left"))  # the first run may begin earlier
+        ends[-1] = int(torch.searchsorted(sorted_vals, values[-1:], side="right"))  # the last may end later
+        if counts.numel() == stop - start and starts[0] == start and ends[-1] == stop:
+            rank = torch.arange(start, stop, dtype=torch.float64)  # no tie: the rank is the position
+        else:
+            rank = (starts + ends - 1).to(torch.float64).div_(2.0)[run_of]  # average 0-based rank of the run
+        ranks.scatter_(0, order[start:stop], rank.div_(n - 1).to(torch.float32))
     return ranks.view_as(x)
 
 

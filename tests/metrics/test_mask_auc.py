@@ -94,6 +94,17 @@ def test_quantile_rank_averages_ties():
     assert torch.allclose(q, torch.tensor([0.0, 2.5 / 3, 2.5 / 3, 1.0 / 3]))
 
 
+@pytest.mark.parametrize("chunk_size", [1, 3, 7, 1 << 20])
+def test_quantile_rank_equals_scipy_average_ranks_whatever_the_chunks(chunk_size):
+    """Tie runs that cross chunk ends get the same average rank as inside one chunk (scipy's ``rankdata``)."""
+    from scipy.stats import rankdata
+
+    g = torch.Generator().manual_seed(0)
+    for x in (torch.randint(0, 9, (5, 41), generator=g).float(), torch.randn(203, generator=g)):
+        expected = (rankdata(x.reshape(-1).numpy(), method="average") - 1) / (x.numel() - 1)
+        assert torch.equal(quantile_rank(x, chunk_size=chunk_size), torch.from_numpy(expected).float().view_as(x))
+
+
 def test_weight_features_hand_computed():
     pre, inj, unl, ctrl = torch.tensor([0.0]), torch.tensor([1.0]), torch.tensor([0.25]), torch.tensor([0.25])
     f = {
