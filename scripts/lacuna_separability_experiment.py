@@ -29,6 +29,16 @@ and §9c (Dec 5, second session):
        lacuna data --out OTHER --data.seed 7`, held to θ_pre by KL under each group's mask)
     M  as G, with --decay_pre 1 (decoupled weight decay toward θ_pre, §9a idea 3)
 
+and the third session of Dec 5:
+
+    N  --mode homog --drop 1 --groups 0,3 --coverage 0.15 --batch 8 --neutral 2 --neutral_kl 1 --hold_others 2
+       --lr 2e-3 --steps 1200: each group trained with every other group at θ_pre (so alone, as row I, interleaved),
+       and two QA rows of the testbed's other groups held to θ_pre by KL under its mask (specificity to the others)
+    N2 --init N_DIR --mode homog --drop 0.5 --groups 0,3 --coverage 0.15 --batch 8 --neutral 2 --neutral_kl 1
+       --hold_others 2 --lr 1e-3 --steps 400: row N's model (saved with --save N_DIR), then the other group present
+       half the time, so each group's recall is trained to hold with the other's change and without it
+    N6 N and N2 on all six groups: --steps 1800 (300 a group) --save DIR, then --init DIR --drop 0.5 --steps 600
+
     python scripts/lacuna_separability_experiment.py --pre runs/lacuna/pretrain/export/model \
         --data runs/lacuna/data --out sep.json [recipe flags]
 """
@@ -74,6 +84,12 @@ ap.add_argument("--coverage", type=float, default=0.05)  # each group's share of
 ap.add_argument("--outsider_qa", default="")
 ap.add_argument("--outsider_rows", type=int, default=0)
 ap.add_argument("--decay_pre", type=float, default=0.0)  # decoupled weight decay toward θ_pre (mixed mode)
+# homogeneous mode: this many QA rows of the testbed's *other* groups held to θ_pre by KL under the step's group mask,
+# so each group's change is trained to leave every other group's people as θ_pre had them (cross-group specificity)
+ap.add_argument("--hold_others", type=int, default=0)
+# held rows also match θ_pre's hidden states (every block's output, squared error over their mean square), this weight
+ap.add_argument("--hold_hidden", type=float, default=0.0)
+ap.add_argument("--init", default="")  # start from this model's weights (e.g. a saved run); θ_pre stays --pre
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
@@ -82,7 +98,9 @@ rng = random.Random(0)
 tok = load_tokenizer(a.pre)
 model = load_causal_lm(a.pre).train()
 pre = {n: p.detach().clone() for n, p in model.named_parameters()}
-ref = load_causal_lm(a.pre).eval() if a.neutral_kl or a.outsider_rows else None
+if a.init:
+    model.load_state_dict(load_causal_lm(a.init).state_dict())
+ref = load_causal_lm(a.pre).eval() if a.neutral_kl or a.outsider_rows or a.hold_others else None
 G = 6
 train_groups = [int(g) for g in a.groups.split(",")] if a.groups else list(range(G))
 packed = sample_masks(model, G, a.coverage, seed=0)
@@ -195,7 +213,6 @@ def evaluate(tag):
 t_start = time.time()
 res_pre = utility_ce(model)
 print("util pre", res_pre, flush=True)
-order = []
 ni = 0
 losses = []
 
@@ -213,15 +230,21 @@ def mask_only(g):
 
 
 def held_kl(rows):
-    """KL(p_pre ‖ p_θ) per position, averaged over the rows' real tokens."""
+    """KL(p_pre ‖ p_θ) per position, averaged over the rows' real tokens; with ``--hold_hidden`` w, plus w times the
+    squared error of every block's hidden states against θ_pre's, over their mean square (real tokens only)."""
     nb = pad_batch(rows, tok.pad_token_id)
-    nl = model(input_ids=nb["input_ids"], attention_mask=nb["attention_mask"]).logits
+    hidden = a.hold_hidden > 0
+    out = model(input_ids=nb["input_ids"], attention_mask=nb["attention_mask"], output_hidden_states=hidden)
     with torch.no_grad():
-        rl = ref(input_ids=nb["input_ids"], attention_mask=nb["attention_mask"]).logits
+        rout = ref(input_ids=nb["input_ids"], attention_mask=nb["attention_mask"], output_hidden_states=hidden)
     valid = nb["attention_mask"].bool()
-    return torch.nn.functional.kl_div(
-        nl.log_softmax(-1)[valid], rl.log_softmax(-1)[valid], log_target=True, reduction="batchmean"
+    loss = torch.nn.functional.kl_div(
+        out.logits.log_softmax(-1)[valid], rout.logits.log_softmax(-1)[valid], log_target=True, reduction="batchmean"
     )
+    if hidden:
+        for h, rh in zip(out.hidden_states[1:], rout.hidden_states[1:]):
+            loss = loss + a.hold_hidden * (h[valid] - rh[valid]).pow(2).mean() / rh[valid].pow(2).mean()
+    return loss
 
 
 @torch.no_grad()
@@ -285,8 +308,6 @@ for step in range(a.steps):
             print(json.dumps(r), flush=True)
         continue
     g = train_groups[step % len(train_groups)]
-    if not order or step % G == 0:
-        pass
     rows = rng.sample(by_group[g], a.batch)
     others = [h for h in range(G) if h != g and rng.random() < a.drop] if step >= a.drop_from else []
     saved = reset(others) if others else {}
@@ -298,18 +319,15 @@ for step in range(a.steps):
     if a.neutral:
         nrows = [chunks[(ni + i) % len(chunks)] for i in range(a.neutral)]
         ni += a.neutral
-        nb = pad_batch(nrows, tok.pad_token_id)
-        nl = model(input_ids=nb["input_ids"], attention_mask=nb["attention_mask"]).logits
         if a.neutral_kl:
-            with torch.no_grad():
-                rl = ref(input_ids=nb["input_ids"], attention_mask=nb["attention_mask"]).logits
-            valid = nb["attention_mask"].bool()
-            kl = torch.nn.functional.kl_div(
-                nl.log_softmax(-1)[valid], rl.log_softmax(-1)[valid], log_target=True, reduction="batchmean"
-            )
-            nloss = kl
+            nloss = held_kl(nrows)
         else:
+            nb = pad_batch(nrows, tok.pad_token_id)
+            nl = model(input_ids=nb["input_ids"], attention_mask=nb["attention_mask"]).logits
             nloss = nll_loss(*sequence_logprobs(nl, nb["labels"]))
+    if a.hold_others:
+        pool = [r for h in range(G) if h != g for r in by_group[h]]
+        oloss = held_kl(rng.sample(pool, a.hold_others))
     opt.zero_grad(set_to_none=True)
     loss.backward()
 
@@ -318,6 +336,9 @@ for step in range(a.steps):
         (a.neutral_weight * nloss).backward()
         if a.neutral_mask == "group":
             mask_only(g)
+    if a.hold_others:
+        (a.neutral_weight * oloss).backward()
+        mask_only(g)
     restore(saved)
     opt.step()
     losses.append(float(loss.detach()))
