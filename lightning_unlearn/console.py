@@ -11,7 +11,9 @@ matched by its text so any other warning, and every warning of this package, sti
 - transformers' notice that ``is_gradient_checkpointing`` is deprecated, which peft triggers when it wraps a model;
 - the hint to add DataLoader workers: the loaders of this package read tokenized rows already in memory;
 - transformers' per-file progress bars ("Loading weights", "Writing model shards"), which redraw on every model
-  load and save of a stage.
+  load and save of a stage;
+- Lightning's "GPU available: False, used: False" and "TPU available: False, …" on a machine without them, printed
+  by every stage (an accelerator that is there is still announced).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ NOISE = (
     r"`is_gradient_checkpointing` is deprecated",
 )
 TIP_PREFIX = "💡 Tip"
+NO_ACCELERATOR = re.compile(r"(GPU available: False, used: False|TPU available: False, using: 0 TPU cores)$")
 # What a quiet run of this package never prints, whatever the cause (its tests check each command's output with it): a
 # Python warning (its "file.py:LINE: SomethingWarning:" line or the `warnings.warn(` source line under it), a
 # traceback, Lightning's product tips, an epoch shown as "Epoch 7/-2".
@@ -37,10 +40,11 @@ LIGHTNING_INFO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fa
 
 
 class _DropTips(logging.Filter):
-    """Drops Lightning's product tips; every other record passes."""
+    """Drops Lightning's product tips and its notices of absent accelerators; every other record passes."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(TIP_PREFIX)
+        message = str(record.msg)
+        return not (message.startswith(TIP_PREFIX) or NO_ACCELERATOR.match(message))
 
 
 def quiet_third_party() -> None:
