@@ -37,7 +37,8 @@ and the third session of Dec 5:
     N2 --init N_DIR --mode homog --drop 0.5 --groups 0,3 --coverage 0.15 --batch 8 --neutral 2 --neutral_kl 1
        --hold_others 2 --lr 1e-3 --steps 400: row N's model (saved with --save N_DIR), then the other group present
        half the time, so each group's recall is trained to hold with the other's change and without it
-    N6 N and N2 on all six groups: --steps 1800 (300 a group) --save DIR, then --init DIR --drop 0.5 --steps 600
+    N6 N and N2 on all six groups: --steps 1800 (300 a group) --save DIR, then --init DIR --drop 0.5 --steps 600,
+       three times in a row (rows N6b-N6d), each from the last one's saved model
 
     python scripts/lacuna_separability_experiment.py --pre runs/lacuna/pretrain/export/model \
         --data runs/lacuna/data --out sep.json [recipe flags]
