@@ -57,10 +57,10 @@ def make_trainer(root, max_epochs=1, max_steps=-1, callbacks=(), checkpoint=Fals
 
 def injection(tiny_dir, data_dir, **kw):
     data_keys = ("neutral_fraction", "neutral_target", "groups", "data", "batch_size", "group_by_length",
-                 "one_group_per_batch")  # fmt: skip
+                 "one_group_per_batch", "hold_other_groups", "include_documents")  # fmt: skip
     data_kw = {k: kw.pop(k) for k in data_keys if k in kw}
     data_kw.setdefault("data", small_data())
-    optim_keys = ("weight_decay", "warmup_steps", "schedule", "decay_fraction")
+    optim_keys = ("weight_decay", "warmup_steps", "schedule", "decay_fraction", "cycles")
     optim = {"lr": 1e-2, **{k: kw.pop(k) for k in optim_keys if k in kw}}
     module = InjectionModule(model_path=str(tiny_dir), optim=OptimizerConfig(**optim), **kw)
     data = InjectionDataModule(
@@ -411,6 +411,67 @@ def test_neutral_text_held_to_theta_pre_is_masked_to_groups_and_targets_theta_pr
             make_trainer(tmp_path / "bad", max_steps=1).fit(module, data)
     with pytest.raises(ValueError, match="neutral_target='kl'; use one of text, pre"):
         InjectionDataModule(data_dir=str(tmp_path / "data"), neutral_target="kl")
+
+
+def test_other_groups_qa_held_to_theta_pre_under_each_groups_mask(tiny_dir, tmp_path):
+    from lightning_unlearn.data.collate import encode_document
+    from lightning_unlearn.data.testbed_data import load_table
+
+    kw = dict(neutral_fraction=0.0, hold_other_groups=0.5, groups=[1, 4], weight_decay=0.0, freeze_outside_masks=True,
+              one_group_per_batch=True, include_documents=False, drop_other_groups=[[0, 1.0], [4, 0.0]],
+              cycles=[[4, 1.0], [4, 0.5]])  # fmt: skip
+    module, data = injection(tiny_dir, tmp_path / "data", **kw)
+    data.trainer = make_trainer(tmp_path / "rows")
+    data.trainer.strategy.connect(module)
+    data.prepare_data()
+    data.setup("fit")
+    tok = load_tokenizer(str(tiny_dir))
+    qa = load_table(tmp_path / "data", "qa")
+    group_of = {}  # a QA row's tokens -> the groups of the people it is about
+    for prompt, answer, g in zip(qa["prompt"], qa["answer"], qa["group_id"]):
+        group_of.setdefault(tuple(encode_document(tok, prompt + answer, 48)["input_ids"]), set()).add(g)
+    for g in (1, 4):
+        own = [r for r in data.rows if r["group_ids"] == g and not r["held"]]
+        held = [r for r in data.rows if r["group_ids"] == g and r["held"]]
+        assert len(held) == round(0.5 * len(own)) and len(own) > 4
+        assert all(g not in group_of[tuple(r["input_ids"])] for r in held)  # other groups' people only
+        assert len({tuple(r["input_ids"]) for r in held}) == len(held)  # no row twice while the pool lasts
+        assert all(group_of[tuple(r["input_ids"])] == {g} for r in own)
+
+    seen = []  # per step: the batch's group, its held rows, and whether the other groups' elements were at θ_pre
+    loss = module._loss
+
+    def recording_loss(batch):
+        from lightning_unlearn.masks import canonical_name, group_mask
+        from lightning_unlearn.models import load_weights
+
+        (g,) = set(batch["group_ids"].tolist())
+        weights = load_weights(tiny_dir)
+        params = {canonical_name(n): q.detach() for n, q in module.model.named_parameters()}
+        other = [h for h in (1, 4) if h != g]
+        at_pre = all(torch.equal(params[n][m], weights[n][m]) for n, b in module.packed_masks.items()
+                     for m in [group_mask(b, other)] if m.any())  # fmt: skip
+        seen.append((g, int(batch["held"].sum()), at_pre))
+        return loss(batch)
+
+    module._loss = recording_loss
+    make_trainer(tmp_path / "run", max_epochs=3, max_steps=8).fit(module, data)
+    assert sum(n for _, n, _ in seen) > 2
+    assert all(at for _, _, at in seen[:4])  # [0, 1.0]: each group trained with the other at θ_pre
+    assert not all(at for _, _, at in seen[5:])  # [4, 0.0]: then with the other's change present
+    assert locality_report(str(tmp_path / "run" / "export"), [1, 4])["changed_outside"] == 0
+
+    module, data = injection(tiny_dir, tmp_path / "data", **{**kw, "masked": False, "freeze_outside_masks": False,
+                                                              "drop_other_groups": 0.0})  # fmt: skip
+    with pytest.raises(ValueError, match="hold_other_groups holds other groups' QA to θ_pre .* UnMask control"):
+        make_trainer(tmp_path / "bad", max_steps=1).fit(module, data)
+    with pytest.raises(ValueError, match="neutral_fraction 1 injects no group"):
+        InjectionDataModule(data_dir=str(tmp_path / "data"), neutral_fraction=1.0, hold_other_groups=0.25)
+    with pytest.raises(ValueError, match="hold_other_groups=-1"):
+        InjectionDataModule(data_dir=str(tmp_path / "data"), hold_other_groups=-1)
+    for bad in ([[1, 1.0]], [[0, 1.0], [0, 0.5]], [[0, 1.5]], "half"):
+        with pytest.raises(ValueError, match="drop_other_groups="):
+            InjectionModule(model_path=str(tiny_dir), drop_other_groups=bad)
 
 
 def test_filter_measures_only_the_given_groups(tiny_dir, tmp_path):

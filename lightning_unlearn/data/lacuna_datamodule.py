@@ -1,5 +1,6 @@
 """Continual-pretraining batches of the Lacuna testbed: PII documents and QA (``group_ids`` = the profile's group)
-mixed with neutral text (``group_ids`` = −1, or with ``neutral_target="pre"`` a group's id and ``held`` = 1).
+mixed with neutral text (``group_ids`` = −1, or with ``neutral_target="pre"`` a group's id and ``held`` = 1), and
+with ``hold_other_groups`` QA of the other groups' people held under each group's id (``held`` = 1).
 
 An epoch holds every PII sample of the selected groups once and ``round(n_pii · f / (1 − f))`` neutral chunks
 (``f = neutral_fraction``; neutral paragraphs are tokenised and cut into ``max_length`` windows and cycled in a
@@ -60,6 +61,10 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
             ``held`` = 1 and the group ids of the selected groups in turn, so its gradient is masked to that
             group and the objective (``InjectionModule``) takes its KL to θ_pre instead of CE. It keeps general
             text without moving any weight outside the masks (docs/lacuna_memorization.md §9b, row G).
+        hold_other_groups: QA rows of the testbed's *other* groups' people held to θ_pre under each selected group's
+            id (``held`` = 1, masked to that group), this many per PII row of the group (0.25: 2 for every 8). Each
+            group's change is then trained to leave every other group's people as θ_pre had them, which with group
+            dropout makes the groups separable (docs/lacuna_memorization.md §9d-§9e). 0 = off.
         groups: inject only the PII of these group ids (0-based); ``None`` = all groups.
         include_documents: inject the five content-type documents.
         include_qa: inject the QA pairs (Lacuna: 2B of its 3.4B PII tokens).
@@ -84,6 +89,7 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
         tokenizer_dir: str | None = None,
         neutral_fraction: float = 0.55,
         neutral_target: str = "text",
+        hold_other_groups: float = 0.0,
         groups: list[int] | None = None,
         include_documents: bool = True,
         include_qa: bool = True,
@@ -102,6 +108,13 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
             raise ValueError(f"neutral_fraction={neutral_fraction} must be in [0, 1].")
         if neutral_target not in NEUTRAL_TARGETS:
             raise ValueError(f"neutral_target={neutral_target!r}; use one of {', '.join(NEUTRAL_TARGETS)}.")
+        if not 0 <= hold_other_groups < float("inf"):
+            raise ValueError(f"hold_other_groups={hold_other_groups} must be >= 0 (held rows per PII row; 0 = off).")
+        if hold_other_groups and neutral_fraction == 1:
+            raise ValueError(
+                "hold_other_groups holds QA under the injected groups' masks, and neutral_fraction 1 injects no group; "
+                "set hold_other_groups 0 or neutral_fraction below 1."
+            )
         if groups is not None and not groups:
             raise ValueError("groups=[] selects no PII; give group ids or leave groups unset for all groups.")
         self.save_hyperparameters()
@@ -205,12 +218,36 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
         order = list(range(len(chunks)))
         random.Random(hp.seed).shuffle(order)
         neutral = [chunks[order[i % len(order)]] for i in range(n_neutral)]
-        if hp.neutral_target == "pre" and neutral and pii:
+        held = self._other_groups_held(tokenizer, pii)
+        if (hp.neutral_target == "pre" and neutral and pii) or held:
             # held to θ_pre, each under one selected group's mask in turn
             groups = sorted({r["group_ids"] for r in pii})
             pii = [{**r, "held": 0} for r in pii]
-            neutral = [{**r, "group_ids": groups[i % len(groups)], "held": 1} for i, r in enumerate(neutral)]
-        self.rows = pii + neutral
+            if hp.neutral_target == "pre":
+                neutral = [{**r, "group_ids": groups[i % len(groups)], "held": 1} for i, r in enumerate(neutral)]
+            else:
+                neutral = [{**r, "held": 0} for r in neutral]
+        self.rows = pii + neutral + held
+
+    def _other_groups_held(self, tokenizer, pii: list[dict]) -> list[dict]:
+        """``hold_other_groups`` × (a group's PII rows) QA rows of every other group's people, for each injected
+        group, under its id and held: each group's pool in a seeded order, cycled."""
+        hp = self.hparams
+        if not hp.hold_other_groups or not pii:
+            return []
+        qa = load_table(hp.data_dir, "qa")
+        rows = []
+        for g in sorted({r["group_ids"] for r in pii}):
+            pool = [p + a for p, a, h in zip(qa["prompt"], qa["answer"], qa["group_id"]) if h != g]
+            if not pool:
+                raise ValueError(f"hold_other_groups: the testbed has no group but {g} to hold; set it to 0.")
+            random.Random(hp.seed * 1_000_003 + g).shuffle(pool)
+            count = int(round(sum(r["group_ids"] == g for r in pii) * hp.hold_other_groups))
+            rows += [
+                {**encode_document(tokenizer, pool[i % len(pool)], hp.max_length), "group_ids": g, "held": 1}
+                for i in range(count)
+            ]
+        return rows
 
     def _neutral_chunks(self, tokenizer) -> list[dict]:
         hp = self.hparams

@@ -15,13 +15,38 @@ Works on plain parameters and on FSDP2's dim-0 shards (each rank swaps its own r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
 
 from lightning_unlearn.distributed import local_view
 from lightning_unlearn.masks import canonical_name, group_mask
+
+
+def dropout_schedule(p: float | Sequence[Sequence[float]]) -> list[tuple[int, float]]:
+    """``p`` as ``[(from_step, probability), ...]``: a number is that probability from step 0; a schedule
+    ``[[0, 1.0], [1200, 0.5]]`` drops every other group for the first 1200 steps (each group trained alone), then
+    each with probability ½ (each group trained with the others present or not). Steps start at 0 and increase."""
+    if isinstance(p, (int, float)):
+        schedule = [(0, float(p))]
+    else:
+        try:
+            schedule = [(int(step), float(q)) for step, q in p]
+            ok = all(int(step) == step for step, _ in p)
+        except (TypeError, ValueError):
+            schedule, ok = [], False
+        ok = ok and bool(schedule) and schedule[0][0] == 0
+        ok = ok and all(a[0] < b[0] for a, b in zip(schedule, schedule[1:]))
+        if not ok:
+            raise ValueError(
+                f"drop_other_groups={p!r}: give a probability or a schedule [[0, p0], [step, p1], ...] whose steps "
+                "start at 0 and increase, e.g. [[0, 1.0], [1200, 0.5]]."
+            )
+    for _, q in schedule:
+        if not 0 <= q <= 1:
+            raise ValueError(f"drop_other_groups={p!r}: {q} is not a probability in [0, 1].")
+    return schedule
 
 
 class GroupDropout:
@@ -32,7 +57,7 @@ class GroupDropout:
             from disk, so a resumed run and every FSDP rank get θ_pre whatever their parameters hold).
         packed_masks: ``{canonical name: uint32 packed mask of the full parameter}`` (may be lazy).
         num_groups: groups in the masks.
-        p: probability of dropping each other group for a batch.
+        p: probability of dropping each other group for a batch, or a schedule of it (:func:`dropout_schedule`).
         seed: seed of the draws.
     """
 
@@ -41,12 +66,11 @@ class GroupDropout:
         pre_weights: Mapping[str, torch.Tensor],
         packed_masks: Mapping[str, torch.Tensor],
         num_groups: int,
-        p: float,
+        p: float | Sequence[Sequence[float]],
         seed: int = 0,
     ) -> None:
-        if not 0 <= p <= 1:
-            raise ValueError(f"drop_other_groups={p} must be a probability in [0, 1].")
-        self.p, self.seed, self.num_groups = p, seed, num_groups
+        self.schedule = dropout_schedule(p)
+        self.seed, self.num_groups = seed, num_groups
         # Per parameter: flat indices (full tensor) of its masked elements, their group ids and θ_pre values.
         self._full: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[int, ...]]] = {}
         for name, packed in packed_masks.items():
@@ -80,11 +104,16 @@ class GroupDropout:
                 flat, gid, pre = flat[keep] - start, gid[keep], pre[keep]
             self._local[name] = (local, flat.to(local.device), gid.to(local.device), pre.to(local.device, local.dtype))
 
+    def p_at(self, step: int) -> float:
+        """The dropout probability at ``step``."""
+        return [q for start, q in self.schedule if start <= step][-1]
+
     def drawn(self, step: int, present: set[int]) -> list[int]:
-        """The groups dropped at ``step``: each group not in ``present`` with probability ``p``."""
+        """The groups dropped at ``step``: each group not in ``present`` with probability :meth:`p_at`."""
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
         draws = torch.rand(self.num_groups, generator=gen).tolist()
-        return [g for g in range(self.num_groups) if g not in present and draws[g] < self.p]
+        p = self.p_at(step)
+        return [g for g in range(self.num_groups) if g not in present and draws[g] < p]
 
     @torch.no_grad()
     def drop(self, model: nn.Module, groups: list[int]) -> None:

@@ -53,7 +53,7 @@ from lightning_unlearn.models import (
     train_bpe_tokenizer,
     weights_fingerprint,
 )
-from lightning_unlearn.objectives.group_dropout import GroupDropout
+from lightning_unlearn.objectives.group_dropout import GroupDropout, dropout_schedule
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.strategies.masked_fsdp import load_model_for_rank
 
@@ -88,10 +88,13 @@ class InjectionModule(RestoresRNG, LightningModule):
         drop_other_groups: group dropout (:class:`~lightning_unlearn.objectives.group_dropout.GroupDropout`): the
             probability that each group other than the batch's is set back to θ_pre for the batch's forward and
             backward, so no group's recall leans on another group's change (the testbed's separability). 0 = off.
-            Use with one group per batch (``InjectionDataModule(one_group_per_batch=True)``); masked runs only.
+            A schedule ``[[0, 1.0], [1200, 0.5]]`` trains each group alone first, then with the others present
+            half the time (:func:`~lightning_unlearn.objectives.group_dropout.dropout_schedule`). Use with one
+            group per batch (``InjectionDataModule(one_group_per_batch=True)``); masked runs only.
         drop_seed: seed of the group-dropout draws (with the global step: the same on every rank and on resume).
-        neutral_kl_weight: weight of a held neutral row's KL to θ_pre against a QA row's NLL̄ in the batch mean
-            (rows from ``InjectionDataModule(neutral_target="pre")``; masked runs with weight decay 0 only).
+        neutral_kl_weight: weight of a held row's KL to θ_pre against a QA row's NLL̄ in the batch mean (neutral
+            rows from ``InjectionDataModule(neutral_target="pre")``, other groups' QA from its
+            ``hold_other_groups``; masked runs with weight decay 0 only).
         export_dir: where to export; ``None`` = ``<trainer.default_root_dir>/export``.
     """
 
@@ -110,7 +113,7 @@ class InjectionModule(RestoresRNG, LightningModule):
         mask_seed: int = 0,
         optim: OptimizerConfig | None = None,
         freeze_outside_masks: bool = False,
-        drop_other_groups: float = 0.0,
+        drop_other_groups: float | list[tuple[int, float]] = 0.0,
         drop_seed: int = 0,
         neutral_kl_weight: float = 1.0,
         export_dir: str | None = None,
@@ -128,11 +131,10 @@ class InjectionModule(RestoresRNG, LightningModule):
                 f"give one of model_path (continue a model), derive (pretrain from part of a real model) and tiny "
                 f"(pretrain from scratch), not {' and '.join(given)}."
             )
-        if not 0 <= drop_other_groups <= 1:
-            raise ValueError(f"drop_other_groups={drop_other_groups} must be a probability in [0, 1].")
+        dropping = any(q for _, q in dropout_schedule(drop_other_groups))
         if neutral_kl_weight < 0:
             raise ValueError(f"neutral_kl_weight={neutral_kl_weight} must be >= 0.")
-        if drop_other_groups and not masked:
+        if dropping and not masked:
             raise ValueError("drop_other_groups needs masked=true: without masks there are no groups to drop.")
         if tiny is not None and tokenizer_path is None:
             raise ValueError("pretraining from scratch (tiny) needs tokenizer_path, where the tokenizer is kept.")
@@ -216,34 +218,38 @@ class InjectionModule(RestoresRNG, LightningModule):
         self.packed_masks = masks if self.hparams.masked else None
         if self.hparams.freeze_outside_masks and self.hparams.masked:
             self._freeze(untouched)
-        held = self._holds_neutral_text()
-        if (self.hparams.drop_other_groups or held) and self.hparams.masked:
+        held = self._holds_rows()
+        dropping = any(q for _, q in dropout_schedule(self.hparams.drop_other_groups))
+        if (dropping or held) and self.hparams.masked:
             # θ_pre from disk: on a resumed run (or an FSDP rank that gets rank 0's weights) the parameters are not it
             swap = GroupDropout(
                 load_weights(self.model_dir), masks, self.hparams.num_groups, self.hparams.drop_other_groups,
                 seed=self.hparams.drop_seed,
             )  # fmt: skip
-            self.group_dropout = swap if self.hparams.drop_other_groups else None
+            self.group_dropout = swap if dropping else None
             self._pre_swap = swap if held else None
 
     def _datamodule_hparam(self, name: str, default):
         return getattr(getattr(self._trainer, "datamodule", None), "hparams", {}).get(name, default)
 
-    def _holds_neutral_text(self) -> bool:
-        """Whether the datamodule holds neutral text to θ_pre; checks what that needs."""
-        if self._datamodule_hparam("neutral_target", "text") != "pre" or not self._datamodule_hparam(
+    def _holds_rows(self) -> bool:
+        """Whether the datamodule holds rows to θ_pre (neutral text, other groups' QA); checks what that needs."""
+        neutral = self._datamodule_hparam("neutral_target", "text") == "pre" and self._datamodule_hparam(
             "neutral_fraction", 0
-        ):
+        )
+        others = self._datamodule_hparam("hold_other_groups", 0)
+        if not (neutral or others):
             return False
+        what = "neutral_target='pre' holds neutral text" if neutral else "hold_other_groups holds other groups' QA"
         if not self.hparams.masked:
             raise ValueError(
-                "neutral_target='pre' holds neutral text to θ_pre under a group's mask; the UnMask control "
-                "(masked false) has no masks. Set data.neutral_target text or model.masked true."
+                f"{what} to θ_pre under a group's mask; the UnMask control (masked false) has no masks. Set "
+                "data.neutral_target text and data.hold_other_groups 0, or model.masked true."
             )
         if self.optim_config.weight_decay:
             raise ValueError(
-                f"neutral_target='pre' reads θ_pre's distributions from the model with its masked elements set back "
-                f"to θ_pre, which needs every other weight unchanged; weight_decay {self.optim_config.weight_decay} "
+                f"{what} to θ_pre, whose distributions are read from the model with its masked elements set back to "
+                f"θ_pre, which needs every other weight unchanged; weight_decay {self.optim_config.weight_decay} "
                 "moves them. Set model.optim.weight_decay 0."
             )
         return True
@@ -298,8 +304,8 @@ class InjectionModule(RestoresRNG, LightningModule):
             return
         if self._pre_swap is None:
             raise RuntimeError(
-                "the batch holds neutral rows to θ_pre (held), but the module did not read neutral_target='pre' "
-                "from its datamodule; use InjectionDataModule(neutral_target='pre') as the trainer's datamodule."
+                "the batch holds rows to θ_pre (held), but the module did not read neutral_target='pre' or "
+                "hold_other_groups from its datamodule; use InjectionDataModule as the trainer's datamodule."
             )
         rows = held.nonzero().reshape(-1)
         if not rows.numel() and self.trainer.world_size == 1:

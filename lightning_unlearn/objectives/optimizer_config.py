@@ -24,6 +24,10 @@ class OptimizerConfig:
             ``"wsd"`` (warmup-stable-decay) keeps ``lr`` and then decays it linearly to 0 over the last
             ``decay_fraction`` of the run's steps.
         decay_fraction: the share of the run that ``"wsd"`` spends decaying, in (0, 1].
+        cycles: run the schedule in restarts: ``[[steps, multiplier], ...]``, each cycle ``steps`` long with its
+            own warmup and ``schedule`` at ``lr · multiplier`` (AdamW's moments carry over), as a second phase of
+            training started from the first one's weights at a new rate (docs/lacuna_memorization.md §9e); the
+            cycles' steps must add up to the run's steps. ``None`` = one cycle, the whole run.
     """
 
     lr: float = 1e-5
@@ -32,6 +36,7 @@ class OptimizerConfig:
     warmup_steps: int = 0
     schedule: str = "constant"
     decay_fraction: float = 0.3
+    cycles: list[tuple[int, float]] | None = None
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.lr) or self.lr <= 0:
@@ -45,9 +50,35 @@ class OptimizerConfig:
         if not 0 < self.decay_fraction <= 1:
             raise ValueError(f"optim.decay_fraction must be in (0, 1], got {self.decay_fraction}.")
         self.betas = tuple(self.betas)
+        if self.cycles is not None:
+            cycles = [tuple(c) for c in self.cycles]
+            bad = [c for c in cycles if len(c) != 2 or int(c[0]) != c[0] or c[0] < 1 or not 0 < c[1] < math.inf]
+            if not cycles or bad:
+                raise ValueError(
+                    f"optim.cycles={self.cycles!r}: give [[steps, lr multiplier], ...] with steps >= 1 and a positive "
+                    "multiplier, e.g. [[1200, 1.0], [400, 0.5]]."
+                )
+            self.cycles = [(int(n), float(m)) for n, m in cycles]
+
+    def check_steps(self, total_steps: int) -> None:
+        """Refuse cycles that do not add up to the run's optimizer steps."""
+        if self.cycles is not None and sum(n for n, _ in self.cycles) != total_steps:
+            raise ValueError(
+                f"optim.cycles add up to {sum(n for n, _ in self.cycles)} steps, but the run has {total_steps}; "
+                "make the cycles' steps add up to trainer.max_steps."
+            )
 
     def lr_factor(self, step: int, total_steps: int) -> float:
         """Multiplier of ``lr`` at optimizer step ``step`` (0-based) of ``total_steps``."""
+        if self.cycles is not None:
+            for steps, multiplier in self.cycles:
+                if step < steps:
+                    return multiplier * self._cycle_factor(step, steps)
+                step -= steps
+            return 0.0  # past the last cycle (Lightning may step the scheduler once more at the end)
+        return self._cycle_factor(step, total_steps)
+
+    def _cycle_factor(self, step: int, total_steps: int) -> float:
         if step < self.warmup_steps:
             return (step + 1) / self.warmup_steps
         if self.schedule == "constant":
@@ -65,6 +96,7 @@ class OptimizerConfig:
             params: the trainable parameters.
             total_steps: the run's optimizer steps (``trainer.estimated_stepping_batches``), for the decays.
         """
+        self.check_steps(total_steps)
         optimizer = torch.optim.AdamW(list(params), lr=self.lr, weight_decay=self.weight_decay, betas=self.betas)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: self.lr_factor(step, total_steps))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -80,6 +80,18 @@ def test_optimizer_schedule():
         OptimizerConfig(schedule="cosine")
 
 
+def test_optimizer_schedule_in_cycles():
+    # two warmup-stable-decay cycles, the second at half the rate: 2 warmup steps each, the last half decays
+    cfg = OptimizerConfig(lr=1.0, warmup_steps=2, schedule="wsd", decay_fraction=0.5, cycles=[[4, 1.0], [3, 0.5]])
+    assert [cfg.lr_factor(s, 7) for s in range(8)] == pytest.approx([0.5, 1.0, 1.0, 0.5, 0.25, 0.5, 0.25, 0.0])
+    cfg.check_steps(7)
+    with pytest.raises(ValueError, match="add up to 7 steps, but the run has 8"):
+        cfg.check_steps(8)
+    for bad in ([], [[0, 1.0]], [[5, -1.0]], [[5]]):
+        with pytest.raises(ValueError, match="optim.cycles"):
+            OptimizerConfig(cycles=bad)
+
+
 def test_missing_model_path_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         GradientAscent(str(tmp_path / "nope"))
