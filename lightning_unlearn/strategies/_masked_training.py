@@ -34,6 +34,9 @@ class MaskedTraining:
             (one pass when every trainable module has a rule).
         shard: maps full packed masks to this rank's shards (FSDP); ``None`` keeps them whole.
         local_shape: a parameter's local data shape (FSDP: the shard's), to check masks against.
+        sync_accumulated: lockstep under a data-parallel wrapper that skips the gradient sync of accumulating
+            batches (DDP's ``no_sync``): given the gradients accumulated before this batch, reduces them in place
+            when this batch is the one that syncs (they were left local), else leaves them. ``None``: nothing to do.
     """
 
     def __init__(
@@ -41,8 +44,10 @@ class MaskedTraining:
         masking: str,
         shard: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
         local_shape: Callable[[torch.nn.Parameter], tuple[int, ...]] | None = None,
+        sync_accumulated: Callable[[list[torch.Tensor]], None] | None = None,
     ) -> None:
         self.masking = check_masking(masking)
+        self._sync_accumulated = sync_accumulated
         self._shard = shard
         self._local_shape = local_shape or (lambda p: tuple(p.shape))
         self._source: Mapping[str, torch.Tensor] | None = None
@@ -137,6 +142,10 @@ class MaskedTraining:
         prior = {p: p.grad for p in masks}
         for p in masks:
             p.grad = None
+        if self._sync_accumulated is not None:
+            # Under DDP the earlier batches of an accumulation ran in no_sync and left their gradients local; one
+            # pass's backward would have synced them with its own, but they are out of .grad during the passes.
+            self._sync_accumulated([g for g in prior.values() if g is not None])
         loss = lockstep_masked_backward(forward_loss, backward, batch, group_ids, masks, process_group=None)
         gradients = {p: p.grad for p in masks}
         for p, g in prior.items():

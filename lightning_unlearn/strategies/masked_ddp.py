@@ -3,6 +3,8 @@
 DDP all-reduces (averages) the gradients each rank computed; masking is linear, so averaging locally masked
 gradients is exact. Each rank's loss is the mean over its own samples, so the average over ranks is the global
 per-sample mean when every rank gets the same number of samples per step (use a sampler that guarantees it).
+With gradient accumulation the earlier batches run in DDP's ``no_sync``; lockstep takes the accumulated gradients
+out of ``.grad`` for its passes, so it averages them itself on the batch that syncs (one pass leaves them to DDP).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Literal
 
+import torch
+import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
 from torch.distributed.constants import default_pg_timeout
 
@@ -42,4 +46,17 @@ class MaskedDDPStrategy(MaskedStrategyHooks, DDPStrategy):
             timeout=timeout,
             find_unused_parameters=find_unused_parameters,
         )
-        self.masked = MaskedTraining(masking)
+        self.masked = MaskedTraining(masking, sync_accumulated=self._sync_accumulated)
+
+    def _sync_accumulated(self, gradients: list[torch.Tensor]) -> None:
+        """Average over the ranks the gradients that earlier batches of an accumulation left local (they ran in
+        ``no_sync``), when this batch is the one that syncs: what DDP's own backward does with them."""
+        if not gradients or not getattr(self.model, "require_backward_grad_sync", False) or self.world_size == 1:
+            return
+        flat = torch.cat([g.reshape(-1) for g in gradients])
+        dist.all_reduce(flat)
+        flat.div_(self.world_size)
+        offset = 0
+        for g in gradients:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()

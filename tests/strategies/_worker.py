@@ -2,6 +2,7 @@
 
 Usage: python _worker.py STRATEGY MODEL_DIR DATA_FILE OUT_DIR [--devices N] [--num-nodes N] [--restrict]
     [--masking auto|one_pass|lockstep] [--precision 32-true|bf16-mixed] [--keep-unsharded] [--no-masks]
+    [--accumulate N]
 or: python _worker.py --runs RUNS.json, a JSON list of such argument lists, trained one after the other in the same
     processes (one launch, one process group; every run of a list must have the same devices and num-nodes).
 Rank 0 writes ``OUT_DIR/params.pt`` (full parameters after training); every rank writes ``OUT_DIR/rank{r}.json``
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--precision", default="32-true")
     ap.add_argument("--keep-unsharded", action="store_true", help="FSDP: reshard_after_forward=False")
     ap.add_argument("--no-masks", action="store_true", help="plain training (masks off)")
+    ap.add_argument("--accumulate", type=int, default=1, help="accumulate_grad_batches (steps: batches // N)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     data = torch.load(args.data_file)
@@ -89,7 +91,8 @@ def main(argv: list[str] | None = None) -> None:
         devices=args.devices,
         num_nodes=args.num_nodes,
         strategy=strategy,
-        max_steps=len(data["batches"]),
+        max_steps=len(data["batches"]) // args.accumulate,
+        accumulate_grad_batches=args.accumulate,
         precision=args.precision,
         logger=False,
         enable_checkpointing=False,
