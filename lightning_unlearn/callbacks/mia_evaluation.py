@@ -13,6 +13,7 @@ from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.callbacks.qa_records import encode_batch, forward_logits
 from lightning_unlearn.callbacks.rank_split import map_batches
 from lightning_unlearn.data.records import read_records
+from lightning_unlearn.distributed import is_sharded
 from lightning_unlearn.metrics.mia import (
     gradnorm_scores,
     loss_scores,
@@ -109,6 +110,14 @@ class MIAEvaluation(CheckpointEvaluator):
 
     def _scores(self, model: nn.Module, tokenizer, records: list[dict], attacks: Sequence[str]) -> dict[str, list]:
         """Collective: per-record scores of each attack in ``attacks`` (``reference``: the plain loss, to subtract)."""
+        if "gradnorm" in attacks and is_sharded(model):
+            # Each rank scores its own records, and a backward through sharded parameters reduce-scatters every
+            # rank's gradient into every shard: no rank would see one record's gradient.
+            raise ValueError(
+                "MIAEvaluation: the gradnorm attack needs each record's whole gradient, which sharded parameters "
+                "(FSDP2) split across ranks and mix between them; leave gradnorm out of attacks under FSDP, or score "
+                "it after training on one process (`lightning-unlearn evaluate`)."
+            )
 
         def run(batch_records: list[dict]) -> list[dict[str, float]]:
             batch = encode_batch(tokenizer, batch_records, self.max_length, self.chat_template)

@@ -57,6 +57,17 @@ def test_model_equal_to_its_reference_leaks_nothing_and_auc_matches_the_pair_cou
     assert row["loss"]["auc"] == pytest.approx(sum(pairs) / len(pairs))
 
 
+def test_gradnorm_refuses_sharded_parameters(tiny_dir, monkeypatch):
+    from lightning_unlearn.callbacks import mia_evaluation
+
+    module = TinyCausalLM(str(tiny_dir))
+    evaluator = MIAEvaluation(qa_records(), NONMEMBERS, attacks=["loss", "gradnorm"], privleak=False, batch_size=2)
+    monkeypatch.setattr(mia_evaluation, "is_sharded", lambda model: True)
+    with pytest.raises(ValueError, match="gradnorm attack needs each record's whole gradient.*FSDP2"):
+        evaluator._scores(module.model, module.tokenizer, qa_records(), ["loss", "gradnorm"])
+    assert evaluator._scores(module.model, module.tokenizer, qa_records(), ["loss"])["loss"]  # the others still run
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
