@@ -48,6 +48,7 @@ import argparse
 import json
 import random
 import time
+from pathlib import Path
 
 import torch
 
@@ -102,7 +103,7 @@ pre = {n: p.detach().clone() for n, p in model.named_parameters()}
 if a.init:
     model.load_state_dict(load_causal_lm(a.init).state_dict())
 ref = load_causal_lm(a.pre).eval() if a.neutral_kl or a.outsider_rows or a.hold_others else None
-G = 6
+G = json.loads((Path(a.data) / "manifest.json").read_text())["num_groups"]  # the data's groups (6 by default)
 train_groups = [int(g) for g in a.groups.split(",")] if a.groups else list(range(G))
 packed = sample_masks(model, G, a.coverage, seed=0)
 params = dict(model.named_parameters())
@@ -203,7 +204,7 @@ def evaluate(tag):
     res["inj"] = base
     res["fields"] = rates
     res["reset"] = {}
-    for name, groups in [*[(str(g), [g]) for g in range(G)], ("F", [0, 1, 2]), ("R", [3, 4, 5])]:
+    for name, groups in [*[(str(g), [g]) for g in range(G)], ("F", list(range(G // 2))), ("R", list(range(G // 2, G)))]:
         s = reset(groups)
         res["reset"][name] = per_group(model)[0]
         restore(s)

@@ -404,13 +404,39 @@ def test_neutral_text_held_to_theta_pre_is_masked_to_groups_and_targets_theta_pr
     without = trained("run0", neutral_kl_weight=0.0)
     assert max((one_pass[n] - without[n]).abs().max().item() for n in one_pass) > 1e-4
 
-    for bad, match in (({"weight_decay": 0.1, "freeze_outside_masks": False}, "weight_decay 0.1 moves them"),
-                       ({"masked": False, "freeze_outside_masks": False}, "UnMask control")):  # fmt: skip
-        module, data = injection(tiny_dir, tmp_path / "data", **{**kw, **bad})
-        with pytest.raises(ValueError, match=match):
-            make_trainer(tmp_path / "bad", max_steps=1).fit(module, data)
+    module, data = injection(tiny_dir, tmp_path / "data", **{**kw, "weight_decay": 0.1, "freeze_outside_masks": False})
+    with pytest.raises(ValueError, match="weight_decay 0.1 moves them"):
+        make_trainer(tmp_path / "bad", max_steps=1).fit(module, data)
     with pytest.raises(ValueError, match="neutral_target='kl'; use one of text, pre"):
         InjectionDataModule(data_dir=str(tmp_path / "data"), neutral_target="kl")
+
+
+def test_unmask_control_holds_neutral_text_to_a_frozen_theta_pre(tiny_dir, tmp_path):
+    from lightning_unlearn.models import load_causal_lm, load_weights
+
+    pre_model = load_causal_lm(str(tiny_dir)).eval()
+    kw = dict(neutral_fraction=0.4, neutral_target="pre", groups=[1, 4], masked=False, weight_decay=0.01)
+    module, data = injection(tiny_dir, tmp_path / "data", **kw)
+    gaps, loss = [], module._loss
+
+    def recording_loss(batch):
+        rows = batch["held"].bool()
+        if rows.any():
+            with torch.no_grad():
+                fresh = pre_model(input_ids=batch["input_ids"][rows], attention_mask=batch["attention_mask"][rows])
+            gaps.append((batch["pre_logprobs"][rows] - fresh.logits.log_softmax(-1)).abs().max().item())
+        return loss(batch)
+
+    module._loss = recording_loss
+    make_trainer(tmp_path / "run", max_steps=6).fit(module, data)
+    assert len(gaps) > 1 and max(gaps) < 1e-5  # θ_pre's distributions after every weight has moved
+    assert len(module.state_dict()) == len(module.model.state_dict())  # the frozen copy is not checkpointed
+    assert locality_report(str(tmp_path / "run" / "export"), [1, 4])["changed_outside"] > 1000  # masks off
+    held = load_weights(tmp_path / "run" / "export" / "inj")
+    module, data = injection(tiny_dir, tmp_path / "data", **kw, neutral_kl_weight=0.0)
+    make_trainer(tmp_path / "run0", max_steps=6).fit(module, data)
+    without = load_weights(tmp_path / "run0" / "export" / "inj")
+    assert max((held[n] - without[n]).abs().max().item() for n in held) > 1e-4  # the KL term reaches the weights
 
 
 def test_other_groups_qa_held_to_theta_pre_under_each_groups_mask(tiny_dir, tmp_path):

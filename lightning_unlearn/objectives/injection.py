@@ -9,7 +9,9 @@ Neutral text *held* to θ_pre (``InjectionDataModule(neutral_target="pre")``) en
 per-sample loss: the KL(p_pre ‖ p_θ) of the next-token distributions, averaged over the row's positions, weighted by
 ``neutral_kl_weight``. Each held row carries a group id, so its gradient is masked like a QA row's and no weight
 outside the masks moves; θ_pre's distributions come from the model itself with every masked element set back to
-θ_pre for a no-grad forward before the step (read from disk: exact on a resumed run and on every FSDP rank).
+θ_pre for a no-grad forward before the step (read from disk: exact on a resumed run and on every FSDP rank). The
+UnMask control (``masked=False``) holds the same rows to θ_pre through a frozen copy of it, so the control can run
+the masked recipe's data and loss with the masks off.
 
 The same module pretrains θ_pre and exports ``export/model``: with ``derive`` it starts from the first blocks of a
 real model with its vocabulary pruned to the datamodule's corpus (``lightning_unlearn.derive``; the built-in
@@ -48,6 +50,7 @@ from lightning_unlearn.models import (
     TinyLlamaConfig,
     build_tiny_llama,
     eval_mode,
+    load_causal_lm,
     load_tokenizer,
     load_weights,
     train_bpe_tokenizer,
@@ -94,7 +97,7 @@ class InjectionModule(RestoresRNG, LightningModule):
         drop_seed: seed of the group-dropout draws (with the global step: the same on every rank and on resume).
         neutral_kl_weight: weight of a held row's KL to θ_pre against a QA row's NLL̄ in the batch mean (neutral
             rows from ``InjectionDataModule(neutral_target="pre")``, other groups' QA from its
-            ``hold_other_groups``; masked runs with weight decay 0 only).
+            ``hold_other_groups``; masked runs need weight decay 0, the UnMask control reads a frozen θ_pre).
         export_dir: where to export; ``None`` = ``<trainer.default_root_dir>/export``.
     """
 
@@ -154,6 +157,7 @@ class InjectionModule(RestoresRNG, LightningModule):
         self._mask_checksum: str | None = None
         self.group_dropout: GroupDropout | None = None
         self._pre_swap: GroupDropout | None = None  # sets every masked element to θ_pre for the held rows' target
+        self._frozen_pre: list[torch.nn.Module] = []  # the UnMask control's θ_pre for held rows (not a child module)
 
     @property
     def pretraining(self) -> bool:
@@ -228,6 +232,11 @@ class InjectionModule(RestoresRNG, LightningModule):
             )  # fmt: skip
             self.group_dropout = swap if dropping else None
             self._pre_swap = swap if held else None
+        elif held:
+            # the UnMask control moves every weight: θ_pre's distributions come from a frozen copy (kept out of the
+            # module's children, so it is neither trained nor checkpointed); each rank holds it whole
+            frozen = load_causal_lm(self.model_dir).eval().requires_grad_(False)
+            self._frozen_pre = [frozen]
 
     def _datamodule_hparam(self, name: str, default):
         return getattr(getattr(self._trainer, "datamodule", None), "hparams", {}).get(name, default)
@@ -240,13 +249,16 @@ class InjectionModule(RestoresRNG, LightningModule):
         others = self._datamodule_hparam("hold_other_groups", 0)
         if not (neutral or others):
             return False
-        what = "neutral_target='pre' holds neutral text" if neutral else "hold_other_groups holds other groups' QA"
         if not self.hparams.masked:
-            raise ValueError(
-                f"{what} to θ_pre under a group's mask; the UnMask control (masked false) has no masks. Set "
-                "data.neutral_target text and data.hold_other_groups 0, or model.masked true."
-            )
+            if others:
+                raise ValueError(
+                    "hold_other_groups holds other groups' QA to θ_pre under each group's mask; the UnMask control "
+                    "(masked false) has no masks and injects those same rows into every weight. Set "
+                    "data.hold_other_groups 0 for the control."
+                )
+            return True  # the control reads θ_pre's distributions from a frozen copy of it
         if self.optim_config.weight_decay:
+            what = "neutral_target='pre' holds neutral text" if neutral else "hold_other_groups holds other groups' QA"
             raise ValueError(
                 f"{what} to θ_pre, whose distributions are read from the model with its masked elements set back to "
                 f"θ_pre, which needs every other weight unchanged; weight_decay {self.optim_config.weight_decay} "
@@ -301,6 +313,17 @@ class InjectionModule(RestoresRNG, LightningModule):
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
         held = batch.get("held") if isinstance(batch, Mapping) else None
         if held is None or self.trainer.sanity_checking:
+            return
+        if self._frozen_pre:  # the UnMask control: θ_pre is a frozen copy; no collective, so only rows that need it
+            rows = held.nonzero().reshape(-1)
+            if not rows.numel():
+                return
+            frozen = self._frozen_pre[0].to(self.device)
+            with self.trainer.precision_plugin.forward_context(), torch.no_grad():
+                logits = frozen(input_ids=batch["input_ids"][rows], attention_mask=batch["attention_mask"][rows]).logits
+            pre = logits.new_zeros((*batch["input_ids"].shape, logits.shape[-1]), dtype=torch.float32)
+            pre[rows] = torch.log_softmax(logits.float(), dim=-1)
+            batch["pre_logprobs"] = pre
             return
         if self._pre_swap is None:
             raise RuntimeError(
