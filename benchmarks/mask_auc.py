@@ -14,6 +14,13 @@ gives the ratio. With ``--check`` a subsample is cross-checked against scikit-le
 ``masks.load_masks`` reads) into a temporary directory, in a child process, one shard at a time; then this process
 scores them from the files with ``mask_auc`` (m^F = groups 0-2, m^F ∨ m^R = groups 0-5, as ``lightning-unlearn
 mask-auc``) and reports the wall time and its peak RSS. The directory is deleted afterwards.
+
+``--on-disk --callback`` scores the same files the way the checkpoint callback does on rank 0 of a run
+(``MaskAUCEvaluation.compute``): θ_unl is the evaluated model's own parameters, loaded into memory first (as a
+training run holds them), and θ_pre, θ_inj and the masks are read from their files. The report gives the model's
+bytes, the RSS before and the peak, so the callback's own cost is the peak minus the RSS before.
+
+    .venv/bin/python benchmarks/mask_auc.py --on-disk --callback --weights 300000000 --tensors 100 --shards 8
 """
 
 from __future__ import annotations
@@ -154,6 +161,46 @@ def _generate(root: str, weights: int, tensors: int, shards: int) -> None:
         (d / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
+def _model_of(directory: Path) -> torch.nn.Module:
+    """A module whose parameters are the checkpoint's tensors, named as in its files (``model.layers.i...``)."""
+    from safetensors import safe_open
+
+    root = torch.nn.Module()
+    for file in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                *path, leaf = name.split(".")
+                module = root
+                for part in path:
+                    if not hasattr(module, part):
+                        module.add_module(part, torch.nn.Module())
+                    module = getattr(module, part)
+                module.register_parameter(leaf, torch.nn.Parameter(f.get_tensor(name), requires_grad=False))
+    return root
+
+
+def _callback(root: Path, args: argparse.Namespace) -> tuple[dict, float, float, float]:
+    """``MaskAUCEvaluation.compute`` on θ_unl held in memory: (result, seconds, RSS before, model GiB)."""
+    from types import SimpleNamespace
+
+    from lightning_unlearn.callbacks import MaskAUCEvaluation
+
+    model = _model_of(root / "unl")
+    model_gib = sum(p.numel() * p.element_size() for p in model.parameters()) / GiB
+    evaluator = MaskAUCEvaluation(
+        str(root / "pre"),
+        str(root / "inj"),
+        str(root / "masks.safetensors"),
+        retain_groups=(3, 4, 5) if args.unified else (),
+        max_samples=args.max_samples,
+        composite=args.composite,
+    )
+    baseline = _rss_gib()
+    t0 = time.perf_counter()
+    result = evaluator.compute(None, SimpleNamespace(model=model), 0)
+    return {**result, "F|R": result.get("F_or_R")}, time.perf_counter() - t0, baseline, model_gib
+
+
 def on_disk(args: argparse.Namespace) -> dict:
     from lightning_unlearn.masks import load_masks, union_mask
     from lightning_unlearn.metrics.mask_auc import mask_auc
@@ -170,24 +217,29 @@ def on_disk(args: argparse.Namespace) -> dict:
             raise RuntimeError(f"generating the models failed (exit code {child.exitcode}).")
         write_seconds = time.perf_counter() - t0
         files_gib = sum(f.stat().st_size for f in root.rglob("*.safetensors")) / GiB
-        packed, _ = load_masks(root / "masks.safetensors", lazy=True)
-        baseline = _rss_gib()
-        t0 = time.perf_counter()
-        result = mask_auc(
-            root / "pre",
-            root / "inj",
-            root / "unl",
-            union_mask(packed, [0, 1, 2], lazy=True),
-            unified_mask=union_mask(packed, range(6), lazy=True) if args.unified else None,
-            max_samples=args.max_samples,
-            composite=args.composite,
-        )
-        seconds = time.perf_counter() - t0
+        model_gib = None
+        if args.callback:
+            result, seconds, baseline, model_gib = _callback(root, args)
+        else:
+            packed, _ = load_masks(root / "masks.safetensors", lazy=True)
+            baseline = _rss_gib()
+            t0 = time.perf_counter()
+            result = mask_auc(
+                root / "pre",
+                root / "inj",
+                root / "unl",
+                union_mask(packed, [0, 1, 2], lazy=True),
+                unified_mask=union_mask(packed, range(6), lazy=True) if args.unified else None,
+                max_samples=args.max_samples,
+                composite=args.composite,
+            )
+            seconds = time.perf_counter() - t0
         peak = _peak_rss_gib()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return {
-        "mode": "on_disk",
+        "mode": "callback" if args.callback else "on_disk",
+        "model_gib": None if model_gib is None else round(model_gib, 3),  # --callback: θ_unl held in memory
         "weights": result["num_weights"],
         "tensors": args.tensors,
         "shards": args.shards,
@@ -220,9 +272,12 @@ def main() -> None:
     ap.add_argument("--composite", type=_bool, default=True, help="--on-disk: fit the composite classifier")
     ap.add_argument("--unified", type=_bool, default=True, help="--on-disk: also score against m^F ∨ m^R")
     ap.add_argument("--max-samples", type=int, default=2_000_000, help="--on-disk: the composite's subsample")
+    ap.add_argument("--callback", action="store_true", help="--on-disk: score as MaskAUCEvaluation on rank 0 does")
     ap.add_argument("--dir", default=None, help="--on-disk: parent of the temporary directory (default: $TMPDIR)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.callback and not args.on_disk:
+        ap.error("--callback scores the files --on-disk writes; add --on-disk.")
     print(json.dumps(on_disk(args) if args.on_disk else in_memory(args)))
 
 
