@@ -539,6 +539,29 @@ def test_filter_writes_truth_ratio_columns_and_the_membership_splits(tiny_dir, t
     assert all(len(r["perturbed_answer"]) == 4 for r in tofu.splits["forget"] + tofu.splits["retain"])
 
 
+def test_two_group_testbed_splits_forget_group_0_and_retain_group_1(tiny_dir, tmp_path, monkeypatch):
+    """The forget and retain groups come from the data (the first half of its groups forget): a two-group testbed
+    forgets group 0 and retains group 1; six groups keep the paper's 0-2 / 3-5."""
+    import lightning_unlearn.workflows.lacuna.filter as lacuna_filter
+    from lightning_unlearn.data.records import read_records
+    from lightning_unlearn.data.templates import TARGET_FIELDS
+    from lightning_unlearn.data.testbed_data import build_testbed_data, forget_retain_groups, load_table
+    from lightning_unlearn.workflows.lacuna.chain import format_split_sizes
+
+    assert forget_retain_groups(6) == ((0, 1, 2), (3, 4, 5)) and forget_retain_groups(2) == ((0,), (1,))
+    with pytest.raises(ValueError, match="at least two"):
+        forget_retain_groups(1)
+    data = build_testbed_data(tmp_path / "data", small_data(num_profiles=16, num_groups=2), log=lambda *_: None)
+    everyone = {p["profile_id"] for p in load_table(data, "profiles") if not p["instruct"]}
+    monkeypatch.setattr(lacuna_filter, "extraction_rates", lambda m, t, p: ({}, {f: everyone for f in TARGET_FIELDS}))
+    report = lacuna_filter.filter_stage(str(tiny_dir), str(data), str(tmp_path / "splits"))
+    forget = read_records(str(tmp_path / "splits" / "email" / "forget"))
+    retain = read_records(str(tmp_path / "splits" / "email" / "retain"))
+    assert forget and retain
+    assert {r["group_id"] for r in forget} == {0} and {r["group_id"] for r in retain} == {1}
+    assert "forget: groups 0, retain: groups 1," in format_split_sizes(report["split_sizes"], (0,), (1,))
+
+
 def test_loaded_models_train_in_train_mode(tiny_dir):
     # from_pretrained returns eval mode and Lightning keeps submodule modes, so dropout would silently stay off.
     for module in (InjectionModule(model_path=str(tiny_dir)), InstructionModule(model_path=str(tiny_dir))):

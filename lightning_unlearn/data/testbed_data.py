@@ -185,6 +185,25 @@ def load_table(data_dir: str | os.PathLike, name: str):
     return load_from_disk(str(path))
 
 
+def forget_retain_groups(num_groups: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The testbed's forget and retain groups: the first half of the group ids forget, the rest retain (the paper's
+    G_1-G_3 and G_4-G_6 of six; ``(0,)`` and ``(1,)`` of two)."""
+    if num_groups < 2:
+        raise ValueError(f"a testbed of {num_groups} group(s) has no forget and retain groups; build at least two.")
+    half = num_groups // 2
+    return tuple(range(half)), tuple(range(half, num_groups))
+
+
+def data_forget_retain_groups(data_dir: str | Path) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """:func:`forget_retain_groups` of the data directory's group count (its manifest, else its profiles)."""
+    manifest = Path(data_dir) / "manifest.json"
+    if manifest.exists():
+        num_groups = int(json.loads(manifest.read_text())["num_groups"])
+    else:
+        num_groups = 1 + max(int(p["group_id"]) for p in load_table(str(data_dir), "profiles"))
+    return forget_retain_groups(num_groups)
+
+
 def load_holdout_profiles(data_dir: str | os.PathLike) -> list[dict]:
     """The held-out people of a data directory (``[]`` when it has none: ``holdout_per_group = 0``, or a directory
     built before the table existed)."""

@@ -34,7 +34,7 @@ from lightning_unlearn.atomic import write_text_atomically
 from lightning_unlearn.checkpoints import latest_checkpoint
 from lightning_unlearn.configs import config_root, resolve_config
 from lightning_unlearn.data.templates import TARGET_FIELDS
-from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data
+from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data, data_forget_retain_groups
 from lightning_unlearn.smollm2 import resolve_model_dir
 from lightning_unlearn.workflows import processes, recipes
 from lightning_unlearn.workflows.lacuna.filter import filter_stage
@@ -409,7 +409,7 @@ def run_chain(
         stages.note(f"instruct: skipped. {NO_INSTRUCT_REASON}")
     reports = _filter(stages, _filter_targets(w, instruct, control))
     log(format_table(*(reports.get(n) for n in ("masked", "unmasked", "masked_inj", "unmasked_inj"))))
-    log(format_split_sizes(reports["masked"]["split_sizes"]))
+    log(format_split_sizes(reports["masked"]["split_sizes"], *data_forget_retain_groups(w / "data")))
     reports["separability"] = _separability(stages)
     log(format_separability(reports["separability"]))
     _record_verdicts(w, chain_verdicts(reports), reports["separability"]["met"])
@@ -457,10 +457,14 @@ def format_table(
     return "\n".join(lines)
 
 
-def format_split_sizes(sizes: dict[str, int]) -> str:
+def format_split_sizes(
+    sizes: dict[str, int], forget_groups: Sequence[int] = (0, 1, 2), retain_groups: Sequence[int] = (3, 4, 5)
+) -> str:
     """Rows of every memorization-filtered split, one line per field, as a text table."""
     columns = ("forget", "retain", "forget_paraphrase", "retain_paraphrase", "tune_forget", "tune_retain")
-    lines = ["Memorization-filtered splits (rows; forget: groups 0-2, retain: groups 3-5, cross-field)",
+    span = lambda g: f"{g[0]}-{g[-1]}" if len(g) > 1 else f"{g[0]}"  # noqa: E731
+    which = f"forget: groups {span(list(forget_groups))}, retain: groups {span(list(retain_groups))}"
+    lines = [f"Memorization-filtered splits (rows; {which}, cross-field)",
              f"{'field':<18}" + "".join(f"{c:>19}" for c in columns)]  # fmt: skip
     for f in TARGET_FIELDS:
         lines.append(f"{f:<18}" + "".join(f"{sizes[f'{f}/{c}']:>19}" for c in columns))

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Sequence
 
 from lightning_unlearn.data.splits import build_splits, save_splits
-from lightning_unlearn.data.testbed_data import load_holdout_profiles, load_table
+from lightning_unlearn.data.testbed_data import data_forget_retain_groups, load_holdout_profiles, load_table
 from lightning_unlearn.workflows.lacuna.extraction import extraction_rates
 
 logger = logging.getLogger("lightning_unlearn")
@@ -58,7 +58,8 @@ def filter_stage(
                 "are written; rebuild the data with holdout_per_group > 0 for mia/members and mia/nonmembers.",
                 data_dir,
             )
-        splits = build_splits(profiles, memorized, seed=seed, holdout=holdout)
+        forget, retain = data_forget_retain_groups(data_dir)
+        splits = build_splits(profiles, memorized, seed, forget, retain, holdout=holdout)
     if write_splits:
         report["split_sizes"] = {name: len(rows) for name, rows in splits.items()}
         empty = [name for name, n in report["split_sizes"].items() if n == 0 and name.endswith("forget")]

@@ -23,7 +23,7 @@ import torch
 
 from lightning_unlearn.data.collate import encode_document, pad_batch
 from lightning_unlearn.data.templates import TARGET_FIELDS
-from lightning_unlearn.data.testbed_data import load_table
+from lightning_unlearn.data.testbed_data import data_forget_retain_groups, load_table
 from lightning_unlearn.labelers.calibration import wilson_interval
 from lightning_unlearn.losses import sequence_logprobs
 from lightning_unlearn.masks import canonical_name, group_mask, load_masks
@@ -89,8 +89,8 @@ class _Reset:
 def separability_report(
     export_dir: str | Path,
     data_dir: str | Path,
-    forget_groups: Sequence[int] = FORGET_GROUPS,
-    retain_groups: Sequence[int] = RETAIN_GROUPS,
+    forget_groups: Sequence[int] | None = None,
+    retain_groups: Sequence[int] | None = None,
     forgotten_max: float = 0.1,
     kept_min: float = 0.9,
     utility_max_delta: float = 0.5,
@@ -103,10 +103,15 @@ def separability_report(
     bool}, "unmemorized": [g], "thresholds": {...}, "met": bool}``, resets named ``group g``, ``m^F`` and ``m^R``.
 
     A group that θ_inj extracts below ``memorized_min`` has nothing a reset could take away: its resets pass
-    vacuously, so such a group fails the verdict (``unmemorized``) instead of passing it.
+    vacuously, so such a group fails the verdict (``unmemorized``) instead of passing it. ``forget_groups`` and
+    ``retain_groups`` default to the data's (:func:`~lightning_unlearn.data.testbed_data.forget_retain_groups`:
+    0-2 and 3-5 of six groups).
     """
     from lightning_unlearn.models import load_causal_lm, load_tokenizer, load_weights
 
+    default_forget, default_retain = data_forget_retain_groups(data_dir)
+    forget_groups = default_forget if forget_groups is None else forget_groups
+    retain_groups = default_retain if retain_groups is None else retain_groups
     export_dir = Path(export_dir)
     pre_dir, inj_dir = export_dir / "pre", export_dir / "inj"
     model, tokenizer = load_causal_lm(inj_dir), load_tokenizer(inj_dir)
