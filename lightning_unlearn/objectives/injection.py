@@ -134,7 +134,8 @@ class InjectionModule(RestoresRNG, LightningModule):
                 f"give one of model_path (continue a model), derive (pretrain from part of a real model) and tiny "
                 f"(pretrain from scratch), not {' and '.join(given)}."
             )
-        dropping = any(q for _, q in dropout_schedule(drop_other_groups))
+        self._dropping = any(q for _, q in dropout_schedule(drop_other_groups))  # group dropout on at some step
+        dropping = self._dropping
         if neutral_kl_weight < 0:
             raise ValueError(f"neutral_kl_weight={neutral_kl_weight} must be >= 0.")
         if dropping and not masked:
@@ -223,7 +224,7 @@ class InjectionModule(RestoresRNG, LightningModule):
         if self.hparams.freeze_outside_masks and self.hparams.masked:
             self._freeze(untouched)
         held = self._holds_rows()
-        dropping = any(q for _, q in dropout_schedule(self.hparams.drop_other_groups))
+        dropping = self._dropping
         if (dropping or held) and self.hparams.masked:
             # θ_pre from disk: on a resumed run (or an FSDP rank that gets rank 0's weights) the parameters are not it
             swap = GroupDropout(
@@ -321,9 +322,7 @@ class InjectionModule(RestoresRNG, LightningModule):
             frozen = self._frozen_pre[0].to(self.device)
             with self.trainer.precision_plugin.forward_context(), torch.no_grad():
                 logits = frozen(input_ids=batch["input_ids"][rows], attention_mask=batch["attention_mask"][rows]).logits
-            pre = logits.new_zeros((*batch["input_ids"].shape, logits.shape[-1]), dtype=torch.float32)
-            pre[rows] = torch.log_softmax(logits.float(), dim=-1)
-            batch["pre_logprobs"] = pre
+            batch["pre_logprobs"] = _held_logprobs(batch, rows, logits)
             return
         if self._pre_swap is None:
             raise RuntimeError(
@@ -342,9 +341,7 @@ class InjectionModule(RestoresRNG, LightningModule):
                 logits = self(batch["input_ids"][run], batch["attention_mask"][run])
         finally:
             self._pre_swap.restore()
-        pre = logits.new_zeros((*batch["input_ids"].shape, logits.shape[-1]), dtype=torch.float32)
-        pre[rows] = torch.log_softmax(logits[: rows.numel()].float(), dim=-1)
-        batch["pre_logprobs"] = pre
+        batch["pre_logprobs"] = _held_logprobs(batch, rows, logits[: rows.numel()])
 
     @override
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
@@ -414,6 +411,14 @@ class InjectionModule(RestoresRNG, LightningModule):
             (tmp / "run.json").write_text(json.dumps(info, indent=1))
 
         write_directory_atomically(self.export_dir(), write)
+
+
+def _held_logprobs(batch: dict, rows: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """θ_pre's log-probabilities for the batch's held ``rows`` (``logits``: theirs), zeros elsewhere, batch-wide so
+    lockstep's sub-batches slice it with the rest of the batch."""
+    pre = logits.new_zeros((*batch["input_ids"].shape, logits.shape[-1]), dtype=torch.float32)
+    pre[rows] = torch.log_softmax(logits.float(), dim=-1)
+    return pre
 
 
 def _summary(masks: Mapping[str, torch.Tensor], num_groups: int) -> tuple[str, list[float], set[str]]:

@@ -23,14 +23,13 @@ import torch
 
 from lightning_unlearn.data.collate import encode_document, pad_batch
 from lightning_unlearn.data.templates import TARGET_FIELDS
-from lightning_unlearn.data.testbed_data import data_forget_retain_groups, load_table
+from lightning_unlearn.data.testbed_data import data_forget_retain_groups, forget_retain_groups, load_table
 from lightning_unlearn.labelers.calibration import wilson_interval
 from lightning_unlearn.losses import sequence_logprobs
 from lightning_unlearn.masks import canonical_name, group_mask, load_masks
 from lightning_unlearn.workflows.lacuna.extraction import extraction_rates
 
-FORGET_GROUPS = (0, 1, 2)  # the paper's G_1-G_3 (data/splits.py)
-RETAIN_GROUPS = (3, 4, 5)
+FORGET_GROUPS, RETAIN_GROUPS = forget_retain_groups(6)  # the paper's G_1-G_3 and G_4-G_6
 
 
 def utility_ce(model, tokenizer, texts: Sequence[str], max_length: int = 128, batch_size: int = 16) -> float:
