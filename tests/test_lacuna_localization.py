@@ -27,6 +27,7 @@ from lightning_unlearn.workflows.lacuna.localization import (
     format_report,
     method_epochs,
     run_localization,
+    score_args,
 )
 
 # What the measured gap must at least be. Measured at this size: OracleGrad 1.00 (raw), GA ≈ 0.50; a broken
@@ -280,3 +281,18 @@ def test_the_field_metrics_join_the_evaluators_and_the_report(tiny_dir, tmp_path
     assert output["mia"] == {"loss": {"auc": 0.8, "privleak": -60.0}}
     table = format_outputs({"before": output, "methods": {}})
     assert "| forget quality | MIA AUC (loss) | PrivLeak (loss) |" in table and "| 0.0123 | 0.800 | -60.0 |" in table
+
+
+def test_the_report_passes_the_testbeds_groups_to_the_restricted_method_and_the_score(tmp_path):
+    """On a two-group testbed m^F is group 0 and m^R group 1: OracleGrad is restricted to group 0 (its config says the
+    paper's 0-2) and mask-auc scores against groups 0 / 1; a method that is not restricted gets no groups."""
+    splits = _tiny_splits(tmp_path / "splits", tmp_path)
+    masks = tmp_path / "masks.safetensors"
+    oracle = fit_command("oracle_grad", tmp_path, splits, "email", tmp_path / "o", 1, masks, forget_groups=(0,))
+    assert oracle[oracle.index("--model.init_args.forget_groups") + 1] == "[0]"
+    assert oracle[oracle.index("--model.init_args.masks_path") + 1] == str(masks)
+    ga = fit_command("ga", tmp_path, splits, "email", tmp_path / "g", 1, masks, forget_groups=(0,))
+    assert "--model.init_args.forget_groups" not in ga
+    args = score_args(tmp_path, tmp_path, tmp_path, masks, tmp_path / "auc.json", groups=((0,), (1,)))
+    assert args[args.index("--forget_groups") + 1] == "[0]" and args[args.index("--retain_groups") + 1] == "[1]"
+    assert "--forget_groups" not in score_args(tmp_path, tmp_path, tmp_path, masks, tmp_path / "auc.json")

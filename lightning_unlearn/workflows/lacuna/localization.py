@@ -46,6 +46,7 @@ from typing import Literal
 
 from lightning_unlearn.atomic import write_directory_atomically, write_text_atomically
 from lightning_unlearn.data.templates import TARGET_FIELDS
+from lightning_unlearn.data.testbed_data import data_forget_retain_groups
 from lightning_unlearn.workflows import processes, recipes
 from lightning_unlearn.workflows.lacuna.chain import CONFIG_DIR, require_separable
 from lightning_unlearn.workflows.lacuna.resurface import K, format_sanity, resurfacing_sanity
@@ -259,10 +260,12 @@ def fit_command(
     batch_size: int | None = None,
     callbacks: Sequence[dict] = (),
     stage: str = "fit",
+    forget_groups: Sequence[int] | None = None,
 ) -> list[str]:
     """The ``lightning-unlearn fit`` (or ``validate``) arguments of one run; its overrides file is written to ``out``.
 
-    One checkpoint, after the last epoch, and ``callbacks`` beside it; no logger or progress bar.
+    One checkpoint, after the last epoch, and ``callbacks`` beside it; no logger or progress bar. A method restricted
+    to m^F gets ``forget_groups`` (the testbed's; ``None``: its config's).
     """
     config, restricted, _ = METHODS[method]
     out.mkdir(parents=True, exist_ok=True)
@@ -290,6 +293,8 @@ def fit_command(
     ]  # fmt: skip
     if restricted:
         args += ["--model.init_args.masks_path", str(masks)]
+        if forget_groups is not None:
+            args += ["--model.init_args.forget_groups", json.dumps(list(forget_groups))]
     if lr is not None:
         args += ["--model.init_args.optim.lr", str(lr)]
     if batch_size is not None:
@@ -375,10 +380,13 @@ def output_metrics(metrics: Path) -> dict:
     return out
 
 
-def score_args(pre: Path, inj: Path, unl: Path, masks: Path, out: Path,
-               control: tuple[Path, Path] | None = None) -> list[str]:  # fmt: skip
-    """``lightning-unlearn mask-auc`` arguments scoring one unlearned model (its JSON written to ``out``)."""
+def score_args(pre: Path, inj: Path, unl: Path, masks: Path, out: Path, control: tuple[Path, Path] | None = None,
+               groups: tuple[Sequence[int], Sequence[int]] | None = None) -> list[str]:  # fmt: skip
+    """``lightning-unlearn mask-auc`` arguments scoring one unlearned model (its JSON written to ``out``) against the
+    ``(forget, retain)`` groups' masks (``None``: the command's defaults, the paper's six groups)."""
     args = ["mask-auc", "--pre", str(pre), "--inj", str(inj), "--unl", str(unl), "--masks", str(masks)]
+    if groups is not None:
+        args += ["--forget_groups", json.dumps(list(groups[0])), "--retain_groups", json.dumps(list(groups[1]))]
     if control is not None:
         args += ["--control_inj", str(control[0]), "--control_unl", str(control[1])]
     return [*args, "--out", str(out)]
@@ -405,6 +413,7 @@ class _Plan:
     control: bool  # run the UnMask controls of the methods that have one
     log: Callable[[str], None]
     reference: Path | None = None  # the testbed's retain reference (lacuna reference), for forget quality / PrivLeak
+    groups: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # the testbed's (forget, retain) groups
 
     def run_names(self, method: str) -> list[tuple[str, Path]]:
         """``(run name, starting model)`` of the method's run and, when it has one, of its UnMask control."""
@@ -481,7 +490,7 @@ def _fit_jobs(plan: _Plan, fields: Sequence[str], summary: dict) -> tuple[dict[t
                 # the controls are only scored by their weights; the methods also get the output-level evaluation
                 cbs = evaluators(splits, field, plan.utility, out, reference=plan.reference) if name == method else []
                 args = fit_command(method, start, splits, field, out, plan.epochs[method], paths["masks"], plan.lr,
-                                   plan.batch_size, cbs)  # fmt: skip
+                                   plan.batch_size, cbs, forget_groups=plan.groups and plan.groups[0])  # fmt: skip
                 recipe = {"args": args}
                 runs[(field, name)] = {"out": out, "start": start, "recipe": recipe}
                 if _recipe_matches(out, recipe, fitted=True):
@@ -528,7 +537,7 @@ def _score_jobs(plan: _Plan, field: str, runs: dict[tuple[str, str], dict]) -> l
         if (field, f"{method}_unmask") in runs:
             ctrl = (paths["control_start"], runs[(field, f"{method}_unmask")]["out"] / "export" / "model")
         args = score_args(paths["pre"], paths["start"], out / "export" / "model", paths["masks"],
-                          out / "mask_auc.json", ctrl)  # fmt: skip
+                          out / "mask_auc.json", ctrl, plan.groups)  # fmt: skip
         recorded = out / "mask_auc.args.json"
         if not ((out / "mask_auc.json").exists() and recorded.exists() and json.loads(recorded.read_text()) == args):
             (out / "mask_auc.json").unlink(missing_ok=True)
@@ -634,7 +643,9 @@ def run_localization(
 
     # the retain reference of forget quality and PrivLeak (refused on the same terms as this report)
     reference = ensure_reference(workdir, allow_inseparable)
-    plan = _Plan(workdir, paths, out_root, utility, methods, epochs, lr, batch_size, has_control, log, reference)
+    groups = data_forget_retain_groups(paths["data"])
+    plan = _Plan(workdir, paths, out_root, utility, methods, epochs, lr, batch_size, has_control, log, reference,
+                 groups)  # fmt: skip
     jobs = _Jobs(parallel, in_process, log)
     summary: dict = {"workdir": str(workdir), "methods": list(methods), "epochs": epochs, "lr": lr, "k": k,
                      "relearn_epochs": relearn_epochs, "seed": seed, "separable": separable,

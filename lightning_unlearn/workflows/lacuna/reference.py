@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lightning_unlearn.atomic import write_directory_atomically
+from lightning_unlearn.data.testbed_data import data_forget_retain_groups
 from lightning_unlearn.workflows.lacuna.chain import require_separable
 from lightning_unlearn.workflows.lacuna.separability import FORGET_GROUPS, _Reset
 
@@ -76,12 +77,14 @@ def ensure_reference(workdir: str | os.PathLike, allow_inseparable: bool = False
         "export it anyway (reference.json records exact: false)",
     )
     paths = testbed_paths(w)
+    forget_groups = data_forget_retain_groups(paths["data"])[0]
     out = w / "reference"
     stamp = out / "reference.json"
     start = paths["start"]
     if stamp.exists() and stamp.stat().st_mtime >= (start / "config.json").stat().st_mtime:
         recorded = json.loads(stamp.read_text())
-        if recorded["model"] == str(start) and recorded["separable"] == separable:
+        if (recorded["model"], recorded["separable"], recorded["reset_groups"]) == (
+            str(start), separable, sorted(forget_groups)):  # fmt: skip
             return out
     if out.exists():
         import shutil
@@ -89,7 +92,7 @@ def ensure_reference(workdir: str | os.PathLike, allow_inseparable: bool = False
         shutil.rmtree(out)
     if separable is not True:
         logger.warning("[lacuna] reference: exporting from a testbed without a met separability verdict: not exact.")
-    return export_reference(start, paths["pre"], paths["masks"], out, separable=separable)
+    return export_reference(start, paths["pre"], paths["masks"], out, forget_groups, separable=separable)
 
 
 def reference_command(*, workdir: str = "runs/lacuna", allow_inseparable: bool = False) -> dict:
