@@ -461,10 +461,15 @@ def test_other_groups_qa_held_to_theta_pre_under_each_groups_mask(tiny_dir, tmp_
         held = [r for r in data.rows if r["group_ids"] == g and r["held"]]
         assert len(held) == round(0.5 * len(own)) and len(own) > 4
         assert all(g not in group_of[tuple(r["input_ids"])] for r in held)  # other groups' people only
+        # a person of the other injected group is marked with it; people of groups not injected are not
+        other = 5 - g  # 1 <-> 4
+        assert {r["other_group"] for r in held} == {-1, other}
+        assert all((r["other_group"] == other) == (other in group_of[tuple(r["input_ids"])]) for r in held)
         assert len({tuple(r["input_ids"]) for r in held}) == len(held)  # no row twice while the pool lasts
         assert all(group_of[tuple(r["input_ids"])] == {g} for r in own)
 
     seen = []  # per step: the batch's group, its held rows, and whether the other groups' elements were at θ_pre
+    counted = []  # per step: whether a held row was left out (its group's change present)
     loss = module._loss
 
     def recording_loss(batch):
@@ -478,6 +483,10 @@ def test_other_groups_qa_held_to_theta_pre_under_each_groups_mask(tiny_dir, tmp_
         at_pre = all(torch.equal(params[n][m], weights[n][m]) for n, b in module.packed_masks.items()
                      for m in [group_mask(b, other)] if m.any())  # fmt: skip
         seen.append((g, int(batch["held"].sum()), at_pre))
+        # a held row about the other injected group's people counts only while that group is at θ_pre (its target)
+        live = batch["other_group"] == other[0]
+        assert torch.equal(batch["counted"], ~live | at_pre), (batch["counted"], live, at_pre)
+        counted.append(bool((live & ~batch["counted"]).any()))
         return loss(batch)
 
     module._loss = recording_loss
@@ -485,12 +494,19 @@ def test_other_groups_qa_held_to_theta_pre_under_each_groups_mask(tiny_dir, tmp_
     assert sum(n for _, n, _ in seen) > 2
     assert all(at for _, _, at in seen[:4])  # [0, 1.0]: each group trained with the other at θ_pre
     assert not all(at for _, _, at in seen[5:])  # [4, 0.0]: then with the other's change present
+    assert not any(counted[:4]) and any(counted[4:])  # so only then are some held rows left out
     assert locality_report(str(tmp_path / "run" / "export"), [1, 4])["changed_outside"] == 0
 
     module, data = injection(tiny_dir, tmp_path / "data", **{**kw, "masked": False, "freeze_outside_masks": False,
                                                               "drop_other_groups": 0.0})  # fmt: skip
     with pytest.raises(ValueError, match="hold_other_groups holds other groups' QA to θ_pre .* UnMask control"):
         make_trainer(tmp_path / "bad", max_steps=1).fit(module, data)
+    module, data = injection(tiny_dir, tmp_path / "data", **{**kw, "drop_other_groups": 0.0, "cycles": None})
+    with pytest.raises(ValueError, match="injected people would never count. Set model.init_args.drop_other_groups"):
+        make_trainer(tmp_path / "bad2", max_steps=1).fit(module, data)
+    module, data = injection(tiny_dir, tmp_path / "data", **{**kw, "num_groups": 3})
+    with pytest.raises(ValueError, match="has 6 groups, but the module samples masks for num_groups=3; set model"):
+        make_trainer(tmp_path / "bad3", max_steps=1).fit(module, data)
     with pytest.raises(ValueError, match="neutral_fraction 1 injects no group"):
         InjectionDataModule(data_dir=str(tmp_path / "data"), neutral_fraction=1.0, hold_other_groups=0.25)
     with pytest.raises(ValueError, match="hold_other_groups=-1"):

@@ -64,7 +64,10 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
         hold_other_groups: QA rows of the testbed's *other* groups' people held to θ_pre under each selected group's
             id (``held`` = 1, masked to that group), this many per PII row of the group (0.25: 2 for every 8). Each
             group's change is then trained to leave every other group's people as θ_pre had them, which with group
-            dropout makes the groups separable (docs/lacuna_memorization.md §9d-§9e). 0 = off.
+            dropout makes the groups separable (docs/lacuna_memorization.md §9d-§9f). 0 = off. A held row about a
+            person of another *injected* group carries that group in ``other_group`` (−1 on every other row): its
+            target, θ_pre, is right only while that group's change is dropped, and the objective counts it only
+            then.
         groups: inject only the PII of these group ids (0-based); ``None`` = all groups.
         include_documents: inject the five content-type documents.
         include_qa: inject the QA pairs (Lacuna: 2B of its 3.4B PII tokens).
@@ -222,31 +225,33 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
         if (hp.neutral_target == "pre" and neutral and pii) or held:
             # held to θ_pre, each under one selected group's mask in turn
             groups = sorted({r["group_ids"] for r in pii})
-            pii = [{**r, "held": 0} for r in pii]
+            pii = [{**r, "held": 0, "other_group": -1} for r in pii]
             if hp.neutral_target == "pre":
-                neutral = [{**r, "group_ids": groups[i % len(groups)], "held": 1} for i, r in enumerate(neutral)]
+                neutral = [{**r, "group_ids": groups[i % len(groups)], "held": 1, "other_group": -1}
+                           for i, r in enumerate(neutral)]  # fmt: skip
             else:
-                neutral = [{**r, "held": 0} for r in neutral]
+                neutral = [{**r, "held": 0, "other_group": -1} for r in neutral]
         self.rows = pii + neutral + held
 
     def _other_groups_held(self, tokenizer, pii: list[dict]) -> list[dict]:
         """``hold_other_groups`` × (a group's PII rows) QA rows of every other group's people, for each injected
-        group, under its id and held: each group's pool in a seeded order, cycled."""
+        group, under its id and held: each group's pool in a seeded order, cycled. ``other_group``: the group of the
+        row's person when that group is injected too, else −1."""
         hp = self.hparams
         if not hp.hold_other_groups or not pii:
             return []
         qa = load_table(hp.data_dir, "qa")
         rows = []
-        for g in sorted({r["group_ids"] for r in pii}):
-            pool = [p + a for p, a, h in zip(qa["prompt"], qa["answer"], qa["group_id"]) if h != g]
+        injected = {r["group_ids"] for r in pii}
+        for g in sorted(injected):
+            pool = [(p + a, h) for p, a, h in zip(qa["prompt"], qa["answer"], qa["group_id"]) if h != g]
             if not pool:
                 raise ValueError(f"hold_other_groups: the testbed has no group but {g} to hold; set it to 0.")
             random.Random(hp.seed * 1_000_003 + g).shuffle(pool)
             count = int(round(sum(r["group_ids"] == g for r in pii) * hp.hold_other_groups))
-            rows += [
-                {**encode_document(tokenizer, pool[i % len(pool)], hp.max_length), "group_ids": g, "held": 1}
-                for i in range(count)
-            ]
+            for text, h in (pool[i % len(pool)] for i in range(count)):
+                row = encode_document(tokenizer, text, hp.max_length)
+                rows.append({**row, "group_ids": g, "held": 1, "other_group": int(h) if h in injected else -1})
         return rows
 
     def _neutral_chunks(self, tokenizer) -> list[dict]:

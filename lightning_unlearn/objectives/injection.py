@@ -213,6 +213,7 @@ class InjectionModule(RestoresRNG, LightningModule):
         # Lazy masks, made one tensor at a time: the strategy keeps what it needs (FSDP: this rank's shard; one
         # device: every tensor, once), so no rank holds the full masks next to its shard. The export rebuilds them
         # (a function of the seed or file and the parameter names and shapes) and checks them against this digest.
+        self._check_num_groups()
         masks = self._full_masks(lazy=True)
         self._mask_checksum, coverage, untouched = _summary(masks, self.hparams.num_groups)
         empty = [g for g, c in enumerate(coverage) if c == 0]
@@ -239,6 +240,19 @@ class InjectionModule(RestoresRNG, LightningModule):
             frozen = load_causal_lm(self.model_dir).eval().requires_grad_(False)
             self._frozen_pre = [frozen]
 
+    def _check_num_groups(self) -> None:
+        """Refuse masks for another number of groups than the testbed data's (its manifest), when it has one."""
+        data_dir = self._datamodule_hparam("data_dir", None)
+        manifest = Path(data_dir) / "manifest.json" if data_dir else None
+        if manifest is None or not manifest.exists():
+            return
+        groups = json.loads(manifest.read_text()).get("num_groups")
+        if groups is not None and groups != self.hparams.num_groups:
+            raise ValueError(
+                f"the testbed data in {data_dir!r} has {groups} groups, but the module samples masks for "
+                f"num_groups={self.hparams.num_groups}; set model.init_args.num_groups {groups}."
+            )
+
     def _datamodule_hparam(self, name: str, default):
         return getattr(getattr(self._trainer, "datamodule", None), "hparams", {}).get(name, default)
 
@@ -258,6 +272,14 @@ class InjectionModule(RestoresRNG, LightningModule):
                     "data.hold_other_groups 0 for the control."
                 )
             return True  # the control reads θ_pre's distributions from a frozen copy of it
+        injected = self._datamodule_hparam("groups", None)
+        if others and not self._dropping and len(injected or range(self.hparams.num_groups)) > 1:
+            raise ValueError(
+                "hold_other_groups holds other groups' people to θ_pre, which is their model only in the steps that "
+                "drop their group's change; with several groups injected and drop_other_groups 0 the rows of "
+                "injected people would never count. Set model.init_args.drop_other_groups (e.g. [[0, 1.0], "
+                "[1200, 0.5]]) or inject one group (data.init_args.groups)."
+            )
         if self.optim_config.weight_decay:
             what = "neutral_target='pre' holds neutral text" if neutral else "hold_other_groups holds other groups' QA"
             raise ValueError(
@@ -308,6 +330,8 @@ class InjectionModule(RestoresRNG, LightningModule):
             per_sample = per_sample.masked_scatter(held, self.hparams.neutral_kl_weight * kl)
             if kl.numel():  # how far the held text has drifted (train/loss mixes it with the QA NLL̄)
                 self.log("train/held_kl", kl.detach().mean(), batch_size=kl.numel())
+        if "counted" in batch:  # held rows whose target (θ_pre) the step's present groups contradict
+            per_sample = per_sample * batch["counted"].to(per_sample.dtype)
         return per_sample.mean()
 
     @override
@@ -347,7 +371,11 @@ class InjectionModule(RestoresRNG, LightningModule):
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         if self.group_dropout is not None:
             present = {int(g) for g in batch["group_ids"].unique().tolist() if g >= 0}
-            self.group_dropout.drop(self.model, self.group_dropout.drawn(self.global_step, present))
+            dropped = self.group_dropout.drawn(self.global_step, present)
+            self.group_dropout.drop(self.model, dropped)
+            other = batch.get("other_group")
+            if other is not None:  # a held row about another injected group's person counts while its change is off
+                batch["counted"] = (other < 0) | torch.isin(other, torch.tensor(dropped, dtype=other.dtype))
         loss = self._loss(batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         return loss
