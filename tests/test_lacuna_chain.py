@@ -378,3 +378,29 @@ def test_lacuna_run_prints_each_verdict_once_and_writes_the_full_result_to_a_fil
     assert [line.removeprefix("  ") for line in printed.splitlines()[1:4]] == [
         v.removeprefix("[lacuna] ") for v in result["verdicts"].values()
     ]
+
+
+@pytest.mark.slow
+def test_the_two_group_preset_builds_two_groups_with_the_separable_recipe(tiny_dir, tmp_path):
+    """``--size two_groups``: data of two groups of 16 people, injected through lacuna/inject_separable.yaml (here cut
+    to 4 steps by a further overlay), and every group-aware step reads the two groups: the split table (forget group
+    0, retain group 1) and the separability resets (each group, m^F = {0}, m^R = {1})."""
+    short = tmp_path / "short.yaml"
+    short.write_text(
+        "trainer: {max_steps: 4, limit_val_batches: 0}\n"
+        "model:\n  init_args:\n    drop_other_groups: [[0, 1.0], [2, 0.5]]\n"
+        "    optim: {warmup_steps: 1, cycles: [[2, 1.0], [2, 0.5]]}\n"
+    )
+    lines: list[str] = []
+    reports = run_chain(str(tmp_path / "w"), size="two_groups", model_path=str(tiny_dir), inject_configs=[short],
+                        log=lines.append)  # fmt: skip
+    w = tmp_path / "w"
+    manifest = json.loads((w / "data" / "manifest.json").read_text())
+    assert (manifest["num_groups"], manifest["num_profiles"]) == (2, 32)
+    config = yaml.safe_load((w / "inject" / "lightning_logs" / "version_0" / "config.yaml").read_text())
+    model, data = config["model"]["init_args"], config["data"]["init_args"]
+    assert (model["coverage"], model["num_groups"], data["hold_other_groups"]) == (0.15, 2, 0.25)
+    assert model["drop_other_groups"] == [[0, 1.0], [2, 0.5]] and config["trainer"]["max_steps"] == 4
+    assert any("forget: groups 0, retain: groups 1" in line for line in lines)
+    resets = reports["separability"]["resets"]
+    assert {name: r["groups"] for name, r in resets.items()} == {"group 0": [0], "group 1": [1], "m^F": [0], "m^R": [1]}

@@ -76,6 +76,13 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "inject": ["--trainer.max_steps", "-1", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "3"],
         "instruct": ["--trainer.max_epochs", "1", "--trainer.val_check_interval", "2"],
     },
+    # Two groups of 16 people (forget group 0, retain group 1) injected with the separable-groups recipe
+    # (lacuna/inject_separable.yaml, docs/lacuna_memorization.md §9d-§9f).
+    "two_groups": {
+        "data": ["--data.data.num_groups", "2", "--data.data.num_profiles", "32"],
+        "inject_config": ["lacuna/inject_separable.yaml"],
+        "pretrain": [], "inject": ["--model.init_args.num_groups", "2"], "instruct": [],
+    },
 }  # fmt: skip
 
 
@@ -381,7 +388,7 @@ def run_chain(
     """
     if size not in SIZES:
         raise ValueError(f"size {size!r} is not one of {sorted(SIZES)}.")
-    overlays = _overlays(inject_configs, "--inject_config")
+    overlays = _overlays([*SIZES[size].get("inject_config", []), *inject_configs], "--inject_config")
     instruct_overlays = _overlays(instruct_configs, "--instruct_config")
     w = Path(workdir).resolve()
     preset = SIZES[size]
