@@ -77,7 +77,8 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "instruct": ["--trainer.max_epochs", "1", "--trainer.val_check_interval", "2"],
     },
     # Two groups of 16 people (forget group 0, retain group 1) injected with the separable-groups recipe
-    # (lacuna/inject_separable.yaml, docs/lacuna_memorization.md §9d-§9f).
+    # (lacuna/inject_separable.yaml, docs/lacuna_memorization.md §9d-§9f). "inject_config" overlays the masked
+    # injection only: the UnMask control keeps inject_unmasked.yaml's recipe (group dropout and held QA need masks).
     "two_groups": {
         "data": ["--data.data.num_groups", "2", "--data.data.num_profiles", "32"],
         "inject_config": ["lacuna/inject_separable.yaml"],
@@ -269,13 +270,15 @@ def _pretrain(stages: _Stages, preset: dict[str, list[str]], data_args: list[str
 
 
 def _inject(stages: _Stages, pre_model: Path, data_args: list[str], preset_args: list[str], overlays: list[Path],
-            control: bool) -> None:  # fmt: skip
-    """The masked injection (and with ``control`` the unmasked one, side by side) from ``pre_model``."""
+            control_overlays: list[Path], control: bool) -> None:  # fmt: skip
+    """The masked injection with ``overlays`` (and with ``control`` the unmasked one with ``control_overlays``, side by
+    side) from ``pre_model``."""
     w, todo = stages.workdir, []
-    injections = (("inject", "inject.yaml"), ("inject_unmasked", "inject_unmasked.yaml"))[: 2 if control else 1]
-    for name, config in injections:
+    injections = (("inject", "inject.yaml", overlays),
+                  ("inject_unmasked", "inject_unmasked.yaml", control_overlays))[: 2 if control else 1]  # fmt: skip
+    for name, config, extra in injections:
         overrides = [*data_args, "--model.model_path", str(pre_model), *preset_args]
-        cmd = _fit_cmd(config, w / name, overrides, overlays)
+        cmd = _fit_cmd(config, w / name, overrides, extra)
         if not stages.reused(w / name / "export" / "inj", name, cmd, [pre_model]):
             todo.append((name, cmd, w / name))
     stages.run(todo)
@@ -388,7 +391,8 @@ def run_chain(
     """
     if size not in SIZES:
         raise ValueError(f"size {size!r} is not one of {sorted(SIZES)}.")
-    overlays = _overlays([*SIZES[size].get("inject_config", []), *inject_configs], "--inject_config")
+    overlays = _overlays(inject_configs, "--inject_config")
+    masked_overlays = _overlays(SIZES[size].get("inject_config", []), "--inject_config") + overlays
     instruct_overlays = _overlays(instruct_configs, "--instruct_config")
     w = Path(workdir).resolve()
     preset = SIZES[size]
@@ -399,7 +403,7 @@ def run_chain(
         {
             "size": size,
             "model": str(base) if base else f"built-in ({_pretrain_config(preset)})",
-            "inject_configs": [str(o) for o in overlays],
+            "inject_configs": [str(o) for o in masked_overlays],
             "instruct_configs": [str(o) for o in instruct_overlays],
             **({"instruct": False} if not instruct else {}),
         },
@@ -409,7 +413,7 @@ def run_chain(
     stages = _Stages(w, log, cores >= 2 if parallel is None else parallel, cores)
     data_args = [*data_dir, *preset.get("data", [])]
     pre_model = _pretrain(stages, preset, data_args, base)
-    _inject(stages, pre_model, data_args, preset["inject"], overlays, control)
+    _inject(stages, pre_model, data_args, preset["inject"], masked_overlays, overlays, control)
     if instruct:
         _instruct(stages, data_dir, preset["instruct"], instruct_overlays, control)
     else:
