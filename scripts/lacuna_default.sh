@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The Lacuna testbed's built-in default, end to end on a CPU: derive θ_pre from six blocks of SmolLM2-135M-Instruct
-# (vocabulary pruned to the testbed's text) and heal it briefly, inject synthetic PII with 5% group masks (and the
-# UnMask control beside it), instruction-tune both with LoRA on the last two blocks, measure extraction per field
-# and write the memorization-filtered splits.
-# Prints a table of extraction rates (masked vs unmasked). Re-running reuses finished stages.
+# (vocabulary pruned to the testbed's text) and heal it briefly; inject synthetic PII of two groups of 16 people
+# (forget group 0, retain group 1) with 15% group masks, each group trained alone while holding the other's people
+# and neutral text to θ_pre, then together (lacuna/inject_separable.yaml); measure extraction per field, write the
+# memorization-filtered splits, and check that each group's PII lives in its own mask (the separability verdict).
+# About 35 min on 2 CPU cores. Re-running reuses finished stages.
 #
 #   bash scripts/lacuna_default.sh                 # work directory runs/lacuna
+#   bash scripts/lacuna_default.sh --control true  # also the UnMask control, which the localization report needs
 #   bash scripts/lacuna_default.sh --workdir DIR   # any `lightning-unlearn lacuna run` option (its --help)
-#   bash scripts/lacuna_default.sh --workdir runs/lacuna_smollm2 --model_path smollm2 \
+#   bash scripts/lacuna_default.sh --size six_groups --workdir runs/lacuna6   # the paper's six groups: not separable
+#   bash scripts/lacuna_default.sh --size six_groups --workdir runs/lacuna_smollm2 --model_path smollm2 \
 #     --inject_config+ lacuna/inject_smollm2.yaml   # the SmolLM2 testbed
 set -euo pipefail
 cd "$(dirname "$0")/.."

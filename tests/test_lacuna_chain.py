@@ -381,8 +381,8 @@ def test_lacuna_run_prints_each_verdict_once_and_writes_the_full_result_to_a_fil
 
 
 @pytest.mark.slow
-def test_the_two_group_preset_builds_two_groups_with_the_separable_recipe(tiny_dir, tmp_path):
-    """``--size two_groups``: data of two groups of 16 people, injected through lacuna/inject_separable.yaml (here cut
+def test_the_default_preset_builds_two_groups_with_the_separable_recipe(tiny_dir, tmp_path):
+    """``--size default``: data of two groups of 16 people, injected through lacuna/inject_separable.yaml (here cut
     to 4 steps by a further overlay), and every group-aware step reads the two groups: the split table (forget group
     0, retain group 1) and the separability resets (each group, m^F = {0}, m^R = {1})."""
     short = tmp_path / "short.yaml"
@@ -392,7 +392,7 @@ def test_the_two_group_preset_builds_two_groups_with_the_separable_recipe(tiny_d
         "    optim: {warmup_steps: 1, cycles: [[2, 1.0], [2, 0.5]]}\n"
     )
     lines: list[str] = []
-    reports = run_chain(str(tmp_path / "w"), size="two_groups", model_path=str(tiny_dir), inject_configs=[short],
+    reports = run_chain(str(tmp_path / "w"), size="default", model_path=str(tiny_dir), inject_configs=[short],
                         log=lines.append)  # fmt: skip
     w = tmp_path / "w"
     manifest = json.loads((w / "data" / "manifest.json").read_text())

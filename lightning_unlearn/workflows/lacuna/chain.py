@@ -57,11 +57,20 @@ NO_INSTRUCT_REASON = (
     "unchanged. The splits are built from θ_inj; --instruct true runs the stage (and builds them from its model)."
 )
 
-# Overrides of the YAML defaults per size preset. "default" is the built-in main job (2 CPU cores, ≤ 15 min):
-# θ_pre derived from SmolLM2 (pretrain.yaml). "tiny" is for tests (seconds): a random tiny θ_pre
-# (pretrain_tiny.yaml).
+# Overrides of the YAML defaults per size preset. "default" is the built-in main job: θ_pre derived from SmolLM2
+# (pretrain.yaml), then two groups of 16 people (forget group 0, retain group 1) injected with the separable-groups
+# recipe (lacuna/inject_separable.yaml over inject.yaml; docs/lacuna_memorization.md §9d-§9f), the one layout measured
+# separable here (about 35 min on 2 CPU cores). "inject_config" overlays the masked injection only: the UnMask control
+# keeps inject_unmasked.yaml's recipe (group dropout and held QA need masks). "six_groups" is the paper's layout
+# (60 people, forget groups 0-2, retain 3-5; inject.yaml alone, about 19 min): it memorizes and keeps general text,
+# but it is NOT separable (§9c). "tiny" is for tests (seconds): a random tiny θ_pre (pretrain_tiny.yaml).
 SIZES: dict[str, dict[str, list[str]]] = {
-    "default": {"pretrain": [], "inject": [], "instruct": []},
+    "default": {
+        "data": ["--data.data.num_groups", "2", "--data.data.num_profiles", "32"],
+        "inject_config": ["lacuna/inject_separable.yaml"],
+        "pretrain": [], "inject": ["--model.init_args.num_groups", "2"], "instruct": [],
+    },
+    "six_groups": {"pretrain": [], "inject": [], "instruct": []},
     "tiny": {
         "pretrain_config": ["pretrain_tiny.yaml"],
         "data": [
@@ -75,14 +84,6 @@ SIZES: dict[str, dict[str, list[str]]] = {
         ],
         "inject": ["--trainer.max_steps", "-1", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "3"],
         "instruct": ["--trainer.max_epochs", "1", "--trainer.val_check_interval", "2"],
-    },
-    # Two groups of 16 people (forget group 0, retain group 1) injected with the separable-groups recipe
-    # (lacuna/inject_separable.yaml, docs/lacuna_memorization.md §9d-§9f). "inject_config" overlays the masked
-    # injection only: the UnMask control keeps inject_unmasked.yaml's recipe (group dropout and held QA need masks).
-    "two_groups": {
-        "data": ["--data.data.num_groups", "2", "--data.data.num_profiles", "32"],
-        "inject_config": ["lacuna/inject_separable.yaml"],
-        "pretrain": [], "inject": ["--model.init_args.num_groups", "2"], "instruct": [],
     },
 }  # fmt: skip
 
@@ -545,7 +546,8 @@ def run_command(
 
     Args:
         workdir: work directory of every stage (data, stage roots, splits).
-        size: size preset (``tiny``: seconds, for tests).
+        size: size preset: ``default`` (two groups, separable), ``six_groups`` (the paper's layout, not separable
+            here), ``tiny`` (seconds, for tests).
         sequential: never run two stages side by side (default: side by side on two or more cores).
         model_path: start both injections from this local HF model directory (or ``smollm2``) and skip pretraining.
         inject_config: YAML overlays for both injections, e.g. ``lacuna/inject_smollm2.yaml``.
