@@ -375,7 +375,7 @@ class InjectionModule(RestoresRNG, LightningModule):
             self.group_dropout.drop(self.model, dropped)
             other = batch.get("other_group")
             if other is not None:  # a held row about another injected group's person counts while its change is off
-                batch["counted"] = (other < 0) | torch.isin(other, torch.tensor(dropped, dtype=other.dtype))
+                batch["counted"] = (other < 0) | torch.isin(other, other.new_tensor(dropped))
         loss = self._loss(batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         return loss
