@@ -244,6 +244,18 @@ def test_dpo_is_refused_naming_idk_dpo_and_an_unknown_method_names_the_known_one
     assert not (tmp_path / "localization").exists()
 
 
+def test_per_method_epochs_replace_the_scaled_table_5_epochs_and_bad_ones_are_refused(tmp_path):
+    assert method_epochs("oracle_grad", 0.25) == 50  # Table 5's 200 × 0.25
+    assert method_epochs("oracle_grad", 0.25, {"oracle_grad": 15}) == 15
+    assert method_epochs("ga", 0.25, {"oracle_grad": 15}) == 50  # only the methods named
+    (tmp_path / "chain.json").write_text(json.dumps({"size": "tiny", "separable": True}))
+    with pytest.raises(ValueError, match=r"epochs names 'simnpo', which is not among the methods run \['ga'\]"):
+        run_localization(tmp_path, methods=("ga",), epochs={"simnpo": 3}, in_process=True)
+    with pytest.raises(ValueError, match=r"epochs\['ga'\]=0 must be a whole number of epochs, at least 1"):
+        run_localization(tmp_path, methods=("ga",), epochs={"ga": 0}, in_process=True)
+    assert not (tmp_path / "localization").exists()
+
+
 def test_the_field_metrics_join_the_evaluators_and_the_report(tiny_dir, tmp_path):
     """With the testbed's reference, every run also gets TOFU's forget quality and membership inference on the
     held-out people; the report shows forget quality, the LOSS attack's AUC and its PrivLeak."""

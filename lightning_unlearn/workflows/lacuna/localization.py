@@ -39,7 +39,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -196,10 +196,13 @@ def export_checkpoint(ckpt: str | os.PathLike, start_model: str | os.PathLike, o
     return write_directory_atomically(out, write)
 
 
-def method_epochs(method: str, epoch_scale: float) -> int:
-    """The method's Table 5 epochs (its config's ``trainer.max_epochs``) times ``epoch_scale``, at least 1."""
+def method_epochs(method: str, epoch_scale: float, epochs: Mapping[str, int] | None = None) -> int:
+    """The method's epochs: ``epochs[method]`` when given, else its Table 5 epochs (its config's
+    ``trainer.max_epochs``) times ``epoch_scale``, at least 1."""
     import yaml
 
+    if epochs and method in epochs:
+        return int(epochs[method])
     config = yaml.safe_load((CONFIG_DIR / METHODS[method][0]).read_text())
     return max(1, round(int(config["trainer"]["max_epochs"]) * epoch_scale))
 
@@ -423,7 +426,9 @@ class _Plan:
         return names
 
 
-def _check_request(workdir, methods, fields, epoch_scale: float, allow_inseparable: bool, log) -> bool | None:
+def _check_request(
+    workdir, methods, fields, epoch_scale: float, allow_inseparable: bool, log, epochs: Mapping[str, int] | None = None
+) -> bool | None:
     """Refuse a testbed without a met separability verdict (unless allowed) and unknown methods, fields or scales;
     the testbed's verdict."""
     separable = require_separable(
@@ -445,6 +450,12 @@ def _check_request(workdir, methods, fields, epoch_scale: float, allow_inseparab
                          f"{list(TARGET_FIELDS)}.")  # fmt: skip
     if epoch_scale <= 0:
         raise ValueError(f"epoch_scale={epoch_scale} must be positive.")
+    for method, n in (epochs or {}).items():
+        if method not in methods:
+            raise ValueError(f"epochs names {method!r}, which is not among the methods run {list(methods)}; name only "
+                             "methods of --methods.")  # fmt: skip
+        if int(n) < 1 or int(n) != n:
+            raise ValueError(f"epochs[{method!r}]={n} must be a whole number of epochs, at least 1.")
     return separable
 
 
@@ -602,6 +613,7 @@ def run_localization(
     out_dir: str | os.PathLike | None = None,
     log: Callable[[str], None] = logger.info,
     allow_inseparable: bool = False,
+    epochs: Mapping[str, int] | None = None,
 ) -> dict:
     """Unlearn every field with every method, evaluate, score, attack; write the report; returns the summary.
 
@@ -612,6 +624,8 @@ def run_localization(
         fields: PII fields whose splits are unlearned.
         epoch_scale: multiplies every method's Table 5 epochs (200 for OracleGrad, GA and SimNPO and for the
             methods Lacuna does not run, 20 for MemFlex, one pass for AlphaEdit), at least 1.
+        epochs: epochs of the methods named, instead of their scaled Table 5 epochs (e.g. ``{oracle_grad: 15}``, a
+            count chosen on a validation field as the paper chose Table 5's); their UnMask controls get the same.
         lr: learning rate of every method (``None``: each config's, Table 5).
         batch_size: forget pairs per step (``None``: each config's).
         control: also run every method but OracleGrad on the UnMask control (contrast families).
@@ -626,7 +640,7 @@ def run_localization(
         allow_inseparable: score a testbed whose separability verdict (``lacuna run``) is not met, or was never
             measured; its numbers then measure the testbed's artifacts, and the summary says so.
     """
-    separable = _check_request(workdir, methods, fields, epoch_scale, allow_inseparable, log)
+    separable = _check_request(workdir, methods, fields, epoch_scale, allow_inseparable, log, epochs)
     started = time.time()
     paths = testbed_paths(workdir)
     out_root = Path(out_dir) if out_dir else Path(workdir) / "localization"
@@ -638,7 +652,7 @@ def run_localization(
             "the contrast families need; build it with `lightning-unlearn lacuna run --workdir "
             f"{workdir} --control true` (the finished stages are reused), or pass --control false."
         )
-    epochs = {m: method_epochs(m, epoch_scale) for m in methods}
+    epochs = {m: method_epochs(m, epoch_scale, epochs) for m in methods}
     from lightning_unlearn.workflows.lacuna.reference import ensure_reference
 
     # the retain reference of forget quality and PrivLeak (refused on the same terms as this report)
@@ -851,6 +865,7 @@ def localization_command(
     parallel: int = 2,
     out: str | None = None,
     allow_inseparable: bool = False,
+    epochs: dict[str, int] | None = None,
 ) -> str:
     """Lacuna's findings on a testbed: its five methods (or others by name) and fields, outputs, mask AUC, resurfacing.
 
@@ -875,11 +890,13 @@ def localization_command(
         parallel: runs side by side.
         out: where the runs and the report go (default: ``<workdir>/localization``).
         allow_inseparable: score a testbed whose separability verdict is not met (its numbers are then artifacts).
+        epochs: epochs of the methods named instead of their scaled Table 5 epochs, e.g. ``'{oracle_grad: 15}'``
+            (their controls get the same); choose them on a validation field, as the paper chose Table 5's.
     """
     with processes.terminate_children_on_exit():  # SIGTERM / SIGHUP end the running fits too
         summary = run_localization(workdir, methods, fields, epoch_scale, lr, batch_size, control, resurfacing, k,
                                    relearn_epochs, seed, parallel, out_dir=out,
-                                   allow_inseparable=allow_inseparable)  # fmt: skip
+                                   allow_inseparable=allow_inseparable, epochs=epochs)  # fmt: skip
     return format_report(summary)
 
 
