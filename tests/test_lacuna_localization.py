@@ -253,7 +253,23 @@ def test_per_method_epochs_replace_the_scaled_table_5_epochs_and_bad_ones_are_re
         run_localization(tmp_path, methods=("ga",), epochs={"simnpo": 3}, in_process=True)
     with pytest.raises(ValueError, match=r"epochs\['ga'\]=0 must be a whole number of epochs, at least 1"):
         run_localization(tmp_path, methods=("ga",), epochs={"ga": 0}, in_process=True)
+    with pytest.raises(ValueError, match=r"method_args names 'oracle_grad', which is not among the methods run"):
+        run_localization(tmp_path, methods=("ga",), method_args={"oracle_grad": {"gamma": 1.0}}, in_process=True)
     assert not (tmp_path / "localization").exists()
+
+
+def test_method_args_reach_the_fit_command_over_the_config(tmp_path):
+    """``method_args`` become the method's own CLI arguments after its config (a later value wins in LightningCLI)."""
+    args = fit_command("oracle_grad", tmp_path / "inj", tmp_path / "splits", "email", tmp_path / "run", 50,
+                       tmp_path / "masks.safetensors", model_args={"gamma": 1.0, "alpha": 0.5})  # fmt: skip
+    i = args.index("--model.init_args.gamma")
+    assert args[i + 1] == "1.0" and args[args.index("--model.init_args.alpha") + 1] == "0.5"
+    assert i > args.index("-c") and "--model.init_args.gamma" not in fit_command(
+        "oracle_grad", tmp_path / "inj", tmp_path / "splits", "email", tmp_path / "run", 50, tmp_path / "m"
+    )
+    summary = {"epochs": {"oracle_grad": 50}, "method_args": {"oracle_grad": {"gamma": 1.0}}, "relearn_epochs": 1,
+               "k": 4, "seed": 0, "fields": {}, "seconds": 1.0}  # fmt: skip
+    assert "Arguments over the shipped configs: OracleGrad gamma 1.0" in format_report(summary)
 
 
 def test_the_field_metrics_join_the_evaluators_and_the_report(tiny_dir, tmp_path):

@@ -264,11 +264,13 @@ def fit_command(
     callbacks: Sequence[dict] = (),
     stage: str = "fit",
     forget_groups: Sequence[int] | None = None,
+    model_args: Mapping[str, object] | None = None,
 ) -> list[str]:
     """The ``lightning-unlearn fit`` (or ``validate``) arguments of one run; its overrides file is written to ``out``.
 
     One checkpoint, after the last epoch, and ``callbacks`` beside it; no logger or progress bar. A method restricted
-    to m^F gets ``forget_groups`` (the testbed's; ``None``: its config's).
+    to m^F gets ``forget_groups`` (the testbed's; ``None``: its config's). ``model_args`` set the method's own
+    arguments (``{"gamma": 1.0}`` → ``--model.init_args.gamma 1.0``) over its config's.
     """
     config, restricted, _ = METHODS[method]
     out.mkdir(parents=True, exist_ok=True)
@@ -302,6 +304,8 @@ def fit_command(
         args += ["--model.init_args.optim.lr", str(lr)]
     if batch_size is not None:
         args += ["--data.init_args.batch_size", str(batch_size)]
+    for name, value in (model_args or {}).items():
+        args += [f"--model.init_args.{name}", json.dumps(value)]
     return args
 
 
@@ -417,6 +421,7 @@ class _Plan:
     log: Callable[[str], None]
     reference: Path | None = None  # the testbed's retain reference (lacuna reference), for forget quality / PrivLeak
     groups: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # the testbed's (forget, retain) groups
+    method_args: Mapping[str, Mapping[str, object]] | None = None  # method -> its own arguments over its config's
 
     def run_names(self, method: str) -> list[tuple[str, Path]]:
         """``(run name, starting model)`` of the method's run and, when it has one, of its UnMask control."""
@@ -427,7 +432,14 @@ class _Plan:
 
 
 def _check_request(
-    workdir, methods, fields, epoch_scale: float, allow_inseparable: bool, log, epochs: Mapping[str, int] | None = None
+    workdir,
+    methods,
+    fields,
+    epoch_scale: float,
+    allow_inseparable: bool,
+    log,
+    epochs: Mapping[str, int] | None = None,
+    method_args: Mapping[str, Mapping] | None = None,
 ) -> bool | None:
     """Refuse a testbed without a met separability verdict (unless allowed) and unknown methods, fields or scales;
     the testbed's verdict."""
@@ -456,6 +468,10 @@ def _check_request(
                              "methods of --methods.")  # fmt: skip
         if int(n) < 1 or int(n) != n:
             raise ValueError(f"epochs[{method!r}]={n} must be a whole number of epochs, at least 1.")
+    for method in method_args or {}:
+        if method not in methods:
+            raise ValueError(f"method_args names {method!r}, which is not among the methods run {list(methods)}; "
+                             "name only methods of --methods.")  # fmt: skip
     return separable
 
 
@@ -501,7 +517,8 @@ def _fit_jobs(plan: _Plan, fields: Sequence[str], summary: dict) -> tuple[dict[t
                 # the controls are only scored by their weights; the methods also get the output-level evaluation
                 cbs = evaluators(splits, field, plan.utility, out, reference=plan.reference) if name == method else []
                 args = fit_command(method, start, splits, field, out, plan.epochs[method], paths["masks"], plan.lr,
-                                   plan.batch_size, cbs, forget_groups=plan.groups and plan.groups[0])  # fmt: skip
+                                   plan.batch_size, cbs, forget_groups=plan.groups and plan.groups[0],
+                                   model_args=(plan.method_args or {}).get(method))  # fmt: skip
                 recipe = {"args": args}
                 runs[(field, name)] = {"out": out, "start": start, "recipe": recipe}
                 if _recipe_matches(out, recipe, fitted=True):
@@ -614,6 +631,7 @@ def run_localization(
     log: Callable[[str], None] = logger.info,
     allow_inseparable: bool = False,
     epochs: Mapping[str, int] | None = None,
+    method_args: Mapping[str, Mapping[str, object]] | None = None,
 ) -> dict:
     """Unlearn every field with every method, evaluate, score, attack; write the report; returns the summary.
 
@@ -626,6 +644,8 @@ def run_localization(
             methods Lacuna does not run, 20 for MemFlex, one pass for AlphaEdit), at least 1.
         epochs: epochs of the methods named, instead of their scaled Table 5 epochs (e.g. ``{oracle_grad: 15}``, a
             count chosen on a validation field as the paper chose Table 5's); their UnMask controls get the same.
+        method_args: the named methods' own arguments over their configs' (e.g. ``{oracle_grad: {gamma: 1.0}}``),
+            for the method and its control; recorded in the summary and the report.
         lr: learning rate of every method (``None``: each config's, Table 5).
         batch_size: forget pairs per step (``None``: each config's).
         control: also run every method but OracleGrad on the UnMask control (contrast families).
@@ -640,7 +660,7 @@ def run_localization(
         allow_inseparable: score a testbed whose separability verdict (``lacuna run``) is not met, or was never
             measured; its numbers then measure the testbed's artifacts, and the summary says so.
     """
-    separable = _check_request(workdir, methods, fields, epoch_scale, allow_inseparable, log, epochs)
+    separable = _check_request(workdir, methods, fields, epoch_scale, allow_inseparable, log, epochs, method_args)
     started = time.time()
     paths = testbed_paths(workdir)
     out_root = Path(out_dir) if out_dir else Path(workdir) / "localization"
@@ -659,9 +679,10 @@ def run_localization(
     reference = ensure_reference(workdir, allow_inseparable)
     groups = data_forget_retain_groups(paths["data"])
     plan = _Plan(workdir, paths, out_root, utility, methods, epochs, lr, batch_size, has_control, log, reference,
-                 groups)  # fmt: skip
+                 groups, method_args)  # fmt: skip
     jobs = _Jobs(parallel, in_process, log)
     summary: dict = {"workdir": str(workdir), "methods": list(methods), "epochs": epochs, "lr": lr, "k": k,
+                     "method_args": {m: dict(a) for m, a in (method_args or {}).items()},
                      "relearn_epochs": relearn_epochs, "seed": seed, "separable": separable,
                      "fields": {}}  # fmt: skip
 
@@ -789,6 +810,10 @@ def format_report(summary: dict) -> str:
     """The whole report as Markdown: per field, the split sizes, the output-level table and the AUC table."""
     parts = ["# Lacuna localization report", ""]
     epochs = ", ".join(f"{LABELS[m]} {e}" for m, e in summary["epochs"].items())
+    changed = "; ".join(f"{LABELS[m]} " + ", ".join(f"{k} {v}" for k, v in a.items())
+                        for m, a in summary.get("method_args", {}).items())  # fmt: skip
+    if changed:
+        epochs += f". Arguments over the shipped configs: {changed}"
     parts.append(f"Epochs: {epochs}. Resurfacing: relearn {summary['relearn_epochs']} epochs on the held-out "
                  "relearning split, validated on its own held-out profiles, the best validation checkpoint "
                  f"attacked; K = {summary['k']} samples per forget prompt, seed {summary['seed']}. "
@@ -866,6 +891,7 @@ def localization_command(
     out: str | None = None,
     allow_inseparable: bool = False,
     epochs: dict[str, int] | None = None,
+    method_args: dict[str, dict[str, float | int | str | bool]] | None = None,
 ) -> str:
     """Lacuna's findings on a testbed: its five methods (or others by name) and fields, outputs, mask AUC, resurfacing.
 
@@ -892,11 +918,14 @@ def localization_command(
         allow_inseparable: score a testbed whose separability verdict is not met (its numbers are then artifacts).
         epochs: epochs of the methods named instead of their scaled Table 5 epochs, e.g. ``'{oracle_grad: 15}'``
             (their controls get the same); choose them on a validation field, as the paper chose Table 5's.
+        method_args: the named methods' own arguments over their configs', e.g. ``'{oracle_grad: {gamma: 1.0}}'``
+            (their controls get the same); in the summary and the report.
     """
     with processes.terminate_children_on_exit():  # SIGTERM / SIGHUP end the running fits too
         summary = run_localization(workdir, methods, fields, epoch_scale, lr, batch_size, control, resurfacing, k,
                                    relearn_epochs, seed, parallel, out_dir=out,
-                                   allow_inseparable=allow_inseparable, epochs=epochs)  # fmt: skip
+                                   allow_inseparable=allow_inseparable, epochs=epochs,
+                                   method_args=method_args)  # fmt: skip
     return format_report(summary)
 
 
