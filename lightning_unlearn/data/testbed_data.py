@@ -194,14 +194,22 @@ def forget_retain_groups(num_groups: int) -> tuple[tuple[int, ...], tuple[int, .
     return tuple(range(half)), tuple(range(half, num_groups))
 
 
-def data_forget_retain_groups(data_dir: str | Path) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """:func:`forget_retain_groups` of the data directory's group count (its manifest, else its profiles)."""
+def data_num_groups(data_dir: str | Path, from_profiles: bool = True) -> int | None:
+    """The data directory's group count: its manifest's ``num_groups``, else (``from_profiles``) one more than its
+    profiles' largest ``group_id``; ``None`` when neither says."""
     manifest = Path(data_dir) / "manifest.json"
     if manifest.exists():
-        num_groups = int(json.loads(manifest.read_text())["num_groups"])
-    else:
-        num_groups = 1 + max(int(p["group_id"]) for p in load_table(str(data_dir), "profiles"))
-    return forget_retain_groups(num_groups)
+        num_groups = json.loads(manifest.read_text()).get("num_groups")
+        if num_groups is not None:
+            return int(num_groups)
+    if not from_profiles:
+        return None
+    return 1 + max(int(p["group_id"]) for p in load_table(str(data_dir), "profiles"))
+
+
+def data_forget_retain_groups(data_dir: str | Path) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """:func:`forget_retain_groups` of the data directory's group count (:func:`data_num_groups`)."""
+    return forget_retain_groups(data_num_groups(data_dir))
 
 
 def load_holdout_profiles(data_dir: str | os.PathLike) -> list[dict]:

@@ -242,11 +242,10 @@ class InjectionModule(RestoresRNG, LightningModule):
 
     def _check_num_groups(self) -> None:
         """Refuse masks for another number of groups than the testbed data's (its manifest), when it has one."""
+        from lightning_unlearn.data.testbed_data import data_num_groups
+
         data_dir = self._datamodule_hparam("data_dir", None)
-        manifest = Path(data_dir) / "manifest.json" if data_dir else None
-        if manifest is None or not manifest.exists():
-            return
-        groups = json.loads(manifest.read_text()).get("num_groups")
+        groups = data_num_groups(data_dir, from_profiles=False) if data_dir else None
         if groups is not None and groups != self.hparams.num_groups:
             raise ValueError(
                 f"the testbed data in {data_dir!r} has {groups} groups, but the module samples masks for "
