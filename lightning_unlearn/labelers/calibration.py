@@ -42,7 +42,9 @@ def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> tu
     denom = 1 + z * z / trials
     center = (p + z * z / (2 * trials)) / denom
     half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
-    return max(0.0, center - half), min(1.0, center + half)
+    # At p = 0 the lower end is exactly 0 and at p = 1 the upper end exactly 1; rounding leaves 3e-17 and 1 − 1e-16,
+    # an interval that misses its own rate. Every interval holds its rate.
+    return min(p, max(0.0, center - half)), max(p, min(1.0, center + half))
 
 
 def _f1(tp, fp, fn):

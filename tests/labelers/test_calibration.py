@@ -31,6 +31,16 @@ def test_wilson_interval_matches_hand_computed_values():
     assert hi == pytest.approx(1.0) and lo == pytest.approx(0.722467, abs=1e-5)
 
 
+def test_every_wilson_interval_holds_its_rate_at_the_ends():
+    """At 0 of n the interval starts at exactly 0 and at n of n ends at exactly 1 (rounding gave 2.8e-17 for 0 of 10
+    and 1 − 1.1e-16 for 13 of 13: an error bar below zero that matplotlib refuses)."""
+    for n in range(1, 201):
+        for k in range(n + 1):
+            lo, hi = wilson_interval(k, n)
+            assert lo <= k / n <= hi, (k, n, lo, hi)
+        assert wilson_interval(0, n)[0] == 0.0 and wilson_interval(n, n)[1] == 1.0
+
+
 def test_strict_and_broad_precision_recall_f1():
     report = calibration_report(PREDICTED, MANUAL, n_bootstrap=500, seed=1)
     assert report["n"] == 8 and report["n_invalid_excluded"] == 1

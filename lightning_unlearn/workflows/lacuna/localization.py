@@ -858,7 +858,9 @@ def plot_report(summary: dict, out: Path) -> Path:
             for offset, key, label in ((0, "leak_rate_unlearned", "unlearned"), (width, "leak_rate", "relearned")):
                 rates = [entry[m]["resurfacing"][key] for m in methods]
                 cis = [entry[m]["resurfacing"][f"{key}_ci95"] for m in methods]
-                err = [[r - lo for r, (lo, _) in zip(rates, cis)], [hi - r for r, (_, hi) in zip(rates, cis)]]
+                # intervals written before wilson_interval held its rate (3e-17 above a rate of 0) draw as zero
+                err = [[max(0.0, r - lo) for r, (lo, _) in zip(rates, cis)],
+                       [max(0.0, hi - r) for r, (_, hi) in zip(rates, cis)]]  # fmt: skip
                 ax.bar([x + offset for x in xs], rates, width, yerr=err, capsize=2, label=f"leak rate, {label}")
         ax.axhline(0.5, color="grey", lw=0.8, ls="--")
         ax.set_xticks(list(xs), [LABELS[m] for m in methods], rotation=30, ha="right")
