@@ -167,6 +167,35 @@ def test_group_dropout_trains_each_group_with_the_others_at_theta_pre(tiny_dir, 
         InjectionModule(model_path=str(tiny_dir), masked=False, drop_other_groups=0.5)
 
 
+def test_group_dropout_sets_exactly_the_dropped_groups_to_theta_pre_and_back(tiny_dir):
+    from lightning_unlearn.masks import canonical_name, group_mask
+    from lightning_unlearn.models import load_causal_lm, load_weights
+    from lightning_unlearn.objectives.group_dropout import GroupDropout
+
+    pre = load_weights(tiny_dir)
+    model = load_causal_lm(tiny_dir)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for q in model.parameters():
+            q.add_(torch.randn_like(q))  # every element away from θ_pre
+    masks = sample_masks(model, 6, 0.05, seed=0)
+    trained = {canonical_name(n): q.detach().clone() for n, q in model.named_parameters()}
+    swap = GroupDropout(pre, masks, 6, 1.0)
+    for dropped in ([2], [0, 3, 5], list(range(6)), []):
+        swap.drop(model, dropped)
+        now = {canonical_name(n): q.detach() for n, q in model.named_parameters()}
+        for name, value in now.items():
+            reset = torch.zeros_like(value, dtype=torch.bool)
+            if name in masks and dropped:
+                reset = group_mask(masks[name], dropped)
+            assert torch.equal(value, torch.where(reset, pre[name], trained[name])), (dropped, name)
+        swap.restore()
+        assert all(torch.equal(q.detach(), trained[canonical_name(n)]) for n, q in model.named_parameters())
+    swap.drop(model, [1])
+    with pytest.raises(RuntimeError, match="twice"):
+        swap.drop(model, [2])
+
+
 def test_unmasked_control_updates_outside_the_masks(tiny_dir, tmp_path):
     module, data = injection(tiny_dir, tmp_path / "data", neutral_fraction=0.0, groups=[2], masked=False)
     make_trainer(tmp_path / "run", max_steps=2).fit(module, data)

@@ -71,17 +71,19 @@ class GroupDropout:
     ) -> None:
         self.schedule = dropout_schedule(p)
         self.seed, self.num_groups = seed, num_groups
-        # Per parameter: flat indices (full tensor) of its masked elements, their group ids and θ_pre values.
-        self._full: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[int, ...]]] = {}
+        # Per parameter and group: flat indices (full tensor) of the group's elements and their θ_pre values, split
+        # once here so that a step's drop is a gather and a scatter per dropped group (no selection per step).
+        self._full: dict[str, tuple[tuple[int, ...], dict[int, tuple[torch.Tensor, torch.Tensor]]]] = {}
         for name, packed in packed_masks.items():
-            ids = torch.full(packed.shape, -1, dtype=torch.int8)
+            pre_flat = pre_weights[name].reshape(-1)
+            per_group = {}
             for g in range(num_groups):
-                ids[group_mask(packed, g)] = g
-            flat = (ids.reshape(-1) >= 0).nonzero().squeeze(1)
-            if flat.numel():
-                pre = pre_weights[name].reshape(-1)[flat].float().clone()
-                self._full[name] = (flat, ids.reshape(-1)[flat], pre, tuple(packed.shape))
-        self._local: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+                flat = group_mask(packed, g).reshape(-1).nonzero().squeeze(1)
+                if flat.numel():
+                    per_group[g] = (flat, pre_flat[flat].float().clone())
+            if per_group:
+                self._full[name] = (tuple(packed.shape), per_group)
+        self._local: dict[str, tuple[torch.Tensor, dict[int, tuple[torch.Tensor, torch.Tensor]]]] | None = None
         self._saved: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def _localize(self, model: nn.Module) -> None:
@@ -90,8 +92,9 @@ class GroupDropout:
         for name, q in ((canonical_name(n), q) for n, q in model.named_parameters()):
             if name not in self._full:
                 continue
-            flat, gid, pre, shape = self._full[name]
+            shape, per_group = self._full[name]
             local = local_view(q)
+            start = stop = None
             if tuple(local.shape) != shape:  # an FSDP2 dim-0 shard: torch.chunk's rows of this rank
                 rows, row = shape[0], int(torch.tensor(shape[1:]).prod()) if len(shape) > 1 else 1
                 placement = q.placements[0] if hasattr(q, "placements") else None
@@ -100,9 +103,14 @@ class GroupDropout:
                 per = -(-rows // q.device_mesh.size())
                 first = per * q.device_mesh.get_local_rank()
                 start, stop = first * row, min(first + per, rows) * row
-                keep = (flat >= start) & (flat < stop)
-                flat, gid, pre = flat[keep] - start, gid[keep], pre[keep]
-            self._local[name] = (local, flat.to(local.device), gid.to(local.device), pre.to(local.device, local.dtype))
+            groups = {}
+            for g, (flat, pre) in per_group.items():
+                if start is not None:
+                    keep = (flat >= start) & (flat < stop)
+                    flat, pre = flat[keep] - start, pre[keep]
+                if flat.numel():
+                    groups[g] = (flat.to(local.device), pre.to(local.device, local.dtype))
+            self._local[name] = (local, groups)
 
     def p_at(self, step: int) -> float:
         """The dropout probability at ``step``."""
@@ -124,19 +132,17 @@ class GroupDropout:
             return
         if self._local is None:
             self._localize(model)
-        dropped = torch.tensor(groups, dtype=torch.int8)
-        for local, flat, gid, pre in self._local.values():
-            sel = torch.isin(gid, dropped.to(gid.device))
-            if not sel.any():
-                continue
-            index = flat[sel]
+        for local, per_group in self._local.values():
             view = local.data.view(-1)
-            self._saved.append((view, index, view[index].clone()))
-            view[index] = pre[sel]
+            for g in groups:
+                if g in per_group:
+                    index, pre = per_group[g]
+                    self._saved.append((view, index, view[index]))
+                    view[index] = pre
 
     @torch.no_grad()
     def restore(self) -> None:
         """Put the dropped elements' current values back."""
-        for view, index, values in self._saved:
+        for view, index, values in reversed(self._saved):  # last saved first: right even if groups overlap
             view[index] = values
         self._saved = []
