@@ -3,13 +3,14 @@ question as a model prompt; used by every generation-based metric and workflow."
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
 
-from lightning_unlearn.models import lora_adapter_blocks
+from lightning_unlearn.models import lora_adapter_blocks, unwrap_peft
 
 
 @dataclass
@@ -100,18 +101,7 @@ def generate_greedy(
         generation_config=config,
         synced_gpus=synced_gpus,
     )
-    gens = []
-    for row in out[:, input_ids.shape[1] :].cpu().tolist():
-        stop = next((i for i, t in enumerate(row) if t in eos), None)
-        tokens = row if stop is None else row[:stop]
-        gens.append(
-            Generation(
-                text=tokenizer.decode(tokens, skip_special_tokens=True).strip(),
-                num_tokens=len(tokens) + (stop is not None),
-                hit_token_cap=stop is None and len(row) >= max_new_tokens,
-            )
-        )
-    return gens
+    return [_generation(tokenizer, row, eos, max_new_tokens) for row in out[:, input_ids.shape[1] :].cpu().tolist()]
 
 
 @torch.no_grad()
@@ -123,16 +113,105 @@ def generate_greedy_adapters(
     max_new_tokens: int = 64,
     max_prompt_tokens: int | None = None,
 ) -> dict[str, list[Generation]]:
-    """Greedy answers to one batch of ``prompts`` by each of several LoRA adapters loaded into ``model``, from one
-    ``generate``: the batch holds the prompts once per adapter (:func:`~lightning_unlearn.models.lora_adapter_blocks`),
-    so every decoding step reads the base weights once for all adapters. ``{adapter: answers}``, the same text as
+    """Greedy answers to one batch of ``prompts`` by each of several LoRA adapters loaded into ``model``, in one
+    decoding loop: the batch holds the prompts once per adapter (:func:`~lightning_unlearn.models.lora_adapter_blocks`),
+    so every decoding step reads the base weights once for all adapters, and a prompt leaves the batch and the KV cache
+    once every adapter's answer to it has ended (:func:`greedy_blocks`). ``{adapter: answers}``, the same text as
     :func:`generate_greedy` with each adapter active alone. One process, eval mode.
     """
     names = list(adapters)
+    if not prompts:
+        return {name: [] for name in names}
+    input_ids, attention_mask = encode_prompts_left_padded(tokenizer, prompts, max_prompt_tokens)
+    eos = end_of_sequence_ids(model, tokenizer)
     with lora_adapter_blocks(model, names):
-        gens = generate_greedy(model, tokenizer, list(prompts) * len(names), max_new_tokens, False, max_prompt_tokens)
+        rows = greedy_blocks(model, input_ids.repeat(len(names), 1), attention_mask.repeat(len(names), 1), eos,
+                             pad_token_id(tokenizer), max_new_tokens, blocks=len(names))  # fmt: skip
+    gens = [_generation(tokenizer, row, eos, max_new_tokens) for row in rows]
     n = len(prompts)
     return {name: gens[k * n : (k + 1) * n] for k, name in enumerate(names)}
+
+
+@torch.no_grad()
+def greedy_blocks(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    eos: Sequence[int],
+    pad_id: int,
+    max_new_tokens: int,
+    blocks: int = 1,
+) -> list[list[int]]:
+    """Greedy decoding with a KV cache that stops computing a prompt once it has ended: each row's new tokens up
+    to and including its first end-of-sequence id (or ``max_new_tokens`` of them).
+
+    The batch is ``blocks`` equal blocks of rows holding the same prompts in the same order (one block per LoRA
+    adapter under :func:`~lightning_unlearn.models.lora_adapter_blocks`); prompt i's rows are dropped from the batch
+    and from the cache once every block's answer to it has ended, so the blocks stay equal and the finished rows
+    cost nothing more. The model's inputs at each step are those of HF ``generate``'s greedy search (left-padded
+    ``attention_mask``, position ids counting real tokens, one new token a step, logits of the last position only,
+    a row that has ended fed the pad id), so each row gets ``generate``'s tokens.
+
+    Args:
+        model: a transformers (or peft) causal LM in eval mode.
+        input_ids: ``(B, T)`` left-padded prompts, ``B`` a multiple of ``blocks``.
+        attention_mask: their mask.
+        eos: the ids that end a sequence.
+        pad_id: fed to a row that has ended while its prompt's other rows decode.
+        max_new_tokens: the token cap.
+        blocks: the number of equal blocks of rows.
+    """
+    rows = input_ids.shape[0]
+    if rows % blocks:
+        raise ValueError(f"a batch of {rows} rows is not {blocks} equal blocks.")
+    n = rows // blocks
+    device = next(model.parameters()).device
+    ids, mask = input_ids.to(device), attention_mask.to(device)
+    position = mask.long().cumsum(-1) - 1
+    position.masked_fill_(mask == 0, 1)
+    accepted = inspect.signature(unwrap_peft(model).forward).parameters
+    kwargs = {"logits_to_keep": 1} if "logits_to_keep" in accepted else {}
+    cache_arg = "cache" if "cache" in accepted else "past_key_values"  # transformers 5.x renamed it
+    out: list[list[int]] = [[] for _ in range(rows)]
+    ended = torch.zeros(rows, dtype=torch.bool)
+    live = torch.arange(n)  # the prompts still decoding, in block order
+    eos_ids = torch.tensor(list(eos), dtype=torch.long)
+    for step in range(max_new_tokens):
+        output = model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True, **kwargs)
+        kwargs[cache_arg] = cache = output[cache_arg]
+        logits = output.logits
+        tokens = logits[:, -1].to(dtype=torch.float32).argmax(-1).cpu()
+        where = (torch.arange(blocks)[:, None] * n + live[None, :]).reshape(-1)  # batch row -> row of the result
+        fresh = ~ended[where]
+        for r, t in zip(where[fresh].tolist(), tokens[fresh].tolist()):
+            out[r].append(t)
+        ended[where] |= torch.isin(tokens, eos_ids)
+        if step == max_new_tokens - 1:
+            break
+        done = ended[where].reshape(blocks, -1).all(0)  # prompts every block has ended
+        if done.all():
+            break
+        tokens = torch.where(ended[where], pad_id, tokens)
+        if done.any():
+            kept = (~done).nonzero().squeeze(1)
+            batch_rows = (torch.arange(blocks)[:, None] * live.numel() + kept[None, :]).reshape(-1)
+            cache.batch_select_indices(batch_rows.to(device))
+            mask, tokens, live = mask[batch_rows.to(device)], tokens[batch_rows], live[kept]
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=-1)
+        ids = tokens[:, None].to(device)
+        position = mask.long().sum(-1, keepdim=True) - 1
+    return out
+
+
+def _generation(tokenizer, row: Sequence[int], eos: Sequence[int], max_new_tokens: int) -> Generation:
+    """A row of new tokens as a :class:`Generation` (cut at its first end-of-sequence id)."""
+    stop = next((i for i, t in enumerate(row) if t in eos), None)
+    tokens = row if stop is None else row[:stop]
+    return Generation(
+        text=tokenizer.decode(tokens, skip_special_tokens=True).strip(),
+        num_tokens=len(tokens) + (stop is not None),
+        hit_token_cap=stop is None and len(row) >= max_new_tokens,
+    )
 
 
 def end_of_sequence_ids(model, tokenizer) -> list[int]:

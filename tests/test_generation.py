@@ -43,21 +43,10 @@ def test_matches_transformers_generate(tiny_model, tiny_tokenizer):
 
 def test_mixed_adapter_batches_give_each_adapter_its_own_answers(tiny_dir, tiny_tokenizer, tmp_path):
     """Three saved LoRA adapters answered in one pass (a block of rows per adapter) = each adapter alone."""
-    import torch
-    from peft import LoraConfig, PeftModel, get_peft_model
-
     from lightning_unlearn.generation import generate_sorted
-    from lightning_unlearn.models import load_causal_lm
 
     names = ["step2", "step4", "step6"]
-    for k, name in enumerate(names):
-        torch.manual_seed(k)
-        config = LoraConfig(r=4, lora_alpha=32, target_modules=["q_proj", "v_proj", "down_proj"],
-                            init_lora_weights=False)  # fmt: skip
-        get_peft_model(load_causal_lm(tiny_dir), config).save_pretrained(tmp_path / name)
-    model = PeftModel.from_pretrained(load_causal_lm(tiny_dir), tmp_path / names[0], adapter_name=names[0])
-    for name in names[1:]:
-        model.load_adapter(tmp_path / name, adapter_name=name)
+    model = _three_adapters(tiny_dir, tmp_path, names)
     texts = ["Where was Alice Smith born?", "Python is", "What is the phone number of Bob Jones?", "The war"]
     mixed = generate_sorted(model, tiny_tokenizer, texts, max_new_tokens=8, batch_size=3, adapters=names)
     alone = {}
@@ -66,3 +55,66 @@ def test_mixed_adapter_batches_give_each_adapter_its_own_answers(tiny_dir, tiny_
         alone[name] = generate_sorted(model, tiny_tokenizer, texts, max_new_tokens=8, batch_size=3)
     assert mixed == alone
     assert len({tuple(a["answer"] for a in answers) for answers in alone.values()}) == 3  # the adapters differ
+
+
+def _three_adapters(tiny_dir, tmp_path, names):
+    """A peft model holding len(names) saved LoRA adapters of random non-zero weights."""
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    from lightning_unlearn.models import load_causal_lm
+
+    for k, name in enumerate(names):
+        torch.manual_seed(k)
+        config = LoraConfig(r=4, lora_alpha=32, target_modules=["q_proj", "v_proj", "down_proj"],
+                            init_lora_weights=False)  # fmt: skip
+        get_peft_model(load_causal_lm(tiny_dir), config).save_pretrained(tmp_path / name)
+    model = PeftModel.from_pretrained(load_causal_lm(tiny_dir), tmp_path / names[0], adapter_name=names[0])
+    for name in names[1:]:
+        model.load_adapter(tmp_path / name, adapter_name=name)
+    return model.eval()
+
+
+def test_mixed_adapter_decoding_drops_a_prompt_once_every_adapter_has_ended(tiny_dir, tiny_tokenizer, tmp_path):
+    """Prompts 0 and 1 end by their third token under every adapter (those tokens made end-of-sequence ids): their
+    rows leave the batch while the others decode on, and every answer is still the adapter's own through HF
+    ``generate``, cut where it ends."""
+    import torch
+
+    from lightning_unlearn.generation import generate_greedy_adapters
+
+    names = ["step2", "step4", "step6"]
+    model = _three_adapters(tiny_dir, tmp_path, names)
+    texts = ["Where was Alice Smith born?", "Python is", "What is the phone number of Bob Jones?", "The war"]
+    ids, attn = encode_prompts_left_padded(tiny_tokenizer, texts)
+    stops = set()
+    with torch.no_grad():
+        for name in names:
+            model.set_adapter(name)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=attn,
+                max_new_tokens=3,
+                do_sample=False,
+                pad_token_id=tiny_tokenizer.pad_token_id,
+                eos_token_id=tiny_tokenizer.eos_token_id,
+            )
+            stops |= {int(out[i, ids.shape[1] + 2]) for i in (0, 1)}  # fmt: skip
+    model.generation_config.eos_token_id = [tiny_tokenizer.eos_token_id, *sorted(stops)]
+    sizes = []
+    hook = model.get_base_model().model.register_forward_pre_hook(
+        lambda module, args, kwargs: sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        mixed = generate_greedy_adapters(model, tiny_tokenizer, texts, names, max_new_tokens=10)
+    finally:
+        hook.remove()
+    alone = {}
+    for name in names:
+        model.set_adapter(name)
+        alone[name] = generate_greedy(model, tiny_tokenizer, texts, max_new_tokens=10)
+    assert mixed == alone
+    ended = [[g.num_tokens <= 3 and not g.hit_token_cap for g in alone[n]] for n in names]
+    assert all(e[0] and e[1] for e in ended) and not all(all(e) for e in ended)
+    assert sizes[0] == 12 and min(sizes) < 12 and all(s % 3 == 0 for s in sizes), sizes  # equal blocks, shrunk
+    assert len(sizes) == max(g.num_tokens for gens in alone.values() for g in gens)  # a forward a token, no more
