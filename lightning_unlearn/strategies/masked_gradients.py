@@ -209,7 +209,7 @@ class ShardedParamMask:
         group: the data-parallel process group the parameter is sharded over.
     """
 
-    __slots__ = ("packed", "shape", "present", "group", "peak")
+    __slots__ = ("packed", "shape", "present", "group", "peak", "uses", "prefetched", "_pending")
 
     def __init__(self, shard: torch.Tensor, shape: torch.Size, present: frozenset[int], group) -> None:
         self.packed = shard
@@ -217,8 +217,10 @@ class ShardedParamMask:
         self.present = present
         self.group = group
         self.peak = 0  # bytes of the largest full mask this rank gathered
+        self.uses = self.prefetched = 0  # full() calls, and those a prefetched gather served
+        self._pending = None  # (work, buffer) of a gather started ahead of its use (:meth:`prefetch`)
 
-    def full(self) -> ParamMask:
+    def _gather(self, async_op: bool):
         import torch.distributed as dist
 
         world = dist.get_world_size(self.group)
@@ -227,10 +229,58 @@ class ShardedParamMask:
         if local.shape[0] < rows:
             local = torch.cat([local, local.new_zeros((rows - local.shape[0], *self.shape[1:]))])
         out = local.new_empty((world * rows, *self.shape[1:]))
-        dist.all_gather_into_tensor(out, local.contiguous(), group=self.group)
-        packed = out[: self.shape[0]].view(torch.uint32)
+        work = dist.all_gather_into_tensor(out, local.contiguous(), group=self.group, async_op=async_op)
         self.peak = max(self.peak, out.numel() * out.element_size())
+        return work, out
+
+    def prefetch(self) -> None:
+        """Start the all-gather of :meth:`full` now, without waiting for it (a collective, as :meth:`full`)."""
+        if self._pending is None:
+            self._pending = self._gather(async_op=True)
+
+    def discard(self) -> None:
+        """Finish and drop a prefetched gather that no backward used."""
+        if self._pending is not None:
+            self._pending[0].wait()
+            self._pending = None
+
+    def full(self) -> ParamMask:
+        self.uses += 1
+        if self._pending is not None:
+            (work, out), self._pending = self._pending, None
+            work.wait()
+            self.prefetched += 1
+        else:
+            _, out = self._gather(async_op=False)
+        packed = out[: self.shape[0]].view(torch.uint32)
         return ParamMask(packed, index_cache=False, present=self.present)
+
+
+class _Prefetch:
+    """The order in which a step's forward used its sharded masks' routes, so that each backward can start the
+    gather of the mask the backward needs next (the route used just before it in the forward) while it computes.
+
+    Every rank runs the same forward and backward order, so the collectives are issued in the same order on every
+    rank. A prefetched gather that no backward consumes is finished at the next step (:meth:`MaskedGradients.batch`).
+    """
+
+    __slots__ = ("order", "where")
+
+    def __init__(self) -> None:
+        self.order: list[_Route] = []
+        self.where: dict[int, int] = {}  # id(route) -> its last use in the forward
+
+    def used(self, *routes: _Route | None) -> None:
+        for route in routes:
+            if route is not None and route.active and isinstance(route.mask, ShardedParamMask):
+                self.where[id(route)] = len(self.order)
+                self.order.append(route)
+
+    def before(self, route: _Route) -> None:
+        """``route``'s backward starts: prefetch the mask of the active route used before it in the forward."""
+        i = self.where.get(id(route))
+        if i is not None and i > 0:
+            self.order[i - 1].mask.prefetch()
 
 
 class _Route:
@@ -240,15 +290,24 @@ class _Route:
     needs the mask (under FSDP2 it gathers it then, on every rank alike).
     """
 
-    __slots__ = ("groups", "mask", "active")
+    __slots__ = ("groups", "mask", "active", "prefetch")
 
-    def __init__(self, groups: SampleGroups, mask: ParamMask | ShardedParamMask, active: bool = True) -> None:
+    def __init__(
+        self,
+        groups: SampleGroups,
+        mask: ParamMask | ShardedParamMask,
+        active: bool = True,
+        prefetch: _Prefetch | None = None,
+    ) -> None:
         self.groups = groups
         self.mask = mask
         self.active = active
+        self.prefetch = prefetch
 
     def combine(self, part) -> torch.Tensor | None:
         """``part(samples)`` -> gradient summed over ``samples``; returns G_neutral + Σ_g m^g ⊙ G_g."""
+        if self.active and self.prefetch is not None:
+            self.prefetch.before(self)  # the next backward's mask gathers while this one computes
         grad = part(self.groups.neutral) if self.groups.neutral is not None else None
         if not self.active:
             return grad
@@ -458,6 +517,12 @@ class MaskedGradients:
         """Under FSDP2, the largest full mask this rank all-gathered in a backward so far (0 otherwise)."""
         return max((getattr(m, "peak", 0) for m in self._mask.values()), default=0)
 
+    @property
+    def prefetched_gathers(self) -> tuple[int, int]:
+        """Under FSDP2, ``(gathers a backward found already started, gathers a backward used)`` so far."""
+        masks = [m for m in self._mask.values() if isinstance(m, ShardedParamMask)]
+        return sum(m.prefetched for m in masks), sum(m.uses for m in masks)
+
     def param_masks(self) -> dict[nn.Parameter, torch.Tensor]:
         """``{parameter: its packed uint32 mask}`` (under FSDP2: the local shard) for every trainable parameter."""
         return {p: m.packed for p, m in self._mask.items()}
@@ -487,17 +552,25 @@ class MaskedGradients:
                 "use lockstep_masked_backward for this model."
             )
         patched = []
+        prefetch = None
+        if self.sharded:
+            for m in self._mask.values():
+                m.discard()  # a gather the previous step started and its backward did not use
+            prefetch = _Prefetch()
         try:
             for kind, mod, masks in self._modules:
-                routes = {n: _Route(groups, m, active=bool(m.present & present)) for n, m in masks.items()}
-                mod.forward = self._patched_forward(kind, mod, groups, routes)
+                routes = {n: _Route(groups, m, bool(m.present & present), prefetch) for n, m in masks.items()}
+                mod.forward = self._patched_forward(kind, mod, groups, routes, prefetch)
                 patched.append(mod)
             yield
         finally:
             for mod in patched:
                 del mod.forward
 
-    def _patched_forward(self, kind: str, mod: nn.Module, groups: SampleGroups, routes: dict[str, _Route]):
+    def _patched_forward(
+        self, kind: str, mod: nn.Module, groups: SampleGroups, routes: dict[str, _Route], prefetch: _Prefetch | None
+    ):
+        used = prefetch.used if prefetch is not None else lambda *routes: None
         if kind == "linear":
             w_route = routes.get("weight")
             b_route = routes.get("bias")
@@ -506,6 +579,7 @@ class MaskedGradients:
                 if w_route is None and b_route is None:
                     return F.linear(x, mod.weight, mod.bias)
                 _check_sample_major(x, groups, mod)
+                used(b_route, w_route)  # the backward combines the weight's gradient first, then the bias's
                 return _MaskedLinear.apply(x, mod.weight, mod.bias, w_route or b_route, b_route)
 
             return linear
@@ -514,6 +588,7 @@ class MaskedGradients:
 
             def embedding(ids):
                 _check_sample_major(ids, groups, mod)
+                used(route)
                 return _MaskedEmbedding.apply(ids, mod.weight, mod.padding_idx, route)
 
             return embedding
@@ -521,6 +596,7 @@ class MaskedGradients:
         original = type(mod).forward
 
         def scale(x, *args, **kwargs):
+            used(route)
             weight = mod._parameters.pop("weight")
             try:
                 shape = (groups.batch_size,) + (1,) * (x.dim() - 1 - weight.dim()) + tuple(weight.shape)

@@ -46,6 +46,7 @@ class _Dump(Callback):
             "local_elements": local,
             "one_pass": engine is not None,
             "peak_gathered_bytes": engine.peak_gathered_bytes if engine is not None else 0,
+            "prefetched_gathers": list(engine.prefetched_gathers) if engine is not None else [0, 0],
         }
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(info))
         if trainer.global_rank == 0:

@@ -208,6 +208,9 @@ def test_distributed_matches_reference(launched, problem, strategy, nodes, extra
             if info["one_pass"]:
                 # transiently, one parameter's full mask at a time (int32 rows padded to a multiple of 2 ranks)
                 assert 0 < info["peak_gathered_bytes"] <= 4 * (largest + largest // 2)
+                # every backward but the first of a step found its mask's gather started by the one before it
+                prefetched, used = info["prefetched_gathers"]
+                assert used > 0 and used - len(problem["batches"]) <= prefetched < used, info
 
 
 @pytest.mark.multiprocess
