@@ -8,6 +8,10 @@ with a 2048-token vocabulary; the batch holds all 7 group ids (-1 and 0..5) and 
     python benchmarks/masked_step.py                      # hidden 512 / 4 layers and hidden 128, batch 8x128
     python benchmarks/masked_step.py --hidden 512 --methods one_pass --reps 5
     python benchmarks/masked_step.py --strategy fsdp --ranks 2 --reps 7   # the real strategy through Lightning
+    python benchmarks/masked_step.py --strategy fsdp --ranks 2 --reps 7 --methods one_pass one_pass_gather_on_use
+
+``one_pass_gather_on_use`` (FSDP2 only) is one pass with each full mask gathered when its backward needs it, the
+engine before each backward started the next one's gather (``MaskedGradients.prefetch``): the two side by side.
 
 With ``--strategy {single,ddp,fsdp}`` each method runs the real Lightning strategy (``MaskedSingleDeviceStrategy``,
 ``MaskedDDPStrategy``, ``MaskedFSDPStrategy``) in a ``Trainer.fit`` on gloo with ``--ranks`` processes of one torch
@@ -125,6 +129,8 @@ def run(hidden: int, layers: int, batch_size: int, seq: int, methods: list[str],
 
     steps = {"one_pass": one_pass, "lockstep": lockstep, "microbatch1": microbatch1}
     for method in methods:
+        if method not in steps:
+            raise SystemExit(f"--methods {method}: one process runs {sorted(steps)}; it needs --strategy fsdp.")
         t_plain, t_masked, c_plain, c_masked = timed(unmasked, steps[method], reps, warmup)
         cache = engine.cache_bytes if method == "one_pass" else 0
         row = {
@@ -190,6 +196,11 @@ def lightning_worker(args) -> None:
         def train_dataloader(self):
             return torch.utils.data.DataLoader(batches, batch_size=None)
 
+        def on_train_start(self):
+            engine = self.trainer.strategy.masked._engine
+            if engine is not None:
+                engine.prefetch = not args.no_prefetch
+
         def on_train_batch_start(self, batch, batch_idx):
             self._t0 = (time.perf_counter(), time.process_time())
 
@@ -228,7 +239,7 @@ def lightning_worker(args) -> None:
 
     row = {
         "strategy": args.strategy,
-        "method": ("one_pass" if engine is not None else "lockstep"),
+        "method": ("one_pass" if engine is not None else "lockstep") + ("_gather_on_use" if args.no_prefetch else ""),
         "ranks": trainer.world_size,
         "hidden": args.hidden[0],
         "layers": args.layers,
@@ -261,7 +272,9 @@ def run_strategy(args) -> None:
             port = sock.getsockname()[1]
             sock.close()
             out = Path(tmp) / "row.json"
-            cmd = [sys.executable, __file__, "--worker", "--strategy", args.strategy, "--method", method]
+            masking = "one_pass" if method == "one_pass_gather_on_use" else method
+            cmd = [sys.executable, __file__, "--worker", "--strategy", args.strategy, "--method", masking]
+            cmd += ["--no-prefetch"] if method == "one_pass_gather_on_use" else []
             cmd += ["--ranks", str(args.ranks), "--hidden", str(args.hidden[0]), "--layers", str(args.layers)]
             cmd += ["--batch", str(args.batch), "--seq", str(args.seq), "--reps", str(args.reps)]
             cmd += ["--warmup", str(args.warmup), "--out", str(out)]
@@ -287,6 +300,7 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=2, help="processes for --strategy ddp/fsdp (1 thread each)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--method", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--no-prefetch", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:

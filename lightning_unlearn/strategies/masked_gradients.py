@@ -441,11 +441,14 @@ class MaskedGradients:
             them under activation checkpointing, whose recomputed forwards run outside :meth:`batch`); when
             non-empty, :attr:`one_pass` is False and callers use :func:`lockstep_masked_backward` instead.
         sharded: the parameters are FSDP2 DTensors and the masks this rank's shards.
+        prefetch: under FSDP2, each backward starts the gather of the mask the next backward needs (default);
+            False gathers each mask when its backward needs it (what ``benchmarks/masked_step.py`` compares with).
     """
 
     def __init__(self, model: nn.Module, packed_masks: Mapping[str, torch.Tensor], index_cache: bool = True) -> None:
         self.model = model
         self.packed_masks = packed_masks
+        self.prefetch = True
         keys = resolve_param_masks(model, packed_masks)
         self.sharded = any(_is_dtensor(p) for p in keys)
         self._group = _shard_group(keys) if self.sharded else None
@@ -556,7 +559,7 @@ class MaskedGradients:
         if self.sharded:
             for m in self._mask.values():
                 m.discard()  # a gather the previous step started and its backward did not use
-            prefetch = _Prefetch()
+            prefetch = _Prefetch() if self.prefetch else None
         try:
             for kind, mod, masks in self._modules:
                 routes = {n: _Route(groups, m, bool(m.present & present), prefetch) for n, m in masks.items()}
