@@ -19,8 +19,9 @@ thread each; every rank's batch is ``--batch`` × ``--seq`` with all 7 group ids
 same strategy alternate in one fit (an unmasked step is the same batch without ``group_ids``), so both see the same
 load; ``step_ms_*`` are rank 0's medians of ``--reps`` steps each, after ``--warmup`` pairs. Per rank it reports
 the packed-mask bytes it keeps (``mask_bytes_persistent``, plus the index cache of the single-device/DDP engine)
-and the largest full mask it held at once during a backward (``mask_bytes_transient_peak``: FSDP one pass gathers
-one parameter's mask at a time; lockstep masks the reduced shards with the local shard).
+and the largest full mask it gathered during a backward (``mask_bytes_transient_peak``: FSDP one pass gathers one
+parameter's mask at a time, with the next one's gather in flight beside it, so at most two are held at once; lockstep
+masks the reduced shards with the local shard).
 
 ``step_ms_*`` are median wall-clock times, ``cpu_ms_*`` median process CPU times (robust when other jobs share the
 cores). ``peak_rss_mb`` is the process's peak resident memory after the row (it only grows).
