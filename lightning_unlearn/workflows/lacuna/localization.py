@@ -462,16 +462,14 @@ def _check_request(
                          f"{list(TARGET_FIELDS)}.")  # fmt: skip
     if epoch_scale <= 0:
         raise ValueError(f"epoch_scale={epoch_scale} must be positive.")
+    for option, per_method in (("epochs", epochs), ("method_args", method_args)):
+        stray = [m for m in per_method or {} if m not in methods]
+        if stray:
+            raise ValueError(f"{option} names {stray[0]!r}, which is not among the methods run {list(methods)}; "
+                             "name only methods of --methods.")  # fmt: skip
     for method, n in (epochs or {}).items():
-        if method not in methods:
-            raise ValueError(f"epochs names {method!r}, which is not among the methods run {list(methods)}; name only "
-                             "methods of --methods.")  # fmt: skip
         if int(n) < 1 or int(n) != n:
             raise ValueError(f"epochs[{method!r}]={n} must be a whole number of epochs, at least 1.")
-    for method in method_args or {}:
-        if method not in methods:
-            raise ValueError(f"method_args names {method!r}, which is not among the methods run {list(methods)}; "
-                             "name only methods of --methods.")  # fmt: skip
     return separable
 
 
