@@ -23,19 +23,10 @@ def test_batched_generation_equals_one_prompt_at_a_time(tiny_model, tiny_tokeniz
 
 
 def test_matches_transformers_generate(tiny_model, tiny_tokenizer):
-    import torch
 
     prompts = ["Where was Alice Smith born?", "Python is"]
     ids, attn = encode_prompts_left_padded(tiny_tokenizer, prompts)
-    with torch.no_grad():
-        ref = tiny_model.generate(
-            input_ids=ids,
-            attention_mask=attn,
-            max_new_tokens=6,
-            do_sample=False,
-            pad_token_id=tiny_tokenizer.pad_token_id,
-            eos_token_id=tiny_tokenizer.eos_token_id,
-        )
+    ref = _plain_generate(tiny_model, tiny_tokenizer, ids, attn, 6)
     ref_text = [tiny_tokenizer.decode(r[ids.shape[1] :], skip_special_tokens=True).strip() for r in ref]
     ours = generate_greedy(tiny_model, tiny_tokenizer, prompts, max_new_tokens=6)
     assert [g.text for g in ours] == ref_text
@@ -79,7 +70,6 @@ def test_mixed_adapter_decoding_drops_a_prompt_once_every_adapter_has_ended(tiny
     """Prompts 0 and 1 end by their third token under every adapter (those tokens made end-of-sequence ids): their
     rows leave the batch while the others decode on, and every answer is still the adapter's own through HF
     ``generate``, cut where it ends."""
-    import torch
 
     from lightning_unlearn.generation import generate_greedy_adapters
 
@@ -88,18 +78,10 @@ def test_mixed_adapter_decoding_drops_a_prompt_once_every_adapter_has_ended(tiny
     texts = ["Where was Alice Smith born?", "Python is", "What is the phone number of Bob Jones?", "The war"]
     ids, attn = encode_prompts_left_padded(tiny_tokenizer, texts)
     stops = set()
-    with torch.no_grad():
-        for name in names:
-            model.set_adapter(name)
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=attn,
-                max_new_tokens=3,
-                do_sample=False,
-                pad_token_id=tiny_tokenizer.pad_token_id,
-                eos_token_id=tiny_tokenizer.eos_token_id,
-            )
-            stops |= {int(out[i, ids.shape[1] + 2]) for i in (0, 1)}  # fmt: skip
+    for name in names:
+        model.set_adapter(name)
+        out = _plain_generate(model, tiny_tokenizer, ids, attn, 3)
+        stops |= {int(out[i, ids.shape[1] + 2]) for i in (0, 1)}  # fmt: skip
     model.generation_config.eos_token_id = [tiny_tokenizer.eos_token_id, *sorted(stops)]
     sizes = []
     hook = model.get_base_model().model.register_forward_pre_hook(
@@ -118,3 +100,18 @@ def test_mixed_adapter_decoding_drops_a_prompt_once_every_adapter_has_ended(tiny
     assert all(e[0] and e[1] for e in ended) and not all(all(e) for e in ended)
     assert sizes[0] == 12 and min(sizes) < 12 and all(s % 3 == 0 for s in sizes), sizes  # equal blocks, shrunk
     assert len(sizes) == max(g.num_tokens for gens in alone.values() for g in gens)  # a forward a token, no more
+
+
+def _plain_generate(model, tokenizer, ids, attn, max_new_tokens):
+    """HF ``generate``, greedy, the tokenizer's pad and EOS: the reference the project's decoding must match."""
+    import torch
+
+    with torch.no_grad():
+        return model.generate(
+            input_ids=ids,
+            attention_mask=attn,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
