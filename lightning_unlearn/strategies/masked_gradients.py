@@ -270,11 +270,10 @@ class _Prefetch:
         self.order: list[_Route] = []
         self.where: dict[int, int] = {}  # id(route) -> its last use in the forward
 
-    def used(self, *routes: _Route | None) -> None:
-        for route in routes:
-            if route is not None and route.active and isinstance(route.mask, ShardedParamMask):
-                self.where[id(route)] = len(self.order)
-                self.order.append(route)
+    def used(self, route: _Route) -> None:
+        if route.active and isinstance(route.mask, ShardedParamMask):
+            self.where[id(route)] = len(self.order)
+            self.order.append(route)
 
     def before(self, route: _Route) -> None:
         """``route``'s backward starts: prefetch the mask of the active route used before it in the forward."""
@@ -320,6 +319,13 @@ class _Route:
                 grad = torch.zeros_like(contribution)
             mask.add_masked(grad, contribution, g)
         return grad
+
+
+def _used(*routes: _Route | None) -> None:
+    """The forward used ``routes`` (``None`` skipped): record them for their step's prefetch, if it has one."""
+    for route in routes:
+        if route is not None and route.prefetch is not None:
+            route.prefetch.used(route)
 
 
 def _zeros_if_none(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -563,17 +569,14 @@ class MaskedGradients:
         try:
             for kind, mod, masks in self._modules:
                 routes = {n: _Route(groups, m, bool(m.present & present), prefetch) for n, m in masks.items()}
-                mod.forward = self._patched_forward(kind, mod, groups, routes, prefetch)
+                mod.forward = self._patched_forward(kind, mod, groups, routes)
                 patched.append(mod)
             yield
         finally:
             for mod in patched:
                 del mod.forward
 
-    def _patched_forward(
-        self, kind: str, mod: nn.Module, groups: SampleGroups, routes: dict[str, _Route], prefetch: _Prefetch | None
-    ):
-        used = prefetch.used if prefetch is not None else lambda *routes: None
+    def _patched_forward(self, kind: str, mod: nn.Module, groups: SampleGroups, routes: dict[str, _Route]):
         if kind == "linear":
             w_route = routes.get("weight")
             b_route = routes.get("bias")
@@ -582,7 +585,7 @@ class MaskedGradients:
                 if w_route is None and b_route is None:
                     return F.linear(x, mod.weight, mod.bias)
                 _check_sample_major(x, groups, mod)
-                used(b_route, w_route)  # the backward combines the weight's gradient first, then the bias's
+                _used(b_route, w_route)  # the backward combines the weight's gradient first, then the bias's
                 return _MaskedLinear.apply(x, mod.weight, mod.bias, w_route or b_route, b_route)
 
             return linear
@@ -591,7 +594,7 @@ class MaskedGradients:
 
             def embedding(ids):
                 _check_sample_major(ids, groups, mod)
-                used(route)
+                _used(route)
                 return _MaskedEmbedding.apply(ids, mod.weight, mod.padding_idx, route)
 
             return embedding
@@ -599,7 +602,7 @@ class MaskedGradients:
         original = type(mod).forward
 
         def scale(x, *args, **kwargs):
-            used(route)
+            _used(route)
             weight = mod._parameters.pop("weight")
             try:
                 shape = (groups.batch_size,) + (1,) * (x.dim() - 1 - weight.dim()) + tuple(weight.shape)
