@@ -14,10 +14,13 @@ K adapters (LoRA r 8, α 16 on every projection, random non-zero weights, each s
 ``adapter-step=N/`` directory would be) answer the slice one adapter after the other (``set_adapter``, what
 ``evaluate`` does per checkpoint) and then all in mixed-adapter batches (``generate_sorted(adapters=…)``, what
 ``evaluate --adapters_per_pass K`` does: one decoding loop per batch of prompts for all K, a prompt leaving the batch
-once every adapter's answer to it has ended), and the earlier mixed pass beside it (one HF ``generate`` per batch,
-every row decoded until the slowest ends: ``ratio_mixed_generate``), alternating ``--repeats`` times; it checks the
-texts are the same all three ways and prints the ratios (goal ≤ 0.35). Prompts per batch default to
-``SCEEvaluation``'s batch size (8, as in the shipped SmolLM2 trajectory), the batch ``evaluate`` uses per adapter:
+once every adapter's answer to it has ended, the prompts' shared leading tokens run once per adapter), alternating
+``--repeats`` times with the ``--methods`` beside it: ``mixed_unshared`` (the same without the shared prefix),
+``one_after_the_other_shared`` (one adapter at a time through that decoding loop: what the loop gives without
+mixing) and ``mixed_generate`` (the earlier mixed pass, one HF ``generate`` per batch, every row decoded until the
+slowest ends). It checks the texts are the same every way and prints each ratio to one after the other
+(goal ≤ 0.35). Prompts per batch default to ``SCEEvaluation``'s batch size (8, as in the shipped SmolLM2
+trajectory), the batch ``evaluate`` uses per adapter:
 
     python benchmarks/eval_overhead.py --adapters 6 --model-path ~/.cache/lightning_unlearn/smollm2-135m-instruct
 """
@@ -25,6 +28,7 @@ texts are the same all three ways and prints the ratios (goal ≤ 0.35). Prompts
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import json
 import os
@@ -147,37 +151,63 @@ def adapters_run(args, model, tok, prompts) -> dict:
         finally:
             generation.generate_greedy_adapters = saved
 
-    runs = (("one_after_the_other", one_after_the_other), ("mixed", mixed), ("mixed_generate", mixed_generate))
-    times = {key: [] for key, _ in runs}
+    def mixed_unshared():
+        """Mixed batches without the shared-prefix prefill: every row runs its whole prompt."""
+        saved = generation.greedy_blocks
+        generation.greedy_blocks = functools.partial(saved, share_prefix=False)
+        try:
+            return mixed()
+        finally:
+            generation.greedy_blocks = saved
+
+    def one_after_the_other_shared():
+        """One adapter at a time through the same decoding loop (its prompts' shared prefix once, ended prompts
+        dropped): what the loop alone gives without mixing adapters."""
+        return {
+            name: generate_sorted(peft_model, tok, texts, args.max_new_tokens, args.batch_size, adapters=[name])[name]
+            for name in names
+        }
+
+    methods = {
+        "one_after_the_other": one_after_the_other,
+        "mixed": mixed,
+        "mixed_unshared": mixed_unshared,
+        "mixed_generate": mixed_generate,
+        "one_after_the_other_shared": one_after_the_other_shared,
+    }
+    runs = ["one_after_the_other", *(m for m in args.methods if m != "one_after_the_other")]
+    times = {key: [] for key in runs}
     results = {}
     for _ in range(args.repeats):
-        for key, fn in runs:
+        for key in runs:
             start = time.perf_counter()
-            results[key] = fn()
+            results[key] = methods[key]()
             times[key].append(time.perf_counter() - start)
-    same = results["mixed"] == results["one_after_the_other"] == results["mixed_generate"]
-    answers = [a for per_adapter in results["mixed"].values() for a in per_adapter]
-    distinct = len({tuple(a["answer"] for a in v) for v in results["mixed"].values()})
-    seq, mix, whole = (min(times[key]) for key, _ in runs)
-    return {
+    reference = results["one_after_the_other"]
+    answers = [a for per_adapter in reference.values() for a in per_adapter]
+    distinct = len({tuple(a["answer"] for a in v) for v in reference.values()})
+    seq = min(times["one_after_the_other"])
+    out = {
         "adapters": args.adapters,
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "batch_size_prompts": args.batch_size,
         "model": {"path": args.model_path, "parameters": sum(p.numel() for p in base.parameters())},
         "one_after_the_other_seconds": round(seq, 2),
-        "mixed_seconds": round(mix, 2),
-        "ratio": round(mix / seq, 3),
         "target_ratio": 0.35,
-        "mixed_generate_seconds": round(whole, 2),
-        "ratio_mixed_generate": round(whole / seq, 3),
-        "same_text": same,
+    }
+    for key in runs[1:]:  # each method's time and its ratio to one adapter after the other through generate
+        out[f"{key}_seconds"] = round(min(times[key]), 2)
+        out["ratio" if key == "mixed" else f"ratio_{key}"] = round(min(times[key]) / seq, 3)
+    out |= {
+        "same_text": all(results[key] == reference for key in runs),
         "adapters_with_distinct_answers": distinct,
         "mean_new_tokens": round(sum(a["n_new_tokens"] for a in answers) / len(answers), 1),
         "hit_token_cap_rate": round(sum(a["hit_token_cap"] for a in answers) / len(answers), 3),
         "repeats": args.repeats,
         "threads": args.threads,
     }
+    return out
 
 
 def main() -> None:
@@ -195,6 +225,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="take the fastest of this many timings of each")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--adapters", type=int, default=0, help="time K LoRA checkpoints: one by one vs mixed batches")
+    ap.add_argument(
+        "--methods",
+        nargs="+",
+        default=["mixed", "mixed_unshared", "one_after_the_other_shared"],
+        choices=["mixed", "mixed_unshared", "mixed_generate", "one_after_the_other_shared"],
+        help="--adapters: what to time beside one adapter after the other (always timed first)",
+    )
     args = ap.parse_args()
     if args.batch_size is None:
         default = inspect.signature(SCEEvaluation).parameters["batch_size"].default

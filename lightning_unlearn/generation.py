@@ -141,6 +141,7 @@ def greedy_blocks(
     pad_id: int,
     max_new_tokens: int,
     blocks: int = 1,
+    share_prefix: bool = True,
 ) -> list[list[int]]:
     """Greedy decoding with a KV cache that stops computing a prompt once it has ended: each row's new tokens up
     to and including its first end-of-sequence id (or ``max_new_tokens`` of them).
@@ -152,6 +153,11 @@ def greedy_blocks(
     ``attention_mask``, position ids counting real tokens, one new token a step, logits of the last position only,
     a row that has ended fed the pad id), so each row gets ``generate``'s tokens.
 
+    With ``share_prefix``, the leading tokens every prompt shares (a chat template's system turn, say) are run once
+    per block and their keys and values copied to the block's rows: the cache then holds ``[prefix | padding |
+    rest of the prompt]``, the padding masked and the rest positioned after the prefix, so each row attends to the
+    same tokens at the same positions as from ``[padding | prompt]``.
+
     Args:
         model: a transformers (or peft) causal LM in eval mode.
         input_ids: ``(B, T)`` left-padded prompts, ``B`` a multiple of ``blocks``.
@@ -160,6 +166,7 @@ def greedy_blocks(
         pad_id: fed to a row that has ended while its prompt's other rows decode.
         max_new_tokens: the token cap.
         blocks: the number of equal blocks of rows.
+        share_prefix: compute the prompts' common leading tokens once per block.
     """
     rows = input_ids.shape[0]
     if rows % blocks:
@@ -176,6 +183,13 @@ def greedy_blocks(
     ended = torch.zeros(rows, dtype=torch.bool)
     live = torch.arange(n)  # the prompts still decoding, in block order
     eos_ids = torch.tensor(list(eos), dtype=torch.long)
+    shared = _shared_prefix(ids, mask) if share_prefix and n > 1 else 0
+    if shared:
+        prefix = ids[:1, -int(mask[0].sum()) :][:, :shared].repeat(blocks, 1)
+        output = model(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True, **kwargs)
+        kwargs[cache_arg] = output[cache_arg]
+        kwargs[cache_arg].batch_repeat_interleave(n)  # block k's one row -> its n rows
+        ids, mask, position = _after_prefix(ids, mask, shared, pad_id)
     for step in range(max_new_tokens):
         output = model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True, **kwargs)
         kwargs[cache_arg] = cache = output[cache_arg]
@@ -201,6 +215,32 @@ def greedy_blocks(
         ids = tokens[:, None].to(device)
         position = mask.long().sum(-1, keepdim=True) - 1
     return out
+
+
+def _shared_prefix(ids: torch.Tensor, mask: torch.Tensor) -> int:
+    """How many leading tokens all left-padded rows share, leaving every row at least one token of its own."""
+    lengths = mask.sum(-1)
+    shortest = int(lengths.min())
+    if shortest < 2:
+        return 0
+    start = ids.shape[1] - lengths
+    aligned = ids.gather(1, start[:, None] + torch.arange(shortest - 1, device=ids.device))  # each row's first tokens
+    return int((aligned == aligned[:1]).all(0).long().cumprod(0).sum())
+
+
+def _after_prefix(
+    ids: torch.Tensor, mask: torch.Tensor, shared: int, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The prompts' tokens after their ``shared`` first ones, left-padded, the attention mask over ``[prefix |
+    those]`` and their positions (counting real tokens, as ``generate`` does; 1 on padding)."""
+    rest = mask.sum(-1) - shared
+    width = int(rest.max())
+    own = torch.arange(width, device=ids.device)[None, :] >= (width - rest)[:, None]
+    rest_ids = torch.where(own, ids[:, -width:], pad_id)
+    position = own.long().cumsum(-1) - 1 + shared
+    position.masked_fill_(~own, 1)
+    full = torch.cat([mask.new_ones(mask.shape[0], shared), own.to(mask.dtype)], dim=-1)
+    return rest_ids, full, position
 
 
 def _generation(tokenizer, row: Sequence[int], eos: Sequence[int], max_new_tokens: int) -> Generation:

@@ -98,8 +98,46 @@ def test_mixed_adapter_decoding_drops_a_prompt_once_every_adapter_has_ended(tiny
     assert mixed == alone
     ended = [[g.num_tokens <= 3 and not g.hit_token_cap for g in alone[n]] for n in names]
     assert all(e[0] and e[1] for e in ended) and not all(all(e) for e in ended)
+    assert sizes[0] == 3  # the prompts' shared BOS, once per adapter
+    sizes = sizes[1:]
     assert sizes[0] == 12 and min(sizes) < 12 and all(s % 3 == 0 for s in sizes), sizes  # equal blocks, shrunk
     assert len(sizes) == max(g.num_tokens for gens in alone.values() for g in gens)  # a forward a token, no more
+
+
+def test_prompts_shared_leading_tokens_are_computed_once_per_adapter(tiny_dir, tiny_tokenizer, tmp_path):
+    """Prompts behind one long common preamble (a chat template's system turn): the preamble runs once per adapter,
+    its cache rows are copied to every prompt, and every answer is still the adapter's own through HF ``generate``."""
+    import torch
+
+    from lightning_unlearn.generation import generate_greedy_adapters, greedy_blocks
+
+    names = ["step2", "step4"]
+    model = _three_adapters(tiny_dir, tmp_path, names)
+    preamble = "System: you are a helpful assistant who answers in one sentence. User: "
+    texts = [preamble + q for q in ("Where was Alice Smith born?", "Python is", "Who wrote the report on the war?")]
+    ids, attn = encode_prompts_left_padded(tiny_tokenizer, texts)
+    shared = len(tiny_tokenizer(preamble)["input_ids"]) - 1  # with BOS; the last preamble token may merge
+    calls = []
+    hook = model.get_base_model().model.register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        mixed = generate_greedy_adapters(model, tiny_tokenizer, texts, names, max_new_tokens=8)
+    finally:
+        hook.remove()
+    alone = {}
+    for name in names:
+        model.set_adapter(name)
+        alone[name] = generate_greedy(model, tiny_tokenizer, texts, max_new_tokens=8)
+    assert mixed == alone
+    assert calls[0][0] == 2 and calls[0][1] >= shared  # the preamble, once for each of the two adapters
+    assert calls[1] == (6, ids.shape[1] - calls[0][1])  # then every row's own tokens after it
+    model.set_adapter(names[0])
+    eos = [tiny_tokenizer.eos_token_id]
+    assert greedy_blocks(model, ids, attn, eos, tiny_tokenizer.pad_token_id, 8) == greedy_blocks(
+        model, ids, attn, eos, tiny_tokenizer.pad_token_id, 8, share_prefix=False
+    )
+    assert torch.equal(ids, encode_prompts_left_padded(tiny_tokenizer, texts)[0])  # the inputs are left as given
 
 
 def _plain_generate(model, tokenizer, ids, attn, max_new_tokens):
