@@ -15,6 +15,12 @@ gives the ratio. With ``--check`` a subsample is cross-checked against scikit-le
 scores them from the files with ``mask_auc`` (m^F = groups 0-2, m^F ∨ m^R = groups 0-5, as ``lightning-unlearn
 mask-auc``) and reports the wall time and its peak RSS. The directory is deleted afterwards.
 
+Each ``--buffer-mib`` value (default 512, ``mask_auc``'s) scores the files once more in a fresh process, so each
+run's peak RSS is its own; ``none`` holds every score (no spill). In memory, ``--buffer-mib`` also times
+``exact_auc`` spilling beyond each size, beside the held run and the sort.
+
+    .venv/bin/python benchmarks/mask_auc.py --on-disk --weights 300000000 --tensors 100 --shards 8 --buffer-mib 512 none
+
 ``--on-disk --callback`` scores the same files the way the checkpoint callback does on rank 0 of a run
 (``MaskAUCEvaluation.compute``): θ_unl is the evaluated model's own parameters, loaded into memory first (as a
 training run holds them), and θ_pre, θ_inj and the masks are read from their files. The report gives the model's
@@ -75,11 +81,18 @@ def in_memory(args: argparse.Namespace) -> dict:
     auc = exact_auc(list(zip(scores, labels)), chunk_size=args.chunk_size)
     seconds = time.perf_counter() - t0
     peak = max(_peak_rss_gib(), peak_before)  # before the sort's copy below
+    spilled = []
+    for mib in args.buffer_mib or []:  # after the peak above: a spill's own peak is not separated here
+        t0 = time.perf_counter()
+        same = exact_auc(list(zip(scores, labels)), args.chunk_size, max_buffer_bytes=mib and int(mib * 2**20)) == auc
+        spilled.append({"buffer_mib": mib, "seconds": round(time.perf_counter() - t0, 2), "same_auc": same})
     flat = torch.cat(scores).numpy()
     t0 = time.perf_counter()
     flat.sort()
     sort_seconds = time.perf_counter() - t0
     del flat
+    for run in spilled:
+        run["seconds_over_sort"] = round(run["seconds"] / sort_seconds, 3)
     out = {
         "mode": "in_memory",
         "weights": per * args.tensors,
@@ -94,6 +107,7 @@ def in_memory(args: argparse.Namespace) -> dict:
         "peak_rss_gib": round(peak, 3),
         "peak_rss_over_inputs_gib": round(peak - baseline, 3),
         "threads": args.threads,
+        "spilled": spilled,  # --buffer-mib: exact_auc with max_buffer_bytes, the same scores
     }
     if args.check:
         from sklearn.metrics import roc_auc_score
@@ -179,7 +193,7 @@ def _model_of(directory: Path) -> torch.nn.Module:
     return root
 
 
-def _callback(root: Path, args: argparse.Namespace) -> tuple[dict, float, float, float]:
+def _callback(root: Path, args: argparse.Namespace, buffer_mib: float | None) -> tuple[dict, float, float, float]:
     """``MaskAUCEvaluation.compute`` on θ_unl held in memory: (result, seconds, RSS before, model GiB)."""
     from types import SimpleNamespace
 
@@ -194,6 +208,8 @@ def _callback(root: Path, args: argparse.Namespace) -> tuple[dict, float, float,
         retain_groups=(3, 4, 5) if args.unified else (),
         max_samples=args.max_samples,
         composite=args.composite,
+        buffer_mib=buffer_mib,
+        spill_dir=args.dir,
     )
     baseline = _rss_gib()
     t0 = time.perf_counter()
@@ -201,62 +217,95 @@ def _callback(root: Path, args: argparse.Namespace) -> tuple[dict, float, float,
     return {**result, "F|R": result.get("F_or_R")}, time.perf_counter() - t0, baseline, model_gib
 
 
-def on_disk(args: argparse.Namespace) -> dict:
+def _score(root: Path, args: argparse.Namespace, buffer_mib: float | None, queue) -> None:
+    """One scoring of the files (a fresh process, so its peak RSS is its own); puts its report on ``queue``."""
     from lightning_unlearn.masks import load_masks, union_mask
     from lightning_unlearn.metrics.mask_auc import mask_auc
 
+    torch.set_num_threads(args.threads)
+    model_gib = None
+    if args.callback:
+        result, seconds, baseline, model_gib = _callback(root, args, buffer_mib)
+    else:
+        packed, _ = load_masks(root / "masks.safetensors", lazy=True)
+        baseline = _rss_gib()
+        t0 = time.perf_counter()
+        result = mask_auc(
+            root / "pre",
+            root / "inj",
+            root / "unl",
+            union_mask(packed, [0, 1, 2], lazy=True),
+            unified_mask=union_mask(packed, range(6), lazy=True) if args.unified else None,
+            max_samples=args.max_samples,
+            composite=args.composite,
+            buffer_mib=buffer_mib,
+            spill_dir=args.dir,
+        )
+        seconds = time.perf_counter() - t0
+    queue.put(
+        {
+            "buffer_mib": buffer_mib,  # None: every score held (no spill)
+            "model_gib": None if model_gib is None else round(model_gib, 3),  # --callback: θ_unl held in memory
+            "seconds": round(seconds, 1),
+            "rss_before_gib": round(baseline, 3),
+            "peak_rss_gib": round(_peak_rss_gib(), 3),
+            "weights": result["num_weights"],
+            "num_subsampled": result.get("num_subsampled"),
+            "F": result["F"],
+            "F|R": result.get("F|R"),
+        }
+    )
+
+
+def on_disk(args: argparse.Namespace) -> dict:
     root = Path(tempfile.mkdtemp(prefix="mask_auc_bench_", dir=args.dir))
+    context = multiprocessing.get_context("spawn")
+    runs = []
     try:
         t0 = time.perf_counter()
-        child = multiprocessing.get_context("spawn").Process(
-            target=_generate, args=(str(root), args.weights, args.tensors, args.shards)
-        )
+        child = context.Process(target=_generate, args=(str(root), args.weights, args.tensors, args.shards))
         child.start()
         child.join()
         if child.exitcode != 0:
             raise RuntimeError(f"generating the models failed (exit code {child.exitcode}).")
         write_seconds = time.perf_counter() - t0
+        generation_peak = _peak_rss_gib(resource.RUSAGE_CHILDREN)
         files_gib = sum(f.stat().st_size for f in root.rglob("*.safetensors")) / GiB
-        model_gib = None
-        if args.callback:
-            result, seconds, baseline, model_gib = _callback(root, args)
-        else:
-            packed, _ = load_masks(root / "masks.safetensors", lazy=True)
-            baseline = _rss_gib()
-            t0 = time.perf_counter()
-            result = mask_auc(
-                root / "pre",
-                root / "inj",
-                root / "unl",
-                union_mask(packed, [0, 1, 2], lazy=True),
-                unified_mask=union_mask(packed, range(6), lazy=True) if args.unified else None,
-                max_samples=args.max_samples,
-                composite=args.composite,
-            )
-            seconds = time.perf_counter() - t0
-        peak = _peak_rss_gib()
+        for buffer_mib in args.buffer_mib or [512]:
+            queue = context.Queue()
+            child = context.Process(target=_score, args=(root, args, buffer_mib, queue))
+            child.start()
+            runs.append(queue.get())
+            child.join()
+            if child.exitcode != 0:
+                raise RuntimeError(f"scoring the models failed (exit code {child.exitcode}).")
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    weights = runs[0]["weights"]
     return {
         "mode": "callback" if args.callback else "on_disk",
-        "model_gib": None if model_gib is None else round(model_gib, 3),  # --callback: θ_unl held in memory
-        "weights": result["num_weights"],
+        "weights": weights,
         "tensors": args.tensors,
         "shards": args.shards,
         "files_gib": round(files_gib, 3),  # θ_pre, θ_inj, θ_unl (fp32) and the uint32 masks
         "write_seconds": round(write_seconds, 1),
-        "generation_peak_rss_gib": round(_peak_rss_gib(resource.RUSAGE_CHILDREN), 3),
-        "seconds": round(seconds, 1),
-        "rss_before_gib": round(baseline, 3),
-        "peak_rss_gib": round(peak, 3),
-        "scores_gib": round(result["num_weights"] * 4 / GiB, 3),  # exact_auc's class buffers, float32
+        "generation_peak_rss_gib": round(generation_peak, 3),
+        "scores_gib": round(weights * 4 / GiB, 3),  # every score once, float32 (held whole without a buffer limit)
         "composite": args.composite,
         "unified": args.unified,
-        "num_subsampled": result.get("num_subsampled"),
-        "F": result["F"],
-        "F|R": result.get("F|R"),
         "threads": args.threads,
+        "same_result": all((r["F"], r["F|R"]) == (runs[0]["F"], runs[0]["F|R"]) for r in runs),
+        "runs": runs,  # one per --buffer-mib, in that order, each in its own process
     }
+
+
+def _buffer_mib(text: str) -> float | None:
+    if text.lower() == "none":
+        return None
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive size in MiB or none, got {text!r}")
+    return value
 
 
 def main() -> None:
@@ -273,7 +322,15 @@ def main() -> None:
     ap.add_argument("--unified", type=_bool, default=True, help="--on-disk: also score against m^F ∨ m^R")
     ap.add_argument("--max-samples", type=int, default=2_000_000, help="--on-disk: the composite's subsample")
     ap.add_argument("--callback", action="store_true", help="--on-disk: score as MaskAUCEvaluation on rank 0 does")
-    ap.add_argument("--dir", default=None, help="--on-disk: parent of the temporary directory (default: $TMPDIR)")
+    ap.add_argument("--dir", default=None, help="--on-disk: parent of the temporary directories (default: $TMPDIR)")
+    ap.add_argument(
+        "--buffer-mib",
+        type=_buffer_mib,
+        nargs="+",
+        default=None,
+        help="mask_auc's buffer_mib, one scoring each (none: every score held, no spill); --on-disk default 512."
+        " In memory: also time exact_auc spilling beyond each size",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.callback and not args.on_disk:

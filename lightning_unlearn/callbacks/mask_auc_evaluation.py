@@ -33,6 +33,8 @@ class MaskAUCEvaluation(CheckpointEvaluator):
         control_unl_path: the UnMask control's weights after the same unlearning.
         max_samples: weights subsampled for the composite classifier.
         composite: fit the composite classifier.
+        buffer_mib: the most MiB of scores rank 0 holds for one AUC; more spill to ``spill_dir`` (same result).
+        spill_dir: the parent of the spill's temporary directory (default ``$TMPDIR``; 4 bytes a weight free).
         name: see :class:`CheckpointEvaluator`.
         output_dir: see :class:`CheckpointEvaluator`.
     """
@@ -50,6 +52,8 @@ class MaskAUCEvaluation(CheckpointEvaluator):
         control_unl_path: str | None = None,
         max_samples: int = 2_000_000,
         composite: bool = True,
+        buffer_mib: float | None = 512,
+        spill_dir: str | None = None,
         name: str | None = None,
         output_dir: str | None = None,
     ) -> None:
@@ -70,6 +74,7 @@ class MaskAUCEvaluation(CheckpointEvaluator):
         self.control_paths = (control_inj_path, control_unl_path) if control_inj_path else None
         self.max_samples = max_samples
         self.composite = composite
+        self.buffer_mib, self.spill_dir = buffer_mib, spill_dir
         self._reference: dict | None = None
 
     def _load_reference(self) -> dict:
@@ -117,6 +122,8 @@ class MaskAUCEvaluation(CheckpointEvaluator):
                 max_samples=self.max_samples,
                 composite=self.composite,
                 progress=self.progress,
+                buffer_mib=self.buffer_mib,
+                spill_dir=self.spill_dir,
             )
             result["num_positive"] = {k.replace("|", "_or_"): v for k, v in result["num_positive"].items()}
             result = {k.replace("|", "_or_"): v for k, v in result.items()}

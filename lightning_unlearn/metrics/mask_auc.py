@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import logging
 import math
 import os
 import re
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -98,10 +100,20 @@ def _twice_count_below(table: np.ndarray, queries: np.ndarray, chunk_size: int) 
     return total
 
 
+def _checked_chunks(source: ScoreChunks) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    for scores, labels in source():
+        s, lab = _flat_scores(scores), _flat_labels(labels)
+        if s.size != lab.size:
+            raise ValueError(f"a chunk has {s.size} scores but {lab.size} labels; pass labels of the scores' shape.")
+        yield s, lab
+
+
 def exact_auc(
     chunks: ScoreChunks | Sequence[tuple[torch.Tensor, torch.Tensor]],
     chunk_size: int = 1 << 16,
     class_counts: tuple[int, int] | None = None,
+    max_buffer_bytes: int | None = None,
+    spill_dir: str | os.PathLike | None = None,
 ) -> float:
     """Exact ROC AUC (ties count 1/2) over a stream of ``(scores, labels)`` chunks, in one copy of the scores.
 
@@ -113,6 +125,14 @@ def exact_auc(
     ``sklearn.metrics.roc_auc_score`` up to the rounding of the one final division. Extra memory: the scores once
     in their dtype (4 bytes a score for float32) plus one piece.
 
+    With ``max_buffer_bytes``, scores that would take more than that spill instead (:class:`_SpilledScores`): each
+    score becomes an unsigned sort key (its bit pattern, ordered as the values), written to a temporary file of its
+    class while the keys' top 16 bits are counted. The key range is then cut into runs of bins that fit the budget;
+    each run is read back, sorted and counted as above, and a run's negatives below it all lose to its positives.
+    A bin alone beyond the budget is counted by its next 16 bits in one more read (for float32, those bins are
+    single values: all ties). The result is the same integer count, so the same AUC; memory is the budget plus
+    one 16 MiB piece, and the disk holds the keys once.
+
     Args:
         chunks: a zero-argument callable returning a fresh iterable of ``(scores, labels)`` (iterated once with
             ``class_counts``, twice without), or a sequence of such pairs; torch tensors or numpy arrays.
@@ -120,6 +140,8 @@ def exact_auc(
             (bfloat16 as float32).
         chunk_size: queries per ``searchsorted`` call.
         class_counts: ``(positives, negatives)`` if known; skips the counting pass.
+        max_buffer_bytes: the most bytes of scores held in memory at once; ``None``: every score (no spill).
+        spill_dir: the parent of the spill's temporary directory (default: the system's, ``$TMPDIR``).
 
     Returns:
         The AUC, or ``nan`` when one class is empty.
@@ -141,12 +163,20 @@ def exact_auc(
     if n_pos == 0 or n_neg == 0:
         return math.nan
     total = n_pos + n_neg
+    pairs = _checked_chunks(source)
+    first = next(pairs, None)
+    if first is None:
+        raise ValueError(f"the chunks hold no scores, but class_counts={class_counts}.")
+    pairs = itertools.chain([first], pairs)
+    itemsize = max(first[0].itemsize, 2)
+    if max_buffer_bytes is not None and total * itemsize > max_buffer_bytes:
+        with tempfile.TemporaryDirectory(prefix="exact_auc_", dir=spill_dir) as folder:
+            budget = max(int(max_buffer_bytes) // itemsize, 1)
+            spilled = _SpilledScores(folder, pairs, (n_pos, n_neg), budget, chunk_size)
+            return spilled.twice_wins() / (2 * n_pos * n_neg)
     buffer = None  # (P + N,): [0, P) the positives' scores, [P, P + N) the negatives'
     at_pos, at_neg = 0, n_pos
-    for scores, labels in source():
-        s, lab = _flat_scores(scores), _flat_labels(labels)
-        if s.size != lab.size:
-            raise ValueError(f"a chunk has {s.size} scores but {lab.size} labels; pass labels of the scores' shape.")
+    for s, lab in pairs:
         if buffer is None:
             buffer = np.empty(total, dtype=s.dtype)
         s = s.astype(buffer.dtype, copy=False)
@@ -165,11 +195,146 @@ def exact_auc(
     neg.sort()
     if buffer.dtype.kind in "fc" and (np.isnan(pos[-1]) or np.isnan(neg[-1])):  # numpy sorts NaN last
         raise ValueError("scores contain NaN; AUC needs finite scores (check ε in ratio features).")
-    if n_pos <= n_neg:
-        twice_wins = _twice_count_below(neg, pos, chunk_size)
-    else:  # per negative n: 2·#{p > n} + #{p = n} = 2P − #{p < n} − #{p ≤ n}
-        twice_wins = 2 * n_pos * n_neg - _twice_count_below(pos, neg, chunk_size)
-    return twice_wins / (2 * n_pos * n_neg)
+    return _twice_wins_sorted(pos, neg, chunk_size) / (2 * n_pos * n_neg)
+
+
+def _twice_wins_sorted(pos: np.ndarray, neg: np.ndarray, chunk_size: int) -> int:
+    """2·(#{p > n} + ½·#{p = n}) over all pairs of two sorted arrays; the smaller is looked up in the larger."""
+    if len(pos) <= len(neg):
+        return _twice_count_below(neg, pos, chunk_size)
+    # per negative n: 2·#{p > n} + #{p = n} = 2P − #{p < n} − #{p ≤ n}
+    return 2 * len(pos) * len(neg) - _twice_count_below(pos, neg, chunk_size)
+
+
+_PREFIX_BITS = 16  # a spilled exact AUC splits the sort keys 16 bits at a time
+_SPILL_PIECE = 1 << 22  # keys converted or read back at a time (16 MiB of float32)
+
+
+def _sort_keys(s: np.ndarray) -> np.ndarray:
+    """Unsigned integers in the order of the scores ``s``, equal exactly where the scores are (−0.0 = +0.0)."""
+    u = s.view(f"u{s.itemsize}")
+    top = u.dtype.type(1 << (8 * s.itemsize - 1))
+    if s.dtype.kind in "ub":
+        return u.copy()
+    if s.dtype.kind == "i":
+        return u ^ top
+    u = (s + s.dtype.type(0)).view(u.dtype)  # −0.0 + 0.0 = +0.0
+    return np.where(u >= top, ~u, u | top)  # a negative: every bit flipped; a positive: above every negative
+
+
+def _read_keys(path: str, dtype: np.dtype) -> Iterator[np.ndarray]:
+    start = 0
+    while True:
+        keys = np.fromfile(path, dtype=dtype, count=_SPILL_PIECE, offset=start * dtype.itemsize)
+        if not keys.size:
+            return
+        start += keys.size
+        yield keys
+
+
+class _SpilledScores:
+    """Every score's sort key, positives and negatives in two files of ``folder``, and how many of each class
+    fall in each bin of the keys' top 16 bits; :meth:`twice_wins` counts the pairs holding at most ``budget`` keys
+    in memory at a time."""
+
+    def __init__(
+        self,
+        folder: str,
+        pairs: Iterable[tuple[np.ndarray, np.ndarray]],
+        counts: tuple[int, int],
+        budget: int,
+        chunk_size: int,
+    ) -> None:
+        self.paths = (os.path.join(folder, "positive"), os.path.join(folder, "negative"))
+        self.budget, self.chunk_size = budget, chunk_size
+        self.hist = np.zeros((2, 1 << _PREFIX_BITS), dtype=np.int64)
+        self.buffer: np.ndarray | None = None
+        written = [0, 0]
+        score_dtype = None
+        with open(self.paths[0], "wb") as pos_file, open(self.paths[1], "wb") as neg_file:
+            for s, lab in pairs:
+                if score_dtype is None:
+                    score_dtype = self._dtypes(s.dtype)
+                for start in range(0, s.size, _SPILL_PIECE):
+                    piece = s[start : start + _SPILL_PIECE].astype(score_dtype, copy=False)
+                    if piece.dtype.kind == "f" and np.isnan(piece).any():
+                        raise ValueError("scores contain NaN; AUC needs finite scores (check ε in ratio features).")
+                    keys, is_pos = _sort_keys(piece), lab[start : start + _SPILL_PIECE]
+                    for c, (file, part) in enumerate(((pos_file, keys[is_pos]), (neg_file, keys[~is_pos]))):
+                        written[c] += part.size
+                        if written[c] > counts[c]:
+                            raise ValueError(f"the chunks hold more scores than class_counts={counts} says.")
+                        part.tofile(file)
+                        self.hist[c] += np.bincount((part >> self.shift).astype(np.intp), minlength=1 << _PREFIX_BITS)
+        if tuple(written) != tuple(counts):
+            raise ValueError(
+                f"the chunks hold {written[0]} positives and {written[1]} negatives, but class_counts={counts}."
+            )
+
+    def _dtypes(self, dtype: np.dtype) -> np.dtype:
+        """The scores' dtype as keyed (1-byte scores widen to 2: the top 16 bits must exist); sets the keys'."""
+        if dtype.kind not in "fiub" or dtype.itemsize > 8:
+            raise ValueError(f"exact_auc spills real or integer scores; got {dtype}.")
+        if dtype.itemsize == 1:
+            dtype = np.dtype("i2" if dtype.kind == "i" else "u2")
+        self.key_dtype = np.dtype(f"u{dtype.itemsize}")
+        self.shift = 8 * dtype.itemsize - _PREFIX_BITS
+        return dtype
+
+    def twice_wins(self) -> int:
+        """2·(#{pos > neg} + ½·#{pos = neg}) over every pair."""
+        return self._twice_wins(self.hist[0], self.hist[1], self.shift, 0)
+
+    def _twice_wins(self, pos: np.ndarray, neg: np.ndarray, shift: int, prefix: int) -> int:
+        """The same over the keys whose bits above ``shift + 16`` are ``prefix``, binned by their next 16 bits
+        (``key >> shift``) into ``pos`` and ``neg``. A bin of one value is all ties; bins that fit in the budget are
+        read back a run at a time and counted sorted; a bin that does not is binned again by its next 16 bits."""
+        base = prefix << _PREFIX_BITS
+        below = np.concatenate(([0], np.cumsum(neg)[:-1]))  # the negatives in lower bins lose to the bin's positives
+        if shift == 0:  # every bin is one key: its pairs tie
+            return sum(p * (2 * b + n) for p, b, n in zip(pos.tolist(), below.tolist(), neg.tolist()) if p)
+        total, run = 0, None  # run: [first bin, end bin) not yet counted, and the keys it holds
+        for b in [*np.flatnonzero(pos + neg).tolist(), None]:  # None closes the last run
+            size = 0 if b is None else int(pos[b] + neg[b])
+            if run is not None and (b is None or run[2] + size > self.budget):
+                first, end, _ = run
+                total += self._run(base + first, base + end, shift, pos[first:end].sum(), neg[first:end].sum())
+                total += 2 * int(below[first]) * int(pos[first:end].sum())
+                run = None
+            if b is None:
+                break
+            if size <= self.budget:
+                run = (b, b + 1, size) if run is None else (run[0], b + 1, run[2] + size)
+                continue
+            sub = np.zeros((2, 1 << _PREFIX_BITS), dtype=np.int64)  # one bin beyond the budget: its next bits
+            for c in range(2):
+                for keys in _read_keys(self.paths[c], self.key_dtype):
+                    keys = keys[(keys >> shift) == base + b]
+                    low = (keys >> (shift - _PREFIX_BITS)) & ((1 << _PREFIX_BITS) - 1)
+                    sub[c] += np.bincount(low.astype(np.intp), minlength=1 << _PREFIX_BITS)
+            total += 2 * int(below[b]) * int(pos[b])
+            total += self._twice_wins(sub[0], sub[1], shift - _PREFIX_BITS, base + b)
+        return total
+
+    def _run(self, lo: int, hi: int, shift: int, n_pos: int, n_neg: int) -> int:
+        """Twice the wins among the keys with ``lo <= key >> shift < hi``, read back into one buffer and sorted."""
+        n_pos, n_neg = int(n_pos), int(n_neg)
+        if self.buffer is None:
+            self.buffer = np.empty(self.budget, dtype=self.key_dtype)
+        first, span = lo << shift, (hi - lo) << shift  # the run's keys: 0 <= key − first < span (unsigned)
+        at = 0
+        for path in self.paths:
+            for keys in _read_keys(path, self.key_dtype):
+                if span >> (8 * keys.itemsize):  # the run holds every key
+                    picked = keys
+                else:
+                    picked = keys[np.subtract(keys, keys.dtype.type(first)) < keys.dtype.type(span)]
+                self.buffer[at : at + picked.size] = picked
+                at += picked.size
+        pos, neg = self.buffer[:n_pos], self.buffer[n_pos : n_pos + n_neg]
+        pos.sort()
+        neg.sort()
+        return _twice_wins_sorted(pos, neg, self.chunk_size)
 
 
 def quantile_rank(x: torch.Tensor, chunk_size: int = 1 << 20) -> torch.Tensor:
@@ -515,6 +680,8 @@ def mask_auc(
     eps: float = 1e-12,
     composite: bool = True,
     progress: str | None = None,
+    buffer_mib: float | None = 512,
+    spill_dir: str | os.PathLike | None = None,
 ) -> dict:
     """Every family's ROC AUC of the weight change against the forget mask, and the max.
 
@@ -523,8 +690,10 @@ def mask_auc(
     whole in memory: one pre-pass reads θ_pre, θ_inj, θ_unl and the labels (Δ_inj's unchanged share, each
     component's std of Δ_unl, class counts, the composite's labels), then each (label, family) pass reads the
     tensors that family needs, scores them into :func:`exact_auc`'s class buffers and drops them (the composite's
-    subsample is taken on the way). Peak memory is the scores of all weights once (4 bytes a weight) plus a few
-    tensors. In-memory dicts take the same path.
+    subsample is taken on the way). Peak memory is a few tensors plus the scores of all weights once (4 bytes a
+    weight) or, when those exceed ``buffer_mib``, that much: the scores then spill to a temporary directory and
+    are counted a key range at a time (:func:`exact_auc`; the same AUC, with more reading). In-memory dicts take the
+    same path.
 
     Args:
         theta_pre: pretrained weights θ_pre: ``{name: tensor}``, or a ``.safetensors`` file or model directory
@@ -546,6 +715,9 @@ def mask_auc(
         eps: ε of the ratio features.
         composite: fit the composite classifier.
         progress: the label of a progress bar over the tensor reads (stderr), ``None`` for none.
+        buffer_mib: the most MiB of scores held in memory for one AUC; ``None``: all of them (no spill).
+        spill_dir: where scores beyond ``buffer_mib`` spill (a temporary directory in it; default ``$TMPDIR``): it
+            needs 4 bytes a weight free.
 
     Returns:
         ``{"F": {family: auc, ..., "composite": auc, "max": auc, "best": family}, "F|R": {...} (with
@@ -553,6 +725,9 @@ def mask_auc(
         "inj_unchanged_fraction": share of weights with Δ_inj exactly 0, "omitted": families left out of the max
         and the composite, "composite_features": the families the composite is fitted on, "warnings": [str, ...]}``.
     """
+    if buffer_mib is not None and not buffer_mib > 0:
+        raise ValueError(f"buffer_mib={buffer_mib}: pass a positive size in MiB, or None to hold every score.")
+    max_buffer = None if buffer_mib is None else int(buffer_mib * 2**20)
     inputs = _read_inputs(theta_pre, theta_inj, theta_unl, label_mask, control, unified_mask, names, eps)
     families = feature_families(inputs.control_delta is not None)
     labels_by_key = {"F": label_mask} | ({"F|R": unified_mask} if unified_mask is not None else {})
@@ -572,7 +747,7 @@ def mask_auc(
             sample = idx is not None and k == 0 and f in composite_features
             started = time.perf_counter()
             chunks = functools.partial(inputs.stream, f, labels, idx if sample else None, columns, bar)
-            result[key][f] = exact_auc(chunks, class_counts=counts)
+            result[key][f] = exact_auc(chunks, class_counts=counts, max_buffer_bytes=max_buffer, spill_dir=spill_dir)
             log.debug("mask AUC(%s) %s = %.4f in %.1f s", key, f, result[key][f], time.perf_counter() - started)
     bar.close()
 

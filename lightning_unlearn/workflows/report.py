@@ -220,13 +220,16 @@ def mask_auc_command(
     control_unl: str | None = None,
     max_samples: int = 2_000_000,
     seed: int = 0,
+    buffer_mib: float = 512,
+    spill_dir: str | None = None,
     out: str | None = None,
 ) -> dict:
     """Localization AUC of one unlearned model against the forget mask, as JSON.
 
     Every family, the composite and the max; the result scores θ_unl − θ_inj against m^F and against m^F ∨ m^R.
     The models and masks are read from their files one tensor at a time, so no model is ever whole in memory
-    (peak: the scores of every evaluated weight once, 4 bytes a weight).
+    (peak: the scores of every evaluated weight once, 4 bytes a weight, up to ``buffer_mib``; beyond it they spill
+    to a temporary directory in ``spill_dir``).
 
     Args:
         pre: θ_pre: a save_pretrained directory (one file or shards) or a .safetensors file.
@@ -239,6 +242,8 @@ def mask_auc_command(
         control_unl: UnMask control weights after the same unlearning.
         max_samples: weights subsampled for the AUC.
         seed: subsampling seed.
+        buffer_mib: the most MiB of scores held in memory for one AUC; more spill to disk (same result).
+        spill_dir: the parent of the spill's temporary directory (default ``$TMPDIR``; 4 bytes a weight free).
         out: also write the JSON here.
     """
     from lightning_unlearn.masks import (
@@ -284,6 +289,8 @@ def mask_auc_command(
         max_samples=max_samples,
         seed=seed,
         progress="mask AUC",
+        buffer_mib=buffer_mib,
+        spill_dir=spill_dir,
     )
     if out is not None:
         write_json(out, result)

@@ -68,6 +68,57 @@ def test_exact_auc_refuses_nan_and_counts_that_do_not_match():
         exact_auc([(s, y[:2])])
 
 
+def _spill_cases():
+    rng = np.random.default_rng(0)
+    n = 3_000
+    zeros = rng.choice(np.array([0.0, -0.0, 1.0], dtype=np.float32), size=n)
+    return {
+        "float32": rng.normal(size=n).astype(np.float32),
+        # most scores exactly ±0 (a sparse injection's signrev): one bin beyond any small budget, split again
+        "float32 ties, -0.0 = +0.0": rng.integers(-3, 4, size=n).astype(np.float32) * zeros,
+        "float16": rng.normal(size=n).astype(np.float16),  # 16-bit keys: every bin is one value
+        "int8": rng.integers(-5, 5, size=n).astype(np.int8),
+        "float64": rng.normal(size=n) * rng.integers(0, 2, size=n),
+    }
+
+
+@pytest.mark.parametrize("case", list(_spill_cases()))
+def test_spilled_exact_auc_counts_the_same_pairs_within_its_budget(case, tmp_path, monkeypatch):
+    from lightning_unlearn.metrics.mask_auc import _SpilledScores
+
+    s = _spill_cases()[case]
+    y = np.random.default_rng(1).random(s.size) < 0.3
+    chunks = [(s[i : i + 700], y[i : i + 700]) for i in range(0, s.size, 700)]
+    held = exact_auc(chunks)
+    assert held == pytest.approx(roc_auc_score(y, s.astype(np.float64)), abs=1e-12)
+    runs = []
+    run = _SpilledScores._run
+    monkeypatch.setattr(_SpilledScores, "_run", lambda self, *a: runs.append(a[-2] + a[-1]) or run(self, *a))
+    for budget_keys in (2, 37, 2_999):
+        runs.clear()
+        itemsize = max(s.itemsize, 2)
+        spilled = exact_auc(chunks, max_buffer_bytes=budget_keys * itemsize, spill_dir=tmp_path, chunk_size=16)
+        assert spilled == held  # the same integer count of wins and ties
+        assert all(size <= budget_keys for size in runs)  # no run held more keys than the budget
+        assert list(tmp_path.iterdir()) == []  # the spill is removed
+    if case in ("float32", "float64"):  # distinct values: more than one run read back and sorted
+        assert len(runs) > 1
+    runs.clear()
+    assert exact_auc(chunks, max_buffer_bytes=s.size * max(s.itemsize, 2)) == held and not runs  # fits: no spill
+
+
+def test_spilled_exact_auc_refuses_nan_and_counts_that_do_not_match(tmp_path):
+    s, y = np.array([0.5, 0.2, np.nan, 0.1], dtype=np.float32), np.array([True, False, False, True])
+    with pytest.raises(ValueError, match="NaN"):
+        exact_auc([(s, y)], max_buffer_bytes=4, spill_dir=tmp_path)
+    s[2] = 0.3
+    with pytest.raises(ValueError, match="class_counts"):
+        exact_auc([(s, y)], class_counts=(1, 3), max_buffer_bytes=4, spill_dir=tmp_path)
+    with pytest.raises(ValueError, match="class_counts"):
+        exact_auc([(s, y)], class_counts=(2, 3), max_buffer_bytes=4, spill_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []  # nothing left behind by a refused call
+
+
 @pytest.mark.parametrize("positive_rate", [0.15, 0.8])
 def test_exact_auc_matches_sklearn_on_1e5_weights(positive_rate):
     g = torch.Generator().manual_seed(0)
@@ -300,6 +351,13 @@ def test_mask_auc_from_sharded_directories_equals_in_memory(tmp_path):
     delta = {n: c_unl[n] - c_inj[n] for n in names}  # the control's Δ as the callback passes it
     in_memory = mask_auc(pre, inj, unl, forget, control=delta, unified_mask=unified, names=names, max_samples=4_000)
     assert on_disk == in_memory
+    spilled = mask_auc(
+        pre, inj, unl, forget, control=delta, unified_mask=unified, names=names, max_samples=4_000,
+        buffer_mib=0.01, spill_dir=tmp_path,
+    )  # fmt: skip
+    assert spilled == in_memory  # 6 040 scores, 2 621 a run: every AUC counted from the disk in runs
+    with pytest.raises(ValueError, match="buffer_mib=0"):
+        mask_auc(pre, inj, unl, forget, buffer_mib=0)
     assert on_disk["F"]["contrast"] > 0.9 and on_disk["F"]["signrev"] > 0.95 and on_disk["num_subsampled"] == 4_000
     assert on_disk["num_positive"]["F|R"] == sum(int(unified[n].sum()) for n in names)
     with pytest.raises(FileNotFoundError, match="nowhere"):
