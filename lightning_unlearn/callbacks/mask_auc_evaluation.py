@@ -12,7 +12,7 @@ from typing_extensions import override
 from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.distributed import broadcast_object, full_parameters, world
 from lightning_unlearn.masks import load_masks, masked_parameter_names, union_mask
-from lightning_unlearn.metrics.mask_auc import mask_auc
+from lightning_unlearn.metrics.mask_auc import buffer_bytes, mask_auc
 from lightning_unlearn.models import load_weights
 
 
@@ -74,6 +74,7 @@ class MaskAUCEvaluation(CheckpointEvaluator):
         self.control_paths = (control_inj_path, control_unl_path) if control_inj_path else None
         self.max_samples = max_samples
         self.composite = composite
+        buffer_bytes(buffer_mib)  # a bad size fails here, not at the first checkpoint
         self.buffer_mib, self.spill_dir = buffer_mib, spill_dir
         self._reference: dict | None = None
 

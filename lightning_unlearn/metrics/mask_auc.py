@@ -666,6 +666,15 @@ def _add_maxima(result: dict, keys: Iterable[str]) -> None:
         result[key]["best"] = best
 
 
+def buffer_bytes(buffer_mib: float | None) -> int | None:
+    """``buffer_mib`` in bytes, checked: a positive size, or ``None`` (hold every score)."""
+    if buffer_mib is None:
+        return None
+    if isinstance(buffer_mib, bool) or not isinstance(buffer_mib, (int, float)) or not buffer_mib > 0:
+        raise ValueError(f"buffer_mib={buffer_mib!r}: pass a positive size in MiB, or None to hold every score.")
+    return max(int(buffer_mib * 2**20), 1)
+
+
 def mask_auc(
     theta_pre: WeightSource,
     theta_inj: WeightSource,
@@ -725,9 +734,7 @@ def mask_auc(
         "inj_unchanged_fraction": share of weights with Δ_inj exactly 0, "omitted": families left out of the max
         and the composite, "composite_features": the families the composite is fitted on, "warnings": [str, ...]}``.
     """
-    if buffer_mib is not None and not buffer_mib > 0:
-        raise ValueError(f"buffer_mib={buffer_mib}: pass a positive size in MiB, or None to hold every score.")
-    max_buffer = None if buffer_mib is None else int(buffer_mib * 2**20)
+    max_buffer = buffer_bytes(buffer_mib)
     inputs = _read_inputs(theta_pre, theta_inj, theta_unl, label_mask, control, unified_mask, names, eps)
     families = feature_families(inputs.control_delta is not None)
     labels_by_key = {"F": label_mask} | ({"F|R": unified_mask} if unified_mask is not None else {})
