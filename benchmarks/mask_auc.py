@@ -15,11 +15,11 @@ gives the ratio. With ``--check`` a subsample is cross-checked against scikit-le
 scores them from the files with ``mask_auc`` (m^F = groups 0-2, m^F ∨ m^R = groups 0-5, as ``lightning-unlearn
 mask-auc``) and reports the wall time and its peak RSS. The directory is deleted afterwards.
 
-Each ``--buffer-mib`` value (default 512, ``mask_auc``'s) scores the files once more in a fresh process, so each
+Each ``--buffer-mib`` value (default 256, ``mask_auc``'s) scores the files once more in a fresh process, so each
 run's peak RSS is its own; ``none`` holds every score (no spill). In memory, ``--buffer-mib`` also times
 ``exact_auc`` spilling beyond each size, beside the held run and the sort.
 
-    .venv/bin/python benchmarks/mask_auc.py --on-disk --weights 300000000 --tensors 100 --shards 8 --buffer-mib 512 none
+    .venv/bin/python benchmarks/mask_auc.py --on-disk --weights 300000000 --tensors 100 --shards 8 --buffer-mib 256 none
 
 ``--on-disk --callback`` scores the same files the way the checkpoint callback does on rank 0 of a run
 (``MaskAUCEvaluation.compute``): θ_unl is the evaluated model's own parameters, loaded into memory first (as a
@@ -271,7 +271,7 @@ def on_disk(args: argparse.Namespace) -> dict:
         write_seconds = time.perf_counter() - t0
         generation_peak = _peak_rss_gib(resource.RUSAGE_CHILDREN)
         files_gib = sum(f.stat().st_size for f in root.rglob("*.safetensors")) / GiB
-        for buffer_mib in args.buffer_mib or [512]:
+        for buffer_mib in args.buffer_mib or [256]:
             queue = context.Queue()
             child = context.Process(target=_score, args=(root, args, buffer_mib, queue))
             child.start()
@@ -328,7 +328,7 @@ def main() -> None:
         type=_buffer_mib,
         nargs="+",
         default=None,
-        help="mask_auc's buffer_mib, one scoring each (none: every score held, no spill); --on-disk default 512."
+        help="mask_auc's buffer_mib, one scoring each (none: every score held, no spill); --on-disk default 256."
         " In memory: also time exact_auc spilling beyond each size",
     )
     args = ap.parse_args()

@@ -52,7 +52,7 @@ class MaskAUCEvaluation(CheckpointEvaluator):
         control_unl_path: str | None = None,
         max_samples: int = 2_000_000,
         composite: bool = True,
-        buffer_mib: float | None = 512,
+        buffer_mib: float | None = 256,
         spill_dir: str | None = None,
         name: str | None = None,
         output_dir: str | None = None,

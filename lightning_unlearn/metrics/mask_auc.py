@@ -509,19 +509,25 @@ def _subsample_indices(sizes: Sequence[int], max_samples: int, seed: int) -> lis
 
 
 def composite_auc(features: np.ndarray, labels: np.ndarray, folds: int = 5, seed: int = 0) -> float:
-    """AUC of out-of-fold logistic-regression probabilities over standardized ``features`` ``(n, F)``."""
+    """AUC of out-of-fold logistic-regression probabilities over standardized ``features`` ``(n, F)``.
+
+    What ``cross_val_predict`` of a ``StandardScaler`` + ``LogisticRegression`` pipeline returns, fold by fold in
+    a loop that standardizes each fold's copy of the features in place (a third less memory at 2M weights).
+    """
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import roc_auc_score
-    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+    from sklearn.model_selection import StratifiedKFold
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
     labels = labels.astype(bool)
     if labels.sum() < folds or (~labels).sum() < folds:
         return math.nan
-    clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
-    cv = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
-    proba = cross_val_predict(clf, features, labels, cv=cv, method="predict_proba")[:, 1]
+    proba = np.empty(len(labels))
+    for train, test in StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed).split(features, labels):
+        clf = make_pipeline(StandardScaler(copy=False), LogisticRegression(max_iter=1000))  # scales the copies
+        clf.fit(features[train], labels[train])
+        proba[test] = clf.predict_proba(features[test])[:, 1]
     return float(roc_auc_score(labels, proba))
 
 
@@ -689,7 +695,7 @@ def mask_auc(
     eps: float = 1e-12,
     composite: bool = True,
     progress: str | None = None,
-    buffer_mib: float | None = 512,
+    buffer_mib: float | None = 256,
     spill_dir: str | os.PathLike | None = None,
 ) -> dict:
     """Every family's ROC AUC of the weight change against the forget mask, and the max.
@@ -759,7 +765,10 @@ def mask_auc(
     bar.close()
 
     if idx is not None:
-        x = torch.stack([torch.cat(columns.pop(f)) for f in composite_features], dim=1).double().numpy()
+        _return_free_heap()  # the AUC passes' freed pieces, before the classifier's copies
+        x = np.empty((sum(len(i) for i in idx), len(composite_features)))  # filled a column at a time
+        for j, f in enumerate(composite_features):
+            x[:, j] = torch.cat(columns.pop(f)).numpy()
         result["num_subsampled"] = int(x.shape[0])
         for key in labels_by_key:
             y = torch.cat(sampled_labels[key]).numpy()

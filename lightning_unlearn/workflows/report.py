@@ -220,7 +220,7 @@ def mask_auc_command(
     control_unl: str | None = None,
     max_samples: int = 2_000_000,
     seed: int = 0,
-    buffer_mib: float = 512,
+    buffer_mib: float = 256,
     spill_dir: str | None = None,
     out: str | None = None,
 ) -> dict:

@@ -140,6 +140,26 @@ def test_exact_auc_matches_sklearn_on_1e7_weights():
     assert ours == pytest.approx(roc_auc_score(y.numpy(), s.numpy()), abs=1e-6)
 
 
+def test_composite_auc_is_the_out_of_fold_auc_of_the_scaled_logistic_pipeline():
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from lightning_unlearn.metrics.mask_auc import composite_auc
+
+    rng = np.random.default_rng(3)
+    y = rng.random(3_000) < 0.2
+    x = rng.normal(size=(3_000, 4)) * [1.0, 10.0, 0.1, 5.0] + y[:, None] * [0.5, 0.0, 0.05, -2.0]
+    kept = x.copy()
+    pipeline = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
+    cv = StratifiedKFold(n_splits=5, shuffle=True, random_state=7)
+    proba = cross_val_predict(pipeline, x, y, cv=cv, method="predict_proba")[:, 1]
+    assert composite_auc(x, y, folds=5, seed=7) == roc_auc_score(y, proba)
+    assert np.array_equal(x, kept)  # each fold scales its own copy
+    assert math.isnan(composite_auc(x[:20], np.arange(20) < 3, folds=5))  # fewer positives than folds
+
+
 def test_quantile_rank_averages_ties():
     q = quantile_rank(torch.tensor([1.0, 3.0, 3.0, 2.0]))
     assert torch.allclose(q, torch.tensor([0.0, 2.5 / 3, 2.5 / 3, 1.0 / 3]))
