@@ -512,10 +512,11 @@ def composite_auc(features: np.ndarray, labels: np.ndarray, folds: int = 5, seed
     """AUC of out-of-fold logistic-regression probabilities over standardized ``features`` ``(n, F)``.
 
     What ``cross_val_predict`` of a ``StandardScaler`` + ``LogisticRegression`` pipeline returns, fold by fold in
-    a loop that standardizes each fold's copy of the features in place (a third less memory at 2M weights).
+    a loop that standardizes each fold's copy of the features in place, scored by :func:`exact_auc` (sklearn's
+    ``roc_auc_score`` up to the final division's rounding, in a quarter of its memory): at 2M weights, about half the
+    memory of the pipeline under ``cross_val_predict`` and ``roc_auc_score``.
     """
     from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import roc_auc_score
     from sklearn.model_selection import StratifiedKFold
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
@@ -528,7 +529,7 @@ def composite_auc(features: np.ndarray, labels: np.ndarray, folds: int = 5, seed
         clf = make_pipeline(StandardScaler(copy=False), LogisticRegression(max_iter=1000))  # scales the copies
         clf.fit(features[train], labels[train])
         proba[test] = clf.predict_proba(features[test])[:, 1]
-    return float(roc_auc_score(labels, proba))
+    return exact_auc([(proba, labels)])
 
 
 @dataclass
