@@ -71,8 +71,6 @@ def test_mixed_adapter_decoding_drops_a_prompt_once_every_adapter_has_ended(tiny
     rows leave the batch while the others decode on, and every answer is still the adapter's own through HF
     ``generate``, cut where it ends."""
 
-    from lightning_unlearn.generation import generate_greedy_adapters
-
     names = ["step2", "step4", "step6"]
     model = _three_adapters(tiny_dir, tmp_path, names)
     texts = ["Where was Alice Smith born?", "Python is", "What is the phone number of Bob Jones?", "The war"]
@@ -83,18 +81,8 @@ def test_mixed_adapter_decoding_drops_a_prompt_once_every_adapter_has_ended(tiny
         out = _plain_generate(model, tiny_tokenizer, ids, attn, 3)
         stops |= {int(out[i, ids.shape[1] + 2]) for i in (0, 1)}  # fmt: skip
     model.generation_config.eos_token_id = [tiny_tokenizer.eos_token_id, *sorted(stops)]
-    sizes = []
-    hook = model.get_base_model().model.register_forward_pre_hook(
-        lambda module, args, kwargs: sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True
-    )
-    try:
-        mixed = generate_greedy_adapters(model, tiny_tokenizer, texts, names, max_new_tokens=10)
-    finally:
-        hook.remove()
-    alone = {}
-    for name in names:
-        model.set_adapter(name)
-        alone[name] = generate_greedy(model, tiny_tokenizer, texts, max_new_tokens=10)
+    mixed, alone, shapes = _mixed_and_alone(model, tiny_tokenizer, texts, names, max_new_tokens=10)
+    sizes = [rows for rows, _ in shapes]
     assert mixed == alone
     ended = [[g.num_tokens <= 3 and not g.hit_token_cap for g in alone[n]] for n in names]
     assert all(e[0] and e[1] for e in ended) and not all(all(e) for e in ended)
@@ -109,7 +97,7 @@ def test_prompts_shared_leading_tokens_are_computed_once_per_adapter(tiny_dir, t
     its cache rows are copied to every prompt, and every answer is still the adapter's own through HF ``generate``."""
     import torch
 
-    from lightning_unlearn.generation import generate_greedy_adapters, greedy_blocks
+    from lightning_unlearn.generation import greedy_blocks
 
     names = ["step2", "step4"]
     model = _three_adapters(tiny_dir, tmp_path, names)
@@ -117,18 +105,7 @@ def test_prompts_shared_leading_tokens_are_computed_once_per_adapter(tiny_dir, t
     texts = [preamble + q for q in ("Where was Alice Smith born?", "Python is", "Who wrote the report on the war?")]
     ids, attn = encode_prompts_left_padded(tiny_tokenizer, texts)
     shared = len(tiny_tokenizer(preamble)["input_ids"]) - 1  # with BOS; the last preamble token may merge
-    calls = []
-    hook = model.get_base_model().model.register_forward_pre_hook(
-        lambda module, args, kwargs: calls.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
-    )
-    try:
-        mixed = generate_greedy_adapters(model, tiny_tokenizer, texts, names, max_new_tokens=8)
-    finally:
-        hook.remove()
-    alone = {}
-    for name in names:
-        model.set_adapter(name)
-        alone[name] = generate_greedy(model, tiny_tokenizer, texts, max_new_tokens=8)
+    mixed, alone, calls = _mixed_and_alone(model, tiny_tokenizer, texts, names, max_new_tokens=8)
     assert mixed == alone
     assert calls[0][0] == 2 and calls[0][1] >= shared  # the preamble, once for each of the two adapters
     assert calls[1] == (6, ids.shape[1] - calls[0][1])  # then every row's own tokens after it
@@ -138,6 +115,25 @@ def test_prompts_shared_leading_tokens_are_computed_once_per_adapter(tiny_dir, t
         model, ids, attn, eos, tiny_tokenizer.pad_token_id, 8, share_prefix=False
     )
     assert torch.equal(ids, encode_prompts_left_padded(tiny_tokenizer, texts)[0])  # the inputs are left as given
+
+
+def _mixed_and_alone(model, tokenizer, texts, names, max_new_tokens):
+    """Mixed-adapter answers (with the ``(rows, tokens)`` of every forward they took) and each adapter's alone."""
+    from lightning_unlearn.generation import generate_greedy_adapters
+
+    shapes = []
+    hook = model.get_base_model().model.register_forward_pre_hook(
+        lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        mixed = generate_greedy_adapters(model, tokenizer, texts, names, max_new_tokens=max_new_tokens)
+    finally:
+        hook.remove()
+    alone = {}
+    for name in names:
+        model.set_adapter(name)
+        alone[name] = generate_greedy(model, tokenizer, texts, max_new_tokens=max_new_tokens)
+    return mixed, alone, shapes
 
 
 def _plain_generate(model, tokenizer, ids, attn, max_new_tokens):
