@@ -100,6 +100,13 @@ def _twice_count_below(table: np.ndarray, queries: np.ndarray, chunk_size: int) 
     return total
 
 
+_NAN_SCORES = "scores contain NaN; AUC needs finite scores (check ε in ratio features)."
+
+
+def _counts_differ(positives: int, negatives: int, class_counts) -> str:
+    return f"the chunks hold {positives} positives and {negatives} negatives, but class_counts={class_counts}."
+
+
 def _checked_chunks(source: ScoreChunks) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     for scores, labels in source():
         s, lab = _flat_scores(scores), _flat_labels(labels)
@@ -187,14 +194,12 @@ def exact_auc(
         np.compress(~lab, s, out=buffer[at_neg : at_neg + s.size - k])
         at_pos, at_neg = at_pos + k, at_neg + s.size - k
     if at_pos != n_pos or at_neg != total:
-        raise ValueError(
-            f"the chunks hold {at_pos} positives and {at_neg - n_pos} negatives, but class_counts={class_counts}."
-        )
+        raise ValueError(_counts_differ(at_pos, at_neg - n_pos, class_counts))
     pos, neg = buffer[:n_pos], buffer[n_pos:]
     pos.sort()
     neg.sort()
     if buffer.dtype.kind in "fc" and (np.isnan(pos[-1]) or np.isnan(neg[-1])):  # numpy sorts NaN last
-        raise ValueError("scores contain NaN; AUC needs finite scores (check ε in ratio features).")
+        raise ValueError(_NAN_SCORES)
     return _twice_wins_sorted(pos, neg, chunk_size) / (2 * n_pos * n_neg)
 
 
@@ -258,7 +263,7 @@ class _SpilledScores:
                 for start in range(0, s.size, _SPILL_PIECE):
                     piece = s[start : start + _SPILL_PIECE].astype(score_dtype, copy=False)
                     if piece.dtype.kind == "f" and np.isnan(piece).any():
-                        raise ValueError("scores contain NaN; AUC needs finite scores (check ε in ratio features).")
+                        raise ValueError(_NAN_SCORES)
                     keys, is_pos = _sort_keys(piece), lab[start : start + _SPILL_PIECE]
                     for c, (file, part) in enumerate(((pos_file, keys[is_pos]), (neg_file, keys[~is_pos]))):
                         written[c] += part.size
@@ -267,9 +272,7 @@ class _SpilledScores:
                         part.tofile(file)
                         self.hist[c] += np.bincount((part >> self.shift).astype(np.intp), minlength=1 << _PREFIX_BITS)
         if tuple(written) != tuple(counts):
-            raise ValueError(
-                f"the chunks hold {written[0]} positives and {written[1]} negatives, but class_counts={counts}."
-            )
+            raise ValueError(_counts_differ(*written, counts))
 
     def _dtypes(self, dtype: np.dtype) -> np.dtype:
         """The scores' dtype as keyed (1-byte scores widen to 2: the top 16 bits must exist); sets the keys'."""
