@@ -3,6 +3,7 @@ question as a model prompt; used by every generation-based metric and workflow."
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -156,7 +157,8 @@ def greedy_blocks(
     With ``share_prefix``, the leading tokens every prompt shares (a chat template's system turn, say) are run once
     per block and their keys and values copied to the block's rows: the cache then holds ``[prefix | padding |
     rest of the prompt]``, the padding masked and the rest positioned after the prefix, so each row attends to the
-    same tokens at the same positions as from ``[padding | prompt]``.
+    same tokens at the same positions as from ``[padding | prompt]``. The cache writes each step's keys and values
+    into buffers sized for the whole answer (:func:`_preallocated_cache`) rather than concatenating them.
 
     Args:
         model: a transformers (or peft) causal LM in eval mode.
@@ -183,6 +185,7 @@ def greedy_blocks(
     ended = torch.zeros(rows, dtype=torch.bool)
     live = torch.arange(n)  # the prompts still decoding, in block order
     eos_ids = torch.tensor(list(eos), dtype=torch.long)
+    kwargs[cache_arg] = _preallocated_cache(ids.shape[1] + max_new_tokens)
     shared = _shared_prefix(ids, mask) if share_prefix and n > 1 else 0
     if shared:
         prefix = ids[:1, -int(mask[0].sum()) :][:, :shared].repeat(blocks, 1)
@@ -215,6 +218,71 @@ def greedy_blocks(
         ids = tokens[:, None].to(device)
         position = mask.long().sum(-1, keepdim=True) - 1
     return out
+
+
+def _preallocated_cache(length: int):
+    """An empty ``DynamicCache`` whose layers write each step's keys and values into buffers sized for ``length``
+    tokens instead of concatenating: no new multi-megabyte tensor a layer and a step (on CPU every one of them is
+    fresh pages to fault in). The model sees views of the filled part, the same values as the plain cache."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = functools.partial(_preallocated_layer_class(), length)
+    return cache
+
+
+@functools.cache
+def _preallocated_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class PreallocatedLayer(DynamicLayer):
+        """A :class:`~transformers.cache_utils.DynamicLayer` whose ``keys``/``values`` are views of the first
+        ``filled`` positions of ``(batch, heads, capacity, head_dim)`` buffers, written in place by ``update``."""
+
+        def __init__(self, capacity: int) -> None:
+            super().__init__()
+            self.capacity, self.filled = capacity, 0
+            self.key_buffer = self.value_buffer = None
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:  # the base class's own first call (its dtype, device and flags)
+                super().update(key_states, value_states, *args, **kwargs)
+                self.filled = 0
+            end = self.filled + key_states.shape[-2]
+            room = 0 if self.key_buffer is None else self.key_buffer.shape[-2]
+            if end > room:  # at least double an overrun buffer: a cache kept past its length regrows rarely
+                self._reallocate(key_states, value_states, max(end, self.capacity, 2 * room))
+            self.key_buffer[:, :, self.filled : end] = key_states
+            self.value_buffer[:, :, self.filled : end] = value_states
+            self.filled = end
+            self._view_filled()
+            return self.keys, self.values
+
+        def _view_filled(self) -> None:
+            self.keys, self.values = self.key_buffer[:, :, : self.filled], self.value_buffer[:, :, : self.filled]
+
+        def _reallocate(self, key_states, value_states, capacity: int) -> None:
+            def grown(old, new):
+                buffer = new.new_empty(*new.shape[:2], capacity, new.shape[-1])
+                if self.filled:
+                    buffer[:, :, : self.filled] = old[:, :, : self.filled]
+                return buffer
+
+            self.key_buffer = grown(self.key_buffer, key_states)
+            self.value_buffer = grown(self.value_buffer, value_states)
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            if self.filled:
+                self.key_buffer = self.key_buffer.repeat_interleave(repeats, dim=0)
+                self.value_buffer = self.value_buffer.repeat_interleave(repeats, dim=0)
+                self._view_filled()
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            if self.filled:
+                self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
+                self._view_filled()
+
+    return PreallocatedLayer
 
 
 def _shared_prefix(ids: torch.Tensor, mask: torch.Tensor) -> int:

@@ -149,3 +149,31 @@ def _plain_generate(model, tokenizer, ids, attn, max_new_tokens):
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
         )
+
+
+def test_preallocated_cache_holds_what_the_plain_cache_holds():
+    """Written in place into buffers (regrown when a step overruns them), repeated and selected by batch row, the
+    layers give the model the same keys and values as transformers' concatenating ``DynamicCache``."""
+    import torch
+    from transformers import DynamicCache
+
+    from lightning_unlearn.generation import _preallocated_cache
+
+    plain, ours = DynamicCache(), _preallocated_cache(5)  # room for 5 tokens: the third update overruns it
+    gen = torch.Generator().manual_seed(0)
+    steps = [(1, 3), (1, 1), (2, 2), (4, 1), (2, 1)]  # (batch rows, new positions); a row count change is a reshape
+    for k, (rows, positions) in enumerate(steps):
+        if k in (2, 3):
+            for cache in (plain, ours):
+                cache.batch_repeat_interleave(2)
+        if k == 4:
+            for cache in (plain, ours):
+                cache.batch_select_indices(torch.tensor([3, 0]))
+        for layer in range(2):
+            key = torch.randn(rows, 2, positions, 4, generator=gen)
+            value = torch.randn(rows, 2, positions, 4, generator=gen)
+            want = plain.update(key, value, layer)
+            got = ours.update(key.clone(), value.clone(), layer)
+            assert all(torch.equal(w, g) for w, g in zip(want, got))
+    assert ours.get_seq_length() == plain.get_seq_length() == 8
+    assert ours.layers[0].key_buffer.shape[-2] == 10  # the third update overran 5 positions: doubled, once
