@@ -681,7 +681,10 @@ def buffer_bytes(buffer_mib: float | None) -> int | None:
     if buffer_mib is None:
         return None
     if isinstance(buffer_mib, bool) or not isinstance(buffer_mib, (int, float)) or not buffer_mib > 0:
-        raise ValueError(f"buffer_mib={buffer_mib!r}: pass a positive size in MiB, or None to hold every score.")
+        raise ValueError(
+            f"buffer_mib={buffer_mib!r}: pass a positive size in MiB, or None (null in YAML or on the command line) "
+            "to hold every score."
+        )
     return max(int(buffer_mib * 2**20), 1)
 
 

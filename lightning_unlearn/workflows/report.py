@@ -220,7 +220,7 @@ def mask_auc_command(
     control_unl: str | None = None,
     max_samples: int = 2_000_000,
     seed: int = 0,
-    buffer_mib: float = 256,
+    buffer_mib: float | None = 256,
     spill_dir: str | None = None,
     out: str | None = None,
 ) -> dict:
@@ -242,7 +242,8 @@ def mask_auc_command(
         control_unl: UnMask control weights after the same unlearning.
         max_samples: weights subsampled for the AUC.
         seed: subsampling seed.
-        buffer_mib: the most MiB of scores held in memory for one AUC; more spill to disk (same result).
+        buffer_mib: the most MiB of scores held in memory for one AUC; more spill to disk (same result); ``null``
+            holds every score.
         spill_dir: the parent of the spill's temporary directory (default ``$TMPDIR``; 4 bytes a weight free).
         out: also write the JSON here.
     """

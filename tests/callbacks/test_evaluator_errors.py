@@ -37,7 +37,7 @@ def test_constructor_errors(tmp_path):
         MaskAUCEvaluation(str(tmp_path / "pre"), str(tmp_path), str(tmp_path))
     with pytest.raises(ValueError, match="both control_inj_path and control_unl_path"):
         MaskAUCEvaluation(str(tmp_path), str(tmp_path), str(tmp_path), control_inj_path=str(tmp_path))
-    with pytest.raises(ValueError, match=r"buffer_mib=-1: pass a positive size in MiB, or None"):
+    with pytest.raises(ValueError, match=r"buffer_mib=-1: pass a positive size in MiB, or None \(null"):
         MaskAUCEvaluation(str(tmp_path), str(tmp_path), str(tmp_path), buffer_mib=-1)
     with pytest.raises(ValueError, match="out of range"):
         UtilityEvaluation([{"question": "q", "choices": ["a", "b"], "answer": 5}])
