@@ -161,7 +161,7 @@ def test_preallocated_cache_holds_what_the_plain_cache_holds():
 
     plain, ours = DynamicCache(), _preallocated_cache(5)  # room for 5 tokens: the third update overruns it
     gen = torch.Generator().manual_seed(0)
-    steps = [(1, 3), (1, 1), (2, 2), (4, 1), (2, 1)]  # (batch rows, new positions); a row count change is a reshape
+    steps = [(1, 3), (1, 1), (2, 2), (4, 1), (2, 1)]  # (batch rows, new positions): rows doubled twice, then 2 kept
     for k, (rows, positions) in enumerate(steps):
         if k in (2, 3):
             for cache in (plain, ours):
