@@ -396,11 +396,16 @@ def lora_adapter_blocks(model: nn.Module, adapters: Sequence[str]):
                 module.forward = forward
 
 
-def _stacked_lora_weights(layer: nn.Module, names: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _stacked_lora_weights(layer: nn.Module, names: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(A, B, scale)`` of ``layer``'s adapters ``names``: A ``(K, in, r)`` and B ``(K, r, out)`` as transposed
     views of ``(K, r, in)`` / ``(K, out, r)`` stacks (the layout ``nn.Linear`` multiplies with, so each block's
     products are the ones peft computes), scale ``(K, 1, 1)``. A missing adapter is zeros; smaller ranks are
-    zero-padded."""
+    zero-padded.
+
+    When every scale is a power of two (``lora_alpha / r`` of 16 / 8, say) it is folded into B and ``scale`` is
+    ``None``: scaling by a power of two is exact and commutes with every rounding of the product (barring overflow
+    and subnormal values), so ``(s·B)·y`` is bit for bit peft's ``(B·y)·s``, and the forward skips a multiplication
+    and its output tensor a layer."""
     present = [layer.lora_A[n].weight for n in names if n in layer.lora_A]
     rank = max(w.shape[0] for w in present)
     dtype, device = present[0].dtype, present[0].device
@@ -414,6 +419,8 @@ def _stacked_lora_weights(layer: nn.Module, names: list[str]) -> tuple[torch.Ten
             a[k, :r] = layer.lora_A[name].weight
             b[k, :, :r] = layer.lora_B[name].weight
             scale[k] = layer.scaling[name]
+    if bool((torch.frexp(scale).mantissa.abs() == 0.5).logical_or(scale == 0).all()):
+        return a.transpose(1, 2), (b * scale).transpose(1, 2), None
     return a.transpose(1, 2), b.transpose(1, 2), scale
 
 
@@ -424,7 +431,11 @@ def _adapter_blocks_forward(layer: nn.Module, stacked, x: torch.Tensor, *args, *
     if x.shape[0] % a.shape[0]:
         raise ValueError(f"a batch of {x.shape[0]} rows is not {a.shape[0]} equal blocks, one per adapter.")
     blocks = x.to(a.dtype).reshape(a.shape[0], -1, x.shape[-1])  # (K, rows·positions, in): block k is adapter k's
-    delta = torch.bmm(torch.bmm(blocks, a), b) * scale
+    delta = torch.bmm(torch.bmm(blocks, a), b)
+    if scale is not None:
+        delta = delta * scale
+    if delta.dtype == result.dtype:  # the base layer's fresh output: add in place (no new tensor a layer and a step)
+        return result.add_(delta.view(result.shape))
     return (result + delta.reshape(result.shape)).to(result.dtype)
 
 

@@ -43,18 +43,20 @@ def test_lazy_weights_read_each_tensor_of_a_sharded_directory_on_access(tmp_path
         load_weights(tmp_path / "missing", lazy=True)
 
 
-def _three_adapters(tiny_dir, tmp_path):
+def _three_adapters(tiny_dir, tmp_path, alphas=(10, 7, 16)):
     """A peft model holding three saved LoRA adapters of different ranks, scalings and targets (random B, so each
-    changes the output): "r4" on every projection, "r2" on q/v/down, "q_only" on q_proj alone."""
+    changes the output): "r4" on every projection, "r2" on q/v/down, "q_only" on q_proj alone. ``alphas``: their
+    ``lora_alpha`` (the default gives scalings 2.5, 3.5 and 4)."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
     from lightning_unlearn.models import load_causal_lm
 
+    every = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     specs = {
-        "r4": LoraConfig(r=4, lora_alpha=10, init_lora_weights=False, target_modules=["q_proj", "k_proj", "v_proj",
-                         "o_proj", "gate_proj", "up_proj", "down_proj"]),
-        "r2": LoraConfig(r=2, lora_alpha=7, init_lora_weights=False, target_modules=["q_proj", "v_proj", "down_proj"]),
-        "q_only": LoraConfig(r=4, lora_alpha=16, init_lora_weights=False, target_modules=["q_proj"]),
+        "r4": LoraConfig(r=4, lora_alpha=alphas[0], init_lora_weights=False, target_modules=every),
+        "r2": LoraConfig(r=2, lora_alpha=alphas[1], init_lora_weights=False,
+                         target_modules=["q_proj", "v_proj", "down_proj"]),
+        "q_only": LoraConfig(r=4, lora_alpha=alphas[2], init_lora_weights=False, target_modules=["q_proj"]),
     }  # fmt: skip
     for k, (name, config) in enumerate(specs.items()):
         torch.manual_seed(k)
@@ -66,10 +68,14 @@ def _three_adapters(tiny_dir, tmp_path):
     return model.eval(), names
 
 
-def test_lora_adapter_blocks_give_each_block_the_logits_of_its_adapter_alone(tiny_dir, tmp_path):
-    from lightning_unlearn.models import lora_adapter_blocks
+@pytest.mark.parametrize("alphas", [(10, 7, 16), (8, 1, 32)], ids=["scalings", "powers_of_two"])
+def test_lora_adapter_blocks_give_each_block_the_logits_of_its_adapter_alone(tiny_dir, tmp_path, alphas):
+    from lightning_unlearn.models import _stacked_lora_weights, lora_adapter_blocks
 
-    model, names = _three_adapters(tiny_dir, tmp_path)
+    model, names = _three_adapters(tiny_dir, tmp_path, alphas)
+    q_proj = model.get_submodule("base_model.model.model.layers.0.self_attn.q_proj")
+    folded = _stacked_lora_weights(q_proj, names)[2] is None  # scalings 2, 0.5 and 8 fold into B; 2.5, 3.5, 4 do not
+    assert folded == (alphas == (8, 1, 32))
     ids = torch.randint(3, 300, (2, 7), generator=torch.Generator().manual_seed(0))
     alone = {}
     with torch.no_grad():
@@ -85,6 +91,35 @@ def test_lora_adapter_blocks_give_each_block_the_logits_of_its_adapter_alone(tin
         assert (block - alone[name]).abs().max() <= 1e-6, name
     assert len({round(float(a.sum()), 3) for a in alone.values()}) == 3  # three different models
     assert torch.equal(after, alone["r2"]) and model.active_adapter == "r2"  # as it was, outside
+
+
+def test_a_power_of_two_scaling_folded_into_b_gives_the_same_bits():
+    """Folding a power-of-two LoRA scaling into B is exact: every layer output is bit for bit the unfolded one."""
+    from peft import LoraConfig, get_peft_model
+
+    from lightning_unlearn.models import _adapter_blocks_forward, _stacked_lora_weights
+
+    torch.manual_seed(0)
+    model = get_peft_model(
+        torch.nn.Sequential(torch.nn.Linear(48, 80, bias=False)),
+        LoraConfig(r=4, lora_alpha=16, init_lora_weights=False, target_modules=["0"]),
+    )
+    model.add_adapter("small", LoraConfig(r=8, lora_alpha=4, init_lora_weights=False, target_modules=["0"]))
+    layer, names = model.base_model.model[0], ["default", "small", "default"]
+    a, b, scale = _stacked_lora_weights(layer, names)
+    assert scale is None  # scalings 4 and 0.5
+    pad = {"default": 4, "small": 0}  # rank 4 zero-padded to 8
+    b_unscaled = torch.stack([torch.nn.functional.pad(layer.lora_B[n].weight, (0, pad[n])) for n in names])
+    unfolded = (a, b_unscaled.transpose(1, 2), torch.tensor([4.0, 0.5, 4.0])[:, None, None])
+    assert not torch.equal(b, unfolded[1])
+    with torch.no_grad():
+        for shape in [(6, 1, 48), (3 * 13, 5, 48)]:
+            x = torch.randn(shape)
+            folded = _adapter_blocks_forward(layer, (a, b, None), x)
+            assert torch.equal(folded, _adapter_blocks_forward(layer, unfolded, x)), shape
+            model.set_adapter("small")
+            alone = model(x[shape[0] // 3 : 2 * shape[0] // 3])
+            assert (folded[shape[0] // 3 : 2 * shape[0] // 3] - alone).abs().max() <= 1e-6
 
 
 def test_lora_adapter_blocks_refuse_what_they_cannot_compute(tiny_dir, tmp_path):
