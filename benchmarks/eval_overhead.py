@@ -18,9 +18,11 @@ once every adapter's answer to it has ended, the prompts' shared leading tokens 
 written in place), alternating ``--repeats`` times with the ``--methods`` beside it: ``mixed_unshared`` (the same
 without the shared prefix), ``one_after_the_other_shared`` (one adapter at a time through that decoding loop: what
 the loop gives without mixing) and ``mixed_generate`` (the earlier mixed pass, one HF ``generate`` per batch, every
-row decoded until the slowest ends). It checks the texts are the same every way and prints each ratio to one after
-the other (goal ≤ 0.35). Prompts per batch default to ``SCEEvaluation``'s batch size (8, as in the shipped SmolLM2
-trajectory), the batch ``evaluate`` uses per adapter:
+row decoded until the slowest ends). With ``--interleave`` the methods take turns batch by batch instead (each answers
+one batch of prompts before the next batch; the one going first turns round), so a slow minute of the machine falls on
+every method alike, not on whichever ran then. It checks the texts are the same every way and prints each ratio to
+one after the other (goal ≤ 0.35). Prompts per batch default to ``SCEEvaluation``'s batch size (8, as in the shipped
+SmolLM2 trajectory), the batch ``evaluate`` uses per adapter:
 
     python benchmarks/eval_overhead.py --adapters 6 --model-path ~/.cache/lightning_unlearn/smollm2-135m-instruct
 """
@@ -127,17 +129,17 @@ def adapters_run(args, model, tok, prompts) -> dict:
     peft_model.eval()
     texts = [model_prompt(tok, p) for p in prompts]
 
-    def one_after_the_other():
+    def one_after_the_other(texts):
         out = {}
         for name in names:
             peft_model.set_adapter(name)
             out[name] = generate_sorted(peft_model, tok, texts, args.max_new_tokens, args.batch_size)
         return out
 
-    def mixed():
+    def mixed(texts):
         return generate_sorted(peft_model, tok, texts, args.max_new_tokens, args.batch_size, adapters=names)
 
-    def mixed_generate():
+    def mixed_generate(texts):
         """The earlier mixed pass: one HF ``generate`` a batch, every row kept until the slowest one ends."""
 
         def whole_batch(model, tokenizer, prompts, adapters, max_new_tokens=64, max_prompt_tokens=None):
@@ -147,20 +149,20 @@ def adapters_run(args, model, tok, prompts) -> dict:
 
         saved, generation.generate_greedy_adapters = generation.generate_greedy_adapters, whole_batch
         try:
-            return mixed()
+            return mixed(texts)
         finally:
             generation.generate_greedy_adapters = saved
 
-    def mixed_unshared():
+    def mixed_unshared(texts):
         """Mixed batches without the shared-prefix prefill: every row runs its whole prompt."""
         saved = generation.greedy_blocks
         generation.greedy_blocks = functools.partial(saved, share_prefix=False)
         try:
-            return mixed()
+            return mixed(texts)
         finally:
             generation.greedy_blocks = saved
 
-    def one_after_the_other_shared():
+    def one_after_the_other_shared(texts):
         """One adapter at a time through the same decoding loop (its prompts' shared prefix once, ended prompts
         dropped): what the loop alone gives without mixing adapters."""
         return {
@@ -176,13 +178,25 @@ def adapters_run(args, model, tok, prompts) -> dict:
         "one_after_the_other_shared": one_after_the_other_shared,
     }
     runs = ["one_after_the_other", *(m for m in args.methods if m != "one_after_the_other")]
-    times = {key: [] for key in runs}
-    results = {}
-    for _ in range(args.repeats):
-        for key in runs:
-            start = time.perf_counter()
-            results[key] = methods[key]()
-            times[key].append(time.perf_counter() - start)
+    # --interleave: every method answers one batch of prompts (generate_sorted's own batches: sorted by length, then
+    # batch_size at a time) before the next batch, the method going first turning round batch by batch, so that the
+    # machine's slow and fast minutes fall on every method alike; otherwise each method answers every prompt in turn.
+    lengths = [len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    order = sorted(range(len(texts)), key=lambda i: lengths[i])
+    parts = [order[s : s + args.batch_size] for s in range(0, len(order), args.batch_size)]
+    parts = parts if args.interleave else [order]
+    times = {key: [0.0] * args.repeats for key in runs}
+    results = {key: {name: [None] * len(texts) for name in names} for key in runs}
+    for r in range(args.repeats):
+        for b, part in enumerate(parts):
+            turn = b % len(runs)
+            for key in runs[turn:] + runs[:turn]:
+                start = time.perf_counter()
+                answers = methods[key]([texts[i] for i in part])
+                times[key][r] += time.perf_counter() - start
+                for name in names:
+                    for i, answer in zip(part, answers[name]):
+                        results[key][name][i] = answer
     reference = results["one_after_the_other"]
     answers = [a for per_adapter in reference.values() for a in per_adapter]
     distinct = len({tuple(a["answer"] for a in v) for v in reference.values()})
@@ -205,6 +219,7 @@ def adapters_run(args, model, tok, prompts) -> dict:
         "mean_new_tokens": round(sum(a["n_new_tokens"] for a in answers) / len(answers), 1),
         "hit_token_cap_rate": round(sum(a["hit_token_cap"] for a in answers) / len(answers), 3),
         "repeats": args.repeats,
+        "interleave": args.interleave,
         "threads": args.threads,
     }
     return out
@@ -225,6 +240,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="take the fastest of this many timings of each")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--adapters", type=int, default=0, help="time K LoRA checkpoints: one by one vs mixed batches")
+    ap.add_argument(
+        "--interleave",
+        action="store_true",
+        help="--adapters: time the methods batch by batch, taking turns going first (a slow minute falls on all)",
+    )
     ap.add_argument(
         "--methods",
         nargs="+",
