@@ -23,6 +23,16 @@ def _base_for(path: Path, header: str) -> Path:
     return CONFIGS / found.group(1) if found else BASE
 
 
+def _with_bases(path: Path, header: str) -> list[Path]:
+    """``path`` after the configs its header runs it on, an overlay's own base first (``-c inject.yaml -c
+    inject_separable.yaml -c inject_separable_1000.yaml``)."""
+    base = _base_for(path, header)
+    text = base.read_text()
+    if base == BASE or not _is_overlay(yaml.safe_load(text)):
+        return [base, path]
+    return [*_with_bases(base, "\n".join(line for line in text.splitlines()[:40] if line.startswith("#"))), path]
+
+
 def _is_overlay(cfg: dict) -> bool:
     model = cfg.get("model")
     return not (isinstance(model, dict) and "class_path" in model)
@@ -46,7 +56,7 @@ def test_shipped_config_parses_and_says_how_to_run_it(path, capsys):
         assert cells and len({c["name"] for c in cells}) == len(cells)
         assert all(c["label"] and c["panel"] for c in cells), "every cell is a row of a panel of the report"
         return
-    files = [_base_for(path, header), path] if _is_overlay(cfg) else [path]
+    files = _with_bases(path, header) if _is_overlay(cfg) else [path]
     argv = ["fit"] + [a for f in files for a in ("-c", str(f))] + ["--print_config"]
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
