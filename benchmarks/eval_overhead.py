@@ -110,7 +110,7 @@ def adapters_run(args, model, tok, prompts) -> dict:
     from peft import LoraConfig, PeftModel, get_peft_model
 
     from lightning_unlearn import generation
-    from lightning_unlearn.generation import generate_greedy, generate_sorted, model_prompt
+    from lightning_unlearn.generation import PrefixStore, generate_greedy, generate_sorted, model_prompt
     from lightning_unlearn.models import lora_adapter_blocks
 
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -128,6 +128,12 @@ def adapters_run(args, model, tok, prompts) -> dict:
         peft_model.load_adapter(os.path.join(folder, name), adapter_name=name)
     peft_model.eval()
     texts = [model_prompt(tok, p) for p in prompts]
+    # One PrefixStore per method (and adapter) for a whole pass over the prompts, as SCEEvaluation keeps one for a
+    # pass: with --interleave a pass spans several calls; it is made anew for every repeat.
+    stores: dict = {}
+
+    def store(*key) -> PrefixStore:
+        return stores.setdefault(key, PrefixStore())
 
     def one_after_the_other(texts):
         out = {}
@@ -136,20 +142,22 @@ def adapters_run(args, model, tok, prompts) -> dict:
             out[name] = generate_sorted(peft_model, tok, texts, args.max_new_tokens, args.batch_size)
         return out
 
-    def mixed(texts):
-        return generate_sorted(peft_model, tok, texts, args.max_new_tokens, args.batch_size, adapters=names)
+    def mixed(texts, key="mixed"):
+        return generate_sorted(
+            peft_model, tok, texts, args.max_new_tokens, args.batch_size, adapters=names, prefixes=store(key)
+        )
 
     def mixed_generate(texts):
         """The earlier mixed pass: one HF ``generate`` a batch, every row kept until the slowest one ends."""
 
-        def whole_batch(model, tokenizer, prompts, adapters, max_new_tokens=64, max_prompt_tokens=None):
+        def whole_batch(model, tokenizer, prompts, adapters, max_new_tokens=64, max_prompt_tokens=None, prefixes=None):
             with lora_adapter_blocks(model, list(adapters)):
                 gens = generate_greedy(model, tokenizer, list(prompts) * len(adapters), max_new_tokens)
             return {name: gens[k * len(prompts) : (k + 1) * len(prompts)] for k, name in enumerate(adapters)}
 
         saved, generation.generate_greedy_adapters = generation.generate_greedy_adapters, whole_batch
         try:
-            return mixed(texts)
+            return mixed(texts, "mixed_generate")
         finally:
             generation.generate_greedy_adapters = saved
 
@@ -158,7 +166,7 @@ def adapters_run(args, model, tok, prompts) -> dict:
         saved = generation.greedy_blocks
         generation.greedy_blocks = functools.partial(saved, share_prefix=False)
         try:
-            return mixed(texts)
+            return mixed(texts, "mixed_unshared")
         finally:
             generation.greedy_blocks = saved
 
@@ -166,7 +174,9 @@ def adapters_run(args, model, tok, prompts) -> dict:
         """One adapter at a time through the same decoding loop (its prompts' shared prefix once, ended prompts
         dropped): what the loop alone gives without mixing adapters."""
         return {
-            name: generate_sorted(peft_model, tok, texts, args.max_new_tokens, args.batch_size, adapters=[name])[name]
+            name: generate_sorted(
+                peft_model, tok, texts, args.max_new_tokens, args.batch_size, adapters=[name], prefixes=store(name)
+            )[name]
             for name in names
         }
 
@@ -188,6 +198,7 @@ def adapters_run(args, model, tok, prompts) -> dict:
     times = {key: [0.0] * args.repeats for key in runs}
     results = {key: {name: [None] * len(texts) for name in names} for key in runs}
     for r in range(args.repeats):
+        stores.clear()
         for b, part in enumerate(parts):
             turn = b % len(runs)
             for key in runs[turn:] + runs[:turn]:

@@ -3,8 +3,10 @@ question as a model prompt; used by every generation-based metric and workflow."
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -113,21 +115,25 @@ def generate_greedy_adapters(
     adapters: Sequence[str],
     max_new_tokens: int = 64,
     max_prompt_tokens: int | None = None,
+    prefixes: PrefixStore | None = None,
 ) -> dict[str, list[Generation]]:
     """Greedy answers to one batch of ``prompts`` by each of several LoRA adapters loaded into ``model``, in one
     decoding loop: the batch holds the prompts once per adapter (:func:`~lightning_unlearn.models.lora_adapter_blocks`),
     so every decoding step reads the base weights once for all adapters, and a prompt leaves the batch and the KV cache
     once every adapter's answer to it has ended (:func:`greedy_blocks`). ``{adapter: answers}``, the same text as
-    :func:`generate_greedy` with each adapter active alone. One process, eval mode.
+    :func:`generate_greedy` with each adapter active alone. One process, eval mode. ``prefixes``: the prompts' shared
+    leading tokens' keys and values kept from earlier batches of the same pass (:class:`PrefixStore`).
     """
     names = list(adapters)
     if not prompts:
         return {name: [] for name in names}
+    if prefixes is not None:
+        prefixes.claim(names)
     input_ids, attention_mask = encode_prompts_left_padded(tokenizer, prompts, max_prompt_tokens)
     eos = end_of_sequence_ids(model, tokenizer)
     with lora_adapter_blocks(model, names):
         rows = greedy_blocks(model, input_ids.repeat(len(names), 1), attention_mask.repeat(len(names), 1), eos,
-                             pad_token_id(tokenizer), max_new_tokens, blocks=len(names))  # fmt: skip
+                             pad_token_id(tokenizer), max_new_tokens, blocks=len(names), prefixes=prefixes)  # fmt: skip
     gens = [_generation(tokenizer, row, eos, max_new_tokens) for row in rows]
     n = len(prompts)
     return {name: gens[k * n : (k + 1) * n] for k, name in enumerate(names)}
@@ -143,6 +149,7 @@ def greedy_blocks(
     max_new_tokens: int,
     blocks: int = 1,
     share_prefix: bool = True,
+    prefixes: PrefixStore | None = None,
 ) -> list[list[int]]:
     """Greedy decoding with a KV cache that stops computing a prompt once it has ended: each row's new tokens up
     to and including its first end-of-sequence id (or ``max_new_tokens`` of them).
@@ -158,7 +165,9 @@ def greedy_blocks(
     per block and their keys and values copied to the block's rows: the cache then holds ``[prefix | padding |
     rest of the prompt]``, the padding masked and the rest positioned after the prefix, so each row attends to the
     same tokens at the same positions as from ``[padding | prompt]``. The cache writes each step's keys and values
-    into buffers sized for the whole answer (:func:`_preallocated_cache`) rather than concatenating them.
+    into buffers sized for the whole answer (:func:`_preallocated_cache`) rather than concatenating them. With a
+    ``prefixes`` store, the part of the prefix an earlier batch already ran is taken from it and only the rest is
+    run (then kept there for the batches after).
 
     Args:
         model: a transformers (or peft) causal LM in eval mode.
@@ -169,6 +178,7 @@ def greedy_blocks(
         max_new_tokens: the token cap.
         blocks: the number of equal blocks of rows.
         share_prefix: compute the prompts' common leading tokens once per block.
+        prefixes: keys and values of earlier batches' prefixes under the same weights and blocks.
     """
     rows = input_ids.shape[0]
     if rows % blocks:
@@ -188,9 +198,17 @@ def greedy_blocks(
     kwargs[cache_arg] = _preallocated_cache(ids.shape[1] + max_new_tokens)
     shared = _shared_prefix(ids, mask) if share_prefix and n > 1 else 0
     if shared:
-        prefix = ids[:1, -int(mask[0].sum()) :][:, :shared].repeat(blocks, 1)
-        output = model(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True, **kwargs)
-        kwargs[cache_arg] = output[cache_arg]
+        prefix = ids[0, -int(mask[0].sum()) :][:shared]
+        done = 0
+        if prefixes is not None:
+            done, kwargs[cache_arg] = prefixes.take(prefix, ids.shape[1] + max_new_tokens)
+        if done < shared:  # the prefix's tokens no earlier batch ran, positioned after those it did
+            rest = prefix[done:].repeat(blocks, 1)
+            attention = torch.ones(blocks, shared, dtype=mask.dtype, device=device)
+            output = model(input_ids=rest, attention_mask=attention, use_cache=True, **kwargs)
+            kwargs[cache_arg] = output[cache_arg]
+            if prefixes is not None:
+                prefixes.keep(prefix, kwargs[cache_arg])
         kwargs[cache_arg].batch_repeat_interleave(n)  # block k's one row -> its n rows
         ids, mask, position = _after_prefix(ids, mask, shared, pad_id)
     for step in range(max_new_tokens):
@@ -218,6 +236,57 @@ def greedy_blocks(
         ids = tokens[:, None].to(device)
         position = mask.long().sum(-1, keepdim=True) - 1
     return out
+
+
+class PrefixStore:
+    """Keys and values of the prompts' shared leading tokens (a chat template's system turn, the start of a
+    question template) from earlier batches of one generation pass, so that :func:`greedy_blocks` runs each leading
+    token once per block in the whole pass instead of once per batch: a batch takes the longest run of its prefix
+    that a kept one starts with (a causal model's keys and values for a token do not depend on what follows it) and
+    runs only the rest. Valid while the weights stay as they are: make one per pass (one per checkpoint, or per
+    set of adapters; :meth:`claim` refuses a store made for other adapters). Keeps the ``size`` most recently used
+    prefixes."""
+
+    def __init__(self, size: int = 16) -> None:
+        self.size = size
+        self.adapters: tuple | None = None
+        self._kept: OrderedDict[tuple[int, ...], object] = OrderedDict()
+
+    def claim(self, adapters: Sequence) -> None:
+        """Bind the store to these adapters (in this order: one block of rows each); refuse any others."""
+        adapters = tuple(adapters)
+        if self.adapters is None:
+            self.adapters = adapters
+        elif self.adapters != adapters:
+            raise ValueError(
+                f"this PrefixStore holds keys and values computed under adapters {list(self.adapters)}, not "
+                f"{list(adapters)}; make one PrefixStore per set of adapters (and per pass: the weights must not "
+                "change)."
+            )
+
+    def take(self, prefix: torch.Tensor, capacity: int):
+        """``(tokens, cache)``: how many of ``prefix``'s leading tokens a kept prefix covers, and a new cache (a row
+        a block) holding their keys and values with room for ``capacity`` tokens (an empty one if none)."""
+        tokens = tuple(prefix.tolist())
+        best, best_key = 0, None
+        for key in self._kept:
+            common = next((i for i, (a, b) in enumerate(zip(key, tokens)) if a != b), min(len(key), len(tokens)))
+            if common > best:
+                best, best_key = common, key
+        cache = _preallocated_cache(capacity)
+        if best_key is None:
+            return 0, cache
+        self._kept.move_to_end(best_key)
+        cache.layers = [layer.copied(best, capacity) for layer in self._kept[best_key].layers]
+        return best, cache
+
+    def keep(self, prefix: torch.Tensor, cache) -> None:
+        """Keep a copy of ``cache`` (a row a block, holding exactly ``prefix``'s keys and values)."""
+        kept = copy.copy(cache)
+        kept.layers = [layer.copied(layer.filled, layer.filled) for layer in cache.layers]
+        self._kept[tuple(prefix.tolist())] = kept
+        while len(self._kept) > self.size:
+            self._kept.popitem(last=False)
 
 
 def _preallocated_cache(length: int):
@@ -270,6 +339,18 @@ def _preallocated_layer_class():
 
             self.key_buffer = grown(self.key_buffer, key_states)
             self.value_buffer = grown(self.value_buffer, value_states)
+
+        def copied(self, tokens: int, capacity: int) -> PreallocatedLayer:
+            """A new layer holding this one's first ``tokens`` keys and values, with room for ``capacity``."""
+            layer = copy.copy(self)
+            layer.capacity, layer.filled = capacity, tokens
+            batch, heads, _, dim = self.key_buffer.shape
+            layer.key_buffer = self.key_buffer.new_empty(batch, heads, capacity, dim)
+            layer.value_buffer = self.value_buffer.new_empty(batch, heads, capacity, dim)
+            layer.key_buffer[:, :, :tokens] = self.key_buffer[:, :, :tokens]
+            layer.value_buffer[:, :, :tokens] = self.value_buffer[:, :, :tokens]
+            layer._view_filled()
+            return layer
 
         def batch_repeat_interleave(self, repeats: int) -> None:
             if self.filled:
@@ -372,6 +453,7 @@ def generate_sorted(
     synced_gpus: bool = False,
     progress: str | None = None,
     adapters: Sequence[str] | None = None,
+    prefixes: PrefixStore | None = None,
 ) -> list[dict] | dict[str, list[dict]]:
     """Greedy answers to ``texts`` (model prompts) in batches of similar length, back in the caller's order:
     ``{answer, n_new_tokens, hit_token_cap}`` each (the model's train/eval mode is restored). ``progress``: the
@@ -380,7 +462,8 @@ def generate_sorted(
     ``adapters``: names of LoRA adapters loaded into ``model``; then every batch holds its ``batch_size`` prompts
     once per adapter (:func:`generate_greedy_adapters`), so one ``generate`` answers them for all adapters and the
     base weights are read once per token for all of them; the result is ``{adapter: answers}``, the same text as
-    with each adapter active alone (greedy).
+    with each adapter active alone (greedy). The batches share one :class:`PrefixStore` (``prefixes``, or a new one),
+    so the prompts' common leading tokens run once for the whole call.
     """
     if max_new_tokens < 1 or batch_size < 1:
         raise ValueError(f"max_new_tokens and batch_size must be positive, got {max_new_tokens}, {batch_size}.")
@@ -394,6 +477,7 @@ def generate_sorted(
     model.eval()
     results: dict = {name: [None] * len(texts) for name in names}
     starts = range(0, len(order), batch_size)
+    prefixes = PrefixStore() if prefixes is None else prefixes
     try:
         for start in starts if progress is None else tqdm(starts, desc=progress, unit="batch", leave=False):
             idx = order[start : start + batch_size]
@@ -401,7 +485,7 @@ def generate_sorted(
             if adapters is None:
                 gens = {None: generate_greedy(model, tokenizer, batch, max_new_tokens, synced_gpus)}
             else:
-                gens = generate_greedy_adapters(model, tokenizer, batch, names, max_new_tokens)
+                gens = generate_greedy_adapters(model, tokenizer, batch, names, max_new_tokens, prefixes=prefixes)
             for name in names:
                 for i, gen in zip(idx, gens[name]):
                     results[name][i] = {

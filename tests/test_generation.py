@@ -117,7 +117,38 @@ def test_prompts_shared_leading_tokens_are_computed_once_per_adapter(tiny_dir, t
     assert torch.equal(ids, encode_prompts_left_padded(tiny_tokenizer, texts)[0])  # the inputs are left as given
 
 
-def _mixed_and_alone(model, tokenizer, texts, names, max_new_tokens):
+def test_a_prefix_store_runs_each_shared_leading_token_once_for_the_whole_pass(tiny_dir, tiny_tokenizer, tmp_path):
+    """Batches of one pass behind one preamble: the first runs its shared prefix; a later batch whose prefix the kept
+    one covers (shorter, or the same) runs none; a longer one runs only the tokens after the kept ones. Every answer
+    is still each adapter's own through HF ``generate``."""
+    from lightning_unlearn.generation import PrefixStore, _shared_prefix
+
+    names = ["step2", "step4"]
+    model = _three_adapters(tiny_dir, tmp_path, names)
+    preamble = "System: you are a helpful assistant who answers in one sentence. User: "
+    batches = [
+        ["Where was Alice Smith born?", "Where was Bob Jones born?"],  # prefix: preamble + "Where was"
+        ["Python is", "Who wrote the report on the war?"],  # shorter: covered by the first
+        ["Where was Carol born?", "Where was Dan born?"],  # the same as the first
+        ["Where was Alice Smith born? Say it", "Where was Alice Smith born? Tell me"],  # longer: extends it
+    ]
+    store, firsts = PrefixStore(), []
+    for questions in batches:
+        texts = [preamble + q for q in questions]
+        mixed, alone, calls = _mixed_and_alone(model, tiny_tokenizer, texts, names, max_new_tokens=6, prefixes=store)
+        assert mixed == alone
+        ids, attn = encode_prompts_left_padded(tiny_tokenizer, texts)
+        firsts.append((calls[0], _shared_prefix(ids, attn)))
+    (first, shared0), (second, _), (third, _), (fourth, shared3) = firsts
+    assert first == (2, shared0)  # the whole prefix, once per adapter
+    assert second[0] == third[0] == 4  # no prefix forward: straight to the rows' own tokens
+    assert shared3 > shared0 and fourth == (2, shared3 - shared0)  # only the tokens the kept prefix lacks
+    assert len(store._kept) == 2  # the first prefix and its extension
+    with pytest.raises(ValueError, match="one PrefixStore per set of adapters"):
+        _mixed_and_alone(model, tiny_tokenizer, texts, names[::-1], max_new_tokens=6, prefixes=store)
+
+
+def _mixed_and_alone(model, tokenizer, texts, names, max_new_tokens, prefixes=None):
     """Mixed-adapter answers (with the ``(rows, tokens)`` of every forward they took) and each adapter's alone."""
     from lightning_unlearn.generation import generate_greedy_adapters
 
@@ -126,7 +157,9 @@ def _mixed_and_alone(model, tokenizer, texts, names, max_new_tokens):
         lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
     )
     try:
-        mixed = generate_greedy_adapters(model, tokenizer, texts, names, max_new_tokens=max_new_tokens)
+        mixed = generate_greedy_adapters(
+            model, tokenizer, texts, names, max_new_tokens=max_new_tokens, prefixes=prefixes
+        )
     finally:
         hook.remove()
     alone = {}

@@ -20,7 +20,13 @@ from lightning_unlearn.callbacks.sce_records import LabelReading, SCEOutput, Sui
 from lightning_unlearn.data.narratives import COMPACT_INSTRUCTION, load_narrative, resolve_suite, suite_ref
 from lightning_unlearn.data.records import recorded_suites_dir
 from lightning_unlearn.distributed import is_sharded, world
-from lightning_unlearn.generation import Generation, generate_greedy, generate_greedy_adapters, model_prompt
+from lightning_unlearn.generation import (
+    Generation,
+    PrefixStore,
+    generate_greedy,
+    generate_greedy_adapters,
+    model_prompt,
+)
 from lightning_unlearn.labelers.narrative_label import INVALID
 from lightning_unlearn.metrics.answer_validity import VALIDITY_FLAGS, answer_validity, load_validity_cues
 from lightning_unlearn.metrics.degeneration import DEGENERATION_FLAGS, DegenerationThresholds, degeneration_report
@@ -343,10 +349,11 @@ class SCEEvaluation(CheckpointEvaluator):
         if world()[1] > 1:
             raise RuntimeError("compute_adapters runs in one process; evaluate checkpoints one by one under DDP/FSDP.")
         names = list(adapters.values())
+        prefixes = PrefixStore()  # the suite's shared leading tokens, run once for the whole pass
 
         def run(batch: list[SuitePrompt]) -> list[list[Generation]]:
             texts = [self.model_input(tokenizer, r) for r in batch]
-            gens = generate_greedy_adapters(model, tokenizer, texts, names, self.max_new_tokens)
+            gens = generate_greedy_adapters(model, tokenizer, texts, names, self.max_new_tokens, prefixes=prefixes)
             return [[gens[name][j] for name in names] for j in range(len(batch))]
 
         per_record = map_batches(self.records, self.batch_size, run, model, self.progress)
