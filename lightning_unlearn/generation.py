@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from lightning_unlearn.models import BlockRows, lora_adapter_blocks, unwrap_peft
+from lightning_unlearn.models import lora_adapter_blocks, unwrap_peft
 
 
 @dataclass
@@ -131,11 +131,9 @@ def generate_greedy_adapters(
         prefixes.claim(names)
     input_ids, attention_mask = encode_prompts_left_padded(tokenizer, prompts, max_prompt_tokens)
     eos = end_of_sequence_ids(model, tokenizer)
-    counts = BlockRows()
-    with lora_adapter_blocks(model, names, counts):
+    with lora_adapter_blocks(model, names):
         rows = greedy_blocks(model, input_ids.repeat(len(names), 1), attention_mask.repeat(len(names), 1), eos,
-                             pad_token_id(tokenizer), max_new_tokens, blocks=len(names), prefixes=prefixes,
-                             block_rows=counts)  # fmt: skip
+                             pad_token_id(tokenizer), max_new_tokens, blocks=len(names), prefixes=prefixes)  # fmt: skip
     gens = [_generation(tokenizer, row, eos, max_new_tokens) for row in rows]
     n = len(prompts)
     return {name: gens[k * n : (k + 1) * n] for k, name in enumerate(names)}
@@ -152,7 +150,6 @@ def greedy_blocks(
     blocks: int = 1,
     share_prefix: bool = True,
     prefixes: PrefixStore | None = None,
-    block_rows: BlockRows | None = None,
 ) -> list[list[int]]:
     """Greedy decoding with a KV cache that stops computing a prompt once it has ended: each row's new tokens up
     to and including its first end-of-sequence id (or ``max_new_tokens`` of them).
@@ -182,9 +179,6 @@ def greedy_blocks(
         blocks: the number of equal blocks of rows.
         share_prefix: compute the prompts' common leading tokens once per block.
         prefixes: keys and values of earlier batches' prefixes under the same weights and blocks.
-        block_rows: the :class:`~lightning_unlearn.models.BlockRows` the model's adapter blocks read; given, each
-            row leaves the batch and the cache as soon as its own answer has ended (the blocks become unequal and
-            their counts are set here before every forward); otherwise a prompt's rows leave together.
     """
     rows = input_ids.shape[0]
     if rows % blocks:
@@ -199,10 +193,7 @@ def greedy_blocks(
     cache_arg = "cache" if "cache" in accepted else "past_key_values"  # transformers 5.x renamed it
     out: list[list[int]] = [[] for _ in range(rows)]
     ended = torch.zeros(rows, dtype=torch.bool)
-    live = torch.arange(rows)  # the batch's rows: their rows of the result, block by block
-    alone = block_rows is not None or blocks == 1  # each row leaves as it ends, not with its prompt's other rows
-    if block_rows is not None:
-        block_rows.set(None)  # equal blocks until a row leaves
+    live = torch.arange(n)  # the prompts still decoding, in block order
     eos_ids = torch.tensor(list(eos), dtype=torch.long)
     kwargs[cache_arg] = _preallocated_cache(ids.shape[1] + max_new_tokens)
     shared = _shared_prefix(ids, mask) if share_prefix and n > 1 else 0
@@ -225,23 +216,22 @@ def greedy_blocks(
         kwargs[cache_arg] = cache = output[cache_arg]
         logits = output.logits
         tokens = logits[:, -1].to(dtype=torch.float32).argmax(-1).cpu()
-        fresh = ~ended[live]
-        for r, t in zip(live[fresh].tolist(), tokens[fresh].tolist()):
+        where = (torch.arange(blocks)[:, None] * n + live[None, :]).reshape(-1)  # batch row -> row of the result
+        fresh = ~ended[where]
+        for r, t in zip(where[fresh].tolist(), tokens[fresh].tolist()):
             out[r].append(t)
-        ended[live] |= torch.isin(tokens, eos_ids)
+        ended[where] |= torch.isin(tokens, eos_ids)
         if step == max_new_tokens - 1:
             break
-        # the rows leaving: each ended one, or (equal blocks) a prompt's rows once every block's has ended
-        leaving = ended[live] if alone else ended[live].reshape(blocks, -1).all(0).repeat(blocks)
-        if leaving.all():
+        done = ended[where].reshape(blocks, -1).all(0)  # prompts every block has ended
+        if done.all():
             break
-        tokens = torch.where(ended[live], pad_id, tokens)
-        if leaving.any():
-            kept = (~leaving).nonzero().squeeze(1)
-            cache.batch_select_indices(kept.to(device))
-            mask, tokens, live = mask[kept.to(device)], tokens[kept], live[kept]
-            if block_rows is not None:
-                block_rows.set(torch.bincount(live // n, minlength=blocks).tolist(), device)
+        tokens = torch.where(ended[where], pad_id, tokens)
+        if done.any():
+            kept = (~done).nonzero().squeeze(1)
+            batch_rows = (torch.arange(blocks)[:, None] * live.numel() + kept[None, :]).reshape(-1)
+            cache.batch_select_indices(batch_rows.to(device))
+            mask, tokens, live = mask[batch_rows.to(device)], tokens[batch_rows], live[kept]
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=-1)
         ids = tokens[:, None].to(device)
         position = mask.long().sum(-1, keepdim=True) - 1

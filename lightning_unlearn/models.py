@@ -328,31 +328,10 @@ def eval_mode(model: nn.Module, grad: bool = False):
             m.training = training
 
 
-class BlockRows:
-    """How many rows each adapter's block holds in the next forward under :func:`lora_adapter_blocks`, for batches
-    whose blocks are not equal (a decoding loop dropping each answer as it ends): :meth:`set` the counts, in block
-    order, before the forward; ``None`` (the start) means equal blocks."""
-
-    def __init__(self) -> None:
-        self.counts: list[int] | None = None
-        self.width = 0
-        self.index: torch.Tensor | None = None  # row of the batch -> row of the (K · width) zero-padded blocks
-
-    def set(self, counts: Sequence[int] | None, device: torch.device | str = "cpu") -> None:
-        """Rows per block for the next forwards (equal counts, or ``None``: equal blocks)."""
-        if counts is None or len(set(counts)) == 1:
-            self.counts, self.index = None, None
-            return
-        self.counts = [int(c) for c in counts]
-        self.width = max(self.counts)
-        self.index = torch.cat([k * self.width + torch.arange(c, device=device) for k, c in enumerate(self.counts)])
-
-
 @contextmanager
-def lora_adapter_blocks(model: nn.Module, adapters: Sequence[str], rows: BlockRows | None = None):
-    """Inside, ``model`` answers a batch of ``len(adapters)`` blocks of rows, block k with LoRA adapter
-    ``adapters[k]`` (all loaded into ``model``); outside, it is unchanged. The blocks are equal unless ``rows`` says
-    how many rows each holds (:class:`BlockRows`).
+def lora_adapter_blocks(model: nn.Module, adapters: Sequence[str]):
+    """Inside, ``model`` answers a batch of ``len(adapters)`` equal blocks of rows, block k with LoRA adapter
+    ``adapters[k]`` (all loaded into ``model``); outside, it is unchanged.
 
     Each peft LoRA linear layer computes ``base(x) + scaling_k · B_k A_k x`` for the rows of block k with two batched
     matmuls over the stacked adapters (``torch.bmm``), so a forward costs one base forward of all rows plus a few
@@ -365,8 +344,6 @@ def lora_adapter_blocks(model: nn.Module, adapters: Sequence[str], rows: BlockRo
         model: a peft model (or any module) whose LoRA layers hold every adapter named (a layer lacking one leaves
             that block's rows to the base weights).
         adapters: one adapter name per block of rows, in batch order.
-        rows: the blocks' row counts, set by the caller before each forward whose blocks are not equal; the rows
-            of block k then go through adapter k's matmuls zero-padded to the largest block.
 
     Raises:
         ValueError: no adapters, an adapter no layer holds, a layer peft implements otherwise (DoRA and other LoRA
@@ -410,7 +387,7 @@ def lora_adapter_blocks(model: nn.Module, adapters: Sequence[str], rows: BlockRo
     try:
         for module in layers.values():
             saved[module] = module.__dict__.get("forward")
-            module.forward = partial(_adapter_blocks_forward, module, _stacked_lora_weights(module, names), rows)
+            module.forward = partial(_adapter_blocks_forward, module, _stacked_lora_weights(module, names))
         yield model
     finally:
         for module, forward in saved.items():
@@ -447,24 +424,10 @@ def _stacked_lora_weights(layer: nn.Module, names: list[str]) -> tuple[torch.Ten
     return a.transpose(1, 2), b.transpose(1, 2), scale
 
 
-def _adapter_blocks_forward(
-    layer: nn.Module, stacked, rows: BlockRows | None, x: torch.Tensor, *args, **kwargs
-) -> torch.Tensor:
-    """The LoRA layer's output when the batch is K blocks of rows (equal, or as ``rows`` counts them), block k for
-    adapter k."""
+def _adapter_blocks_forward(layer: nn.Module, stacked, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """The LoRA layer's output when the batch is K equal blocks of rows, block k for adapter k."""
     a, b, scale = stacked
     result = layer.base_layer(x, *args, **kwargs)
-    if rows is not None and rows.index is not None:
-        if x.shape[0] != sum(rows.counts):
-            raise ValueError(f"a batch of {x.shape[0]} rows, but the blocks' counts {rows.counts} sum to another.")
-        # Block k's rows in the first counts[k] of its `width` slots, zeros after: one bmm for all blocks again.
-        padded = x.new_zeros(a.shape[0] * rows.width, *x.shape[1:], dtype=a.dtype)
-        padded.index_copy_(0, rows.index, x.to(a.dtype))
-        delta = torch.bmm(torch.bmm(padded.reshape(a.shape[0], -1, x.shape[-1]), a), b)
-        if scale is not None:
-            delta = delta * scale
-        delta = delta.reshape(a.shape[0] * rows.width, *result.shape[1:]).index_select(0, rows.index)
-        return result.add_(delta) if delta.dtype == result.dtype else (result + delta).to(result.dtype)
     if x.shape[0] % a.shape[0]:
         raise ValueError(f"a batch of {x.shape[0]} rows is not {a.shape[0]} equal blocks, one per adapter.")
     blocks = x.to(a.dtype).reshape(a.shape[0], -1, x.shape[-1])  # (K, rows·positions, in): block k is adapter k's

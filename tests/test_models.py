@@ -70,9 +70,7 @@ def _three_adapters(tiny_dir, tmp_path, alphas=(10, 7, 16)):
 
 @pytest.mark.parametrize("alphas", [(10, 7, 16), (8, 1, 32)], ids=["scalings", "powers_of_two"])
 def test_lora_adapter_blocks_give_each_block_the_logits_of_its_adapter_alone(tiny_dir, tmp_path, alphas):
-    """Equal blocks, and unequal ones (rows counted by BlockRows, a block empty): each block's rows get the logits
-    of its adapter alone."""
-    from lightning_unlearn.models import BlockRows, _stacked_lora_weights, lora_adapter_blocks
+    from lightning_unlearn.models import _stacked_lora_weights, lora_adapter_blocks
 
     model, names = _three_adapters(tiny_dir, tmp_path, alphas)
     q_proj = model.get_submodule("base_model.model.model.layers.0.self_attn.q_proj")
@@ -88,18 +86,9 @@ def test_lora_adapter_blocks_give_each_block_the_logits_of_its_adapter_alone(tin
         order = ["q_only", "r4", "r2", "r4"]  # any order, an adapter twice
         with lora_adapter_blocks(model, order):
             blocks = model(input_ids=ids.repeat(len(order), 1)).logits.split(2)
-        counts, rows = [1, 2, 0, 2], BlockRows()
-        with lora_adapter_blocks(model, order, rows):
-            rows.set(counts)
-            uneven = model(input_ids=torch.cat([ids[:c] for c in counts])).logits.split(counts)
-            with pytest.raises(ValueError, match="counts"):
-                model(input_ids=ids)  # 2 rows, not the 5 counted
         after = model(input_ids=ids).logits
     for name, block in zip(order, blocks):
         assert (block - alone[name]).abs().max() <= 1e-6, name
-    assert rows.width == 2 and rows.index.tolist() == [0, 2, 3, 6, 7]  # block k's rows at k · width on
-    for name, c, block in zip(order, counts, uneven):
-        assert block.shape[0] == c and (c == 0 or (block - alone[name][:c]).abs().max() <= 1e-6), name
     assert len({round(float(a.sum()), 3) for a in alone.values()}) == 3  # three different models
     assert torch.equal(after, alone["r2"]) and model.active_adapter == "r2"  # as it was, outside
 
@@ -126,8 +115,8 @@ def test_a_power_of_two_scaling_folded_into_b_gives_the_same_bits():
     with torch.no_grad():
         for shape in [(6, 1, 48), (3 * 13, 5, 48)]:
             x = torch.randn(shape)
-            folded = _adapter_blocks_forward(layer, (a, b, None), None, x)
-            assert torch.equal(folded, _adapter_blocks_forward(layer, unfolded, None, x)), shape
+            folded = _adapter_blocks_forward(layer, (a, b, None), x)
+            assert torch.equal(folded, _adapter_blocks_forward(layer, unfolded, x)), shape
             model.set_adapter("small")
             alone = model(x[shape[0] // 3 : 2 * shape[0] // 3])
             assert (folded[shape[0] // 3 : 2 * shape[0] // 3] - alone).abs().max() <= 1e-6
