@@ -14,8 +14,8 @@ K adapters (LoRA r 8, α 16 on every projection, random non-zero weights, each s
 ``adapter-step=N/`` directory would be) answer the slice one adapter after the other (``set_adapter``, what
 ``evaluate`` does per checkpoint) and then all in mixed-adapter batches (``generate_sorted(adapters=…)``, what
 ``evaluate --adapters_per_pass K`` does: one decoding loop per batch of prompts for all K, a prompt leaving the batch
-once every adapter's answer to it has ended, the prompts' shared leading tokens run once per adapter, the KV cache
-written in place), alternating ``--repeats`` times with the ``--methods`` beside it: ``mixed_unshared`` (the same
+once every adapter's answer to it has ended, the prompts' shared leading tokens run once per adapter and pass, the KV
+cache written in place), alternating ``--repeats`` times with the ``--methods`` beside it: ``mixed_unshared`` (the same
 without the shared prefix), ``one_after_the_other_shared`` (one adapter at a time through that decoding loop: what
 the loop gives without mixing) and ``mixed_generate`` (the earlier mixed pass, one HF ``generate`` per batch, every
 row decoded until the slowest ends). With ``--interleave`` the methods take turns batch by batch instead (each answers
