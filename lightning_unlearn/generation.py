@@ -344,11 +344,7 @@ def _preallocated_layer_class():
             """A new layer holding this one's first ``tokens`` keys and values, with room for ``capacity``."""
             layer = copy.copy(self)
             layer.capacity, layer.filled = capacity, tokens
-            batch, heads, _, dim = self.key_buffer.shape
-            layer.key_buffer = self.key_buffer.new_empty(batch, heads, capacity, dim)
-            layer.value_buffer = self.value_buffer.new_empty(batch, heads, capacity, dim)
-            layer.key_buffer[:, :, :tokens] = self.key_buffer[:, :, :tokens]
-            layer.value_buffer[:, :, :tokens] = self.value_buffer[:, :, :tokens]
+            layer._reallocate(self.key_buffer, self.value_buffer, capacity)  # new buffers holding the first tokens
             layer._view_filled()
             return layer
 
