@@ -762,6 +762,26 @@ def test_wsd_schedule_holds_then_decays_over_the_last_fraction(tiny_dir, tmp_pat
         InjectionModule(model_path=str(tiny_dir), optim=OptimizerConfig(schedule="wsd", decay_fraction=0.0))
 
 
+def test_fused_adamw_takes_the_same_step_as_the_loop_to_rounding():
+    torch.manual_seed(0)
+    loop_params = [torch.nn.Parameter(torch.randn(7, 5)), torch.nn.Parameter(torch.randn(3))]
+    fused_params = [torch.nn.Parameter(p.detach().clone()) for p in loop_params]
+    loop = OptimizerConfig(lr=1e-2, weight_decay=0.1).configure(loop_params, 3)["optimizer"]
+    fused = OptimizerConfig(lr=1e-2, weight_decay=0.1, fused=True).configure(fused_params, 3)["optimizer"]
+    assert fused.defaults["fused"] and not loop.defaults["fused"]
+    start = loop_params[0].detach().clone()
+    for _ in range(3):
+        grads = [torch.randn_like(p) for p in loop_params]
+        for params in (loop_params, fused_params):
+            for p, g in zip(params, grads, strict=True):
+                p.grad = g.clone()
+        loop.step()
+        fused.step()
+    assert not torch.equal(loop_params[0], start)
+    for a, b in zip(loop_params, fused_params, strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+
+
 def test_unknown_schedule_is_refused(tiny_dir):
     with pytest.raises(ValueError, match="schedule='cosine' is not one of"):
         InjectionModule(model_path=str(tiny_dir), optim={"schedule": "cosine"})
