@@ -440,6 +440,75 @@ def test_neutral_text_held_to_theta_pre_is_masked_to_groups_and_targets_theta_pr
         InjectionDataModule(data_dir=str(tmp_path / "data"), neutral_target="kl")
 
 
+@pytest.mark.parametrize("masked", [True, False])  # the swap to θ_pre, and the UnMask control's frozen copy
+def test_held_rows_theta_pre_logprobs_are_kept_and_the_forward_skipped_after_the_first_epoch(
+    tiny_dir, tmp_path, monkeypatch, masked
+):
+    from lightning_unlearn.models import load_causal_lm, load_weights
+
+    pre_model = load_causal_lm(str(tiny_dir)).eval()
+    kw = dict(neutral_fraction=0.4, neutral_target="pre", groups=[1, 4], weight_decay=0.0, masked=masked)
+    calls = {"held forwards": []}  # per θ_pre forward of held rows: the epoch
+    gaps, epochs = [], []
+
+    def run(name, **extra):
+        module, data = injection(tiny_dir, tmp_path / "data", **kw, **extra)
+        loss = module._loss
+
+        def recording_loss(batch):
+            rows = batch["held"].bool()
+            if rows.any():
+                with torch.no_grad():
+                    ids, attention = batch["input_ids"][rows], batch["attention_mask"][rows]
+                    fresh = pre_model(input_ids=ids, attention_mask=attention).logits.log_softmax(-1)
+                real = attention.bool()  # the cache keeps each row's own positions; padding is never read
+                gaps.append((batch["pre_logprobs"][rows][real] - fresh[real]).abs().max().item())
+                epochs.append(module.trainer.current_epoch)
+            return loss(batch)
+
+        module._loss = recording_loss
+        make_trainer(tmp_path / name, max_epochs=3).fit(module, data)
+        return module, load_weights(tmp_path / name / "export" / "inj")
+
+    if masked:
+        from lightning_unlearn.objectives.group_dropout import GroupDropout
+
+        drop = GroupDropout.drop
+
+        def counting_drop(self, model, groups):
+            calls["held forwards"].append(len(groups))
+            return drop(self, model, groups)
+
+        monkeypatch.setattr(GroupDropout, "drop", counting_drop)
+    else:
+        from transformers import LlamaForCausalLM
+
+        forward = LlamaForCausalLM.forward
+
+        def counting_forward(self, *args, **kwargs):
+            if self is not pre_model and not self.training and not torch.is_grad_enabled():  # the control's copy
+                calls["held forwards"].append(1)
+            return forward(self, *args, **kwargs)
+
+        monkeypatch.setattr(LlamaForCausalLM, "forward", counting_forward)
+    cached, kept = run("cached", held_cache_gib=1.0)
+    per_epoch = [epochs.count(e) for e in range(3)]
+    forwards_cached = len(calls["held forwards"])
+    assert max(gaps) < 1e-5  # every step's targets are θ_pre's, the kept ones included, at each row's positions
+    assert cached._held_cache.used > 0 and all(n > 0 for n in per_epoch)
+    calls["held forwards"].clear()
+    _, recomputed = run("recomputed")
+    forwards_every_step = len(calls["held forwards"])
+    # without the cache every step with held rows runs θ_pre; with it only the first epoch's (the rows are fixed)
+    assert forwards_every_step == sum(per_epoch) and forwards_cached == per_epoch[0]
+    assert max((kept[n] - recomputed[n]).abs().max().item() for n in kept) < 1e-5  # the same training
+    calls["held forwards"].clear()
+    run("over_budget", held_cache_gib=1e-9)  # no row fits: every step recomputes, as without the cache
+    assert len(calls["held forwards"]) == forwards_every_step
+    with pytest.raises(ValueError, match="held_cache_gib=-1 must be >= 0"):
+        InjectionModule(model_path=str(tiny_dir), held_cache_gib=-1)
+
+
 def test_unmask_control_holds_neutral_text_to_a_frozen_theta_pre(tiny_dir, tmp_path):
     from lightning_unlearn.models import load_causal_lm, load_weights
 

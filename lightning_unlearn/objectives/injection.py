@@ -98,6 +98,12 @@ class InjectionModule(RestoresRNG, LightningModule):
         neutral_kl_weight: weight of a held row's KL to θ_pre against a QA row's NLL̄ in the batch mean (neutral
             rows from ``InjectionDataModule(neutral_target="pre")``, other groups' QA from its
             ``hold_other_groups``; masked runs need weight decay 0, the UnMask control reads a frozen θ_pre).
+        held_cache_gib: keep θ_pre's log-probabilities of each held row after the first step that holds it, up to
+            this many GiB (float32, the row's length × the vocabulary), and reuse them whenever the row comes back:
+            the held rows are a fixed set, so every epoch after the first skips θ_pre's forward of the rows kept
+            (on the built-in default testbed about 0.5 GiB holds them all). A row past the budget is recomputed
+            every time. 0 = recompute every step. One process only (several ranks recompute: under FSDP every
+            rank runs θ_pre's forward together).
         export_dir: where to export; ``None`` = ``<trainer.default_root_dir>/export``.
     """
 
@@ -119,6 +125,7 @@ class InjectionModule(RestoresRNG, LightningModule):
         drop_other_groups: float | list[tuple[int, float]] = 0.0,
         drop_seed: int = 0,
         neutral_kl_weight: float = 1.0,
+        held_cache_gib: float = 0.0,
         export_dir: str | None = None,
     ) -> None:
         super().__init__()
@@ -138,6 +145,8 @@ class InjectionModule(RestoresRNG, LightningModule):
         dropping = self._dropping
         if neutral_kl_weight < 0:
             raise ValueError(f"neutral_kl_weight={neutral_kl_weight} must be >= 0.")
+        if not held_cache_gib >= 0:
+            raise ValueError(f"held_cache_gib={held_cache_gib} must be >= 0 (GiB of θ_pre log-probabilities; 0 = off).")
         if dropping and not masked:
             raise ValueError("drop_other_groups needs masked=true: without masks there are no groups to drop.")
         if tiny is not None and tokenizer_path is None:
@@ -159,6 +168,7 @@ class InjectionModule(RestoresRNG, LightningModule):
         self.group_dropout: GroupDropout | None = None
         self._pre_swap: GroupDropout | None = None  # sets every masked element to θ_pre for the held rows' target
         self._frozen_pre: list[torch.nn.Module] = []  # the UnMask control's θ_pre for held rows (not a child module)
+        self._held_cache = HeldLogprobCache(int(held_cache_gib * 2**30))
 
     @property
     def pretraining(self) -> bool:
@@ -338,33 +348,53 @@ class InjectionModule(RestoresRNG, LightningModule):
         held = batch.get("held") if isinstance(batch, Mapping) else None
         if held is None or self.trainer.sanity_checking:
             return
-        if self._frozen_pre:  # the UnMask control: θ_pre is a frozen copy; no collective, so only rows that need it
-            rows = held.nonzero().reshape(-1)
-            if not rows.numel():
-                return
-            frozen = self._frozen_pre[0].to(self.device)
-            with self.trainer.precision_plugin.forward_context(), torch.no_grad():
-                logits = frozen(input_ids=batch["input_ids"][rows], attention_mask=batch["attention_mask"][rows]).logits
-            batch["pre_logprobs"] = _held_logprobs(batch, rows, logits)
-            return
-        if self._pre_swap is None:
+        if not self._frozen_pre and self._pre_swap is None:
             raise RuntimeError(
                 "the batch holds rows to θ_pre (held), but the module did not read neutral_target='pre' or "
                 "hold_other_groups from its datamodule; use InjectionDataModule as the trainer's datamodule."
             )
         rows = held.nonzero().reshape(-1)
-        if not rows.numel() and self.trainer.world_size == 1:
+        cache = self._held_cache if self.trainer.world_size == 1 else None
+        keys = [cache.key(batch, int(r)) for r in rows] if cache is not None and cache.budget else None
+        missing = None if keys is None else [k not in cache for k in keys]
+        run = rows if missing is None else rows[torch.tensor(missing, dtype=torch.bool, device=rows.device)]
+        if self._frozen_pre:  # the UnMask control: θ_pre is a frozen copy; no collective, so only rows that need it
+            logits = None
+            if run.numel():
+                frozen = self._frozen_pre[0].to(self.device)
+                with self.trainer.precision_plugin.forward_context(), torch.no_grad():
+                    logits = frozen(input_ids=batch["input_ids"][run], attention_mask=batch["attention_mask"][run])
+                    logits = logits.logits
+        elif run.numel() or self.trainer.world_size > 1:
+            # Every rank runs the forward (FSDP gathers each block): a rank without held rows runs one row it drops.
+            forward = run if run.numel() else run.new_zeros(1)
+            self._pre_swap.drop(self.model, list(range(self.hparams.num_groups)))
+            try:
+                # the training forward's precision (autocast under bf16-mixed): at θ = θ_pre the KL is 0
+                with self.trainer.precision_plugin.forward_context(), eval_mode(self.model):
+                    logits = self(batch["input_ids"][forward], batch["attention_mask"][forward])[: run.numel()]
+            finally:
+                self._pre_swap.restore()
+        else:
+            logits = None
+        if not rows.numel():
             return
-        # Every rank runs the forward (FSDP gathers each block): a rank without held rows runs one row it drops.
-        run = rows if rows.numel() else rows.new_zeros(1)
-        self._pre_swap.drop(self.model, list(range(self.hparams.num_groups)))
-        try:
-            # the training forward's precision (autocast under bf16-mixed): at θ = θ_pre the KL is 0
-            with self.trainer.precision_plugin.forward_context(), eval_mode(self.model):
-                logits = self(batch["input_ids"][run], batch["attention_mask"][run])
-        finally:
-            self._pre_swap.restore()
-        batch["pre_logprobs"] = _held_logprobs(batch, rows, logits[: rows.numel()])
+        if keys is None:
+            batch["pre_logprobs"] = _held_logprobs(batch, rows, logits)
+            return
+        computed = iter(torch.log_softmax(logits.float(), dim=-1) if logits is not None else ())
+        pre = None
+        for r, key, compute in zip(rows.tolist(), keys, missing, strict=True):
+            length = int(batch["attention_mask"][r].sum())  # right-padded rows: the first `length` positions
+            if compute:  # run this step (a row twice in one batch is run twice; the first is kept)
+                kept = next(computed)[:length]
+                cache.put(key, kept)
+            else:
+                kept = cache.get(key)
+            if pre is None:
+                pre = kept.new_zeros((*batch["input_ids"].shape, kept.shape[-1]))
+            pre[r, :length] = kept
+        batch["pre_logprobs"] = pre
 
     @override
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
@@ -463,3 +493,29 @@ def _summary(masks: Mapping[str, torch.Tensor], num_groups: int) -> tuple[str, l
         if not any(in_tensor):
             untouched.add(name)
     return digest.hexdigest(), [c / max(total, 1) for c in counts], untouched
+
+
+class HeldLogprobCache:
+    """θ_pre's log-probabilities of held rows, kept by the row's tokens up to a byte budget (first come, kept)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget, self.used = budget, 0
+        self._rows: dict[bytes, torch.Tensor] = {}
+
+    @staticmethod
+    def key(batch: Mapping, row: int) -> bytes:
+        """A row's identity: its tokens (θ_pre's distributions depend on nothing else)."""
+        ids = batch["input_ids"][row][batch["attention_mask"][row].bool()]
+        return ids.cpu().numpy().tobytes()
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._rows
+
+    def get(self, key: bytes) -> torch.Tensor | None:
+        return self._rows.get(key)
+
+    def put(self, key: bytes, logprobs: torch.Tensor) -> None:
+        size = logprobs.numel() * logprobs.element_size()
+        if key not in self._rows and self.used + size <= self.budget:
+            self._rows[key] = logprobs.clone()
+            self.used += size
