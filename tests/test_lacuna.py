@@ -57,7 +57,7 @@ def make_trainer(root, max_epochs=1, max_steps=-1, callbacks=(), checkpoint=Fals
 
 def injection(tiny_dir, data_dir, **kw):
     data_keys = ("neutral_fraction", "neutral_target", "groups", "data", "batch_size", "group_by_length",
-                 "one_group_per_batch", "hold_other_groups", "include_documents")  # fmt: skip
+                 "one_group_per_batch", "hold_other_groups", "include_documents", "neutral_max_length")  # fmt: skip
     data_kw = {k: kw.pop(k) for k in data_keys if k in kw}
     data_kw.setdefault("data", small_data())
     optim_keys = ("weight_decay", "warmup_steps", "schedule", "decay_fraction", "cycles")
@@ -377,6 +377,31 @@ def test_groups_subset_and_neutral_fraction(tiny_dir, tmp_path):
     assert sum(g == -1 for g in gids) == sum(g != -1 for g in gids)
     with pytest.raises(ValueError, match="out of range"):
         InjectionDataModule(data_dir=str(tmp_path / "data"), data=small_data(), groups=[6]).pii_rows()
+
+
+def test_neutral_windows_cut_shorter_keep_the_text_and_the_epochs_neutral_rows(tiny_dir, tmp_path):
+    def rows(**kw):
+        module, data = injection(tiny_dir, tmp_path / "data", neutral_fraction=0.5, groups=[0, 3], **kw)
+        data.trainer = make_trainer(tmp_path / "run")
+        data.trainer.strategy.connect(module)
+        data.prepare_data()
+        data.setup("fit")
+        tokenizer = load_tokenizer(str(tiny_dir))
+        return data.rows, data._neutral_chunks(tokenizer)
+
+    full_rows, full = rows()
+    short_rows, short = rows(neutral_max_length=16)
+    assert max(len(c["input_ids"]) for c in full) > 16 and max(len(c["input_ids"]) for c in short) <= 16
+    assert len(short) > len(full)
+    # the windows hold the same text, cut at other places (BOS and EOS around each; windows under 8 tokens dropped)
+    body = [t for c in short for t in c["input_ids"][1:-1]]
+    assert set(body) <= {t for c in full for t in c["input_ids"][1:-1]} and len(body) > 0.8 * sum(
+        len(c["input_ids"]) - 2 for c in full
+    )
+    neutral = [sum(r["group_ids"] == -1 for r in x) for x in (full_rows, short_rows)]
+    assert neutral[0] == neutral[1] > 0  # the epoch keeps its number of neutral rows
+    with pytest.raises(ValueError, match="neutral_max_length=200 must be between 10 .* and max_length=48"):
+        InjectionDataModule(data_dir=str(tmp_path / "data"), max_length=48, neutral_max_length=200)
 
 
 def test_neutral_text_held_to_theta_pre_is_masked_to_groups_and_targets_theta_pre(tiny_dir, tmp_path):

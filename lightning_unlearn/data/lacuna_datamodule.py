@@ -75,6 +75,9 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
             the neutral text. Pretraining θ_pre on them teaches it the text genres (and heals the built-in one, cut
             from SmolLM2); leave 0 for injection.
         max_length: tokens per sample (neutral text is cut into windows of this length).
+        neutral_max_length: cut neutral text into windows of at most this many tokens instead (BOS and EOS
+            included; ``None`` = ``max_length``). Shorter windows of the same corpus make each neutral row cheaper
+            while the epoch keeps its number of neutral rows.
         batch_size: samples per step.
         group_by_length: sort each run of this many batches by length before cutting it into batches (their order
             stays random), so short QA pairs are not padded to the length of documents; 0 = random batches.
@@ -98,6 +101,7 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
         include_qa: bool = True,
         background_profiles: int = 0,
         max_length: int = 128,
+        neutral_max_length: int | None = None,
         batch_size: int = 16,
         group_by_length: int = 0,
         one_group_per_batch: bool = False,
@@ -120,6 +124,11 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
             )
         if groups is not None and not groups:
             raise ValueError("groups=[] selects no PII; give group ids or leave groups unset for all groups.")
+        if neutral_max_length is not None and not 10 <= neutral_max_length <= max_length:
+            raise ValueError(
+                f"neutral_max_length={neutral_max_length} must be between 10 (BOS, EOS and 8 tokens of text) and "
+                f"max_length={max_length}, or null for max_length."
+            )
         self.save_hyperparameters()
         self.data_config = LacunaDataConfig(**data) if isinstance(data, dict) else data or LacunaDataConfig()
         self.hparams["data"] = asdict(self.data_config)  # a plain dict keeps checkpoints weights_only-loadable
@@ -256,7 +265,7 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
 
     def _neutral_chunks(self, tokenizer) -> list[dict]:
         hp = self.hparams
-        body = hp.max_length - 2  # bos + eos
+        body = (hp.neutral_max_length or hp.max_length) - 2  # bos + eos
         chunks = []
         for text in load_table(hp.data_dir, "neutral")["text"]:
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
