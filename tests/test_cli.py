@@ -175,6 +175,7 @@ def test_config_file_with_short_option(tmp_path, capsys):
         "instruct_config": None,
         "control": False,
         "instruct": False,
+        "pretrain_config": None,
     }
     report = tmp_path / "report.yaml"
     report.write_text("run_dirs: [runs/a, runs/b]\nout: elsewhere\n")

@@ -281,6 +281,35 @@ def test_chain_rejects_a_model_path_without_a_model(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+def test_a_pretrain_overlay_follows_the_pretraining_config_and_is_recorded(tmp_path, monkeypatch):
+    from lightning_unlearn.workflows.lacuna import chain
+
+    overlay = tmp_path / "heal.yaml"
+    overlay.write_text("trainer:\n  max_steps: 7\n")
+    commands = []
+
+    class Stop(Exception):
+        pass
+
+    def run(self, todo):
+        commands.extend(todo)
+        raise Stop  # the command is what is checked; nothing trains
+
+    monkeypatch.setattr(chain._Stages, "run", run)
+    with pytest.raises(Stop):
+        run_chain(str(tmp_path / "w"), size="tiny", pretrain_configs=[str(overlay)], log=[].append)
+    ((name, cmd, _),) = commands
+    configs = [cmd[i + 1] for i, a in enumerate(cmd) if a == "-c"]
+    assert name == "pretrain" and configs[0].endswith("pretrain_tiny.yaml") and configs[1:] == [str(overlay)]
+    assert json.loads((tmp_path / "w" / "chain.json").read_text())["pretrain_configs"] == [str(overlay)]
+    with pytest.raises(ValueError, match="Choose another --workdir"):  # the same work directory without the overlay
+        run_chain(str(tmp_path / "w"), size="tiny", log=[].append)
+    with pytest.raises(ValueError, match="--pretrain_config overlays the pretraining stage, which --model_path skips"):
+        run_chain(str(tmp_path / "x"), size="tiny", pretrain_configs=[str(overlay)], model_path=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="--pretrain_config"):
+        run_chain(str(tmp_path / "x"), size="tiny", pretrain_configs=[str(tmp_path / "missing.yaml")])
+
+
 def test_a_workdir_from_before_instruct_overlays_is_still_reused(tmp_path):
     from lightning_unlearn.workflows.lacuna.chain import _check_provenance
 

@@ -8,10 +8,10 @@ its last checkpoint (:func:`~lightning_unlearn.checkpoints.latest_checkpoint`). 
 run's, or that is older than an input rebuilt after it, is refused rather than reused; one built by other package code
 (the recipe's source digest) is reused with a warning, since changed code defaults are in no config.
 ``--model_path DIR`` (or ``smollm2``) starts both injections from a real model instead of the built-in θ_pre and
-skips pretraining; ``--inject_config FILE`` / ``--instruct_config FILE`` add a YAML overlay to both injections /
-both instruction tunings (e.g. a learning rate). The log shows extraction after instruction tuning and on θ_inj
-before it, so what instruction tuning costs is visible; the command ends with one line per verdict and writes the
-full result to ``<workdir>/chain_result.json``.
+skips pretraining; ``--pretrain_config FILE`` / ``--inject_config FILE`` / ``--instruct_config FILE`` add a YAML
+overlay to the pretraining / both injections / both instruction tunings (e.g. a learning rate). The log shows
+extraction after instruction tuning and on θ_inj before it, so what instruction tuning costs is visible; the command
+ends with one line per verdict and writes the full result to ``<workdir>/chain_result.json``.
 
 The other steps live beside it: :mod:`.filter`, :mod:`.resurface`, :mod:`.locality`, :mod:`.localization`;
 :mod:`.commands` dispatches ``lightning-unlearn lacuna <command>``.
@@ -252,7 +252,9 @@ def _pretrain_config(preset: dict[str, list[str]]) -> str:
     return preset.get("pretrain_config", ["pretrain.yaml"])[0]
 
 
-def _pretrain(stages: _Stages, preset: dict[str, list[str]], data_args: list[str], base: Path | None) -> Path:
+def _pretrain(
+    stages: _Stages, preset: dict[str, list[str]], data_args: list[str], base: Path | None, overlays: list[Path]
+) -> Path:
     """θ_pre: ``base`` when given (the data is built first, so that the injections side by side do not both write
     it), else the pretraining stage's export (built now unless reused)."""
     w = stages.workdir
@@ -264,7 +266,7 @@ def _pretrain(stages: _Stages, preset: dict[str, list[str]], data_args: list[str
     # where the stage keeps what it builds before training: the tiny θ_pre's tokenizer, the derived model
     keep = ["--model.tokenizer_path", str(w / "tokenizer")] if preset.get("pretrain_config") else [
         "--model.derive.path", str(w / "base")]  # fmt: skip
-    cmd = _fit_cmd(_pretrain_config(preset), w / "pretrain", [*data_args, *keep, *preset["pretrain"]])
+    cmd = _fit_cmd(_pretrain_config(preset), w / "pretrain", [*data_args, *keep, *preset["pretrain"]], overlays)
     if not stages.reused(pre_model, "pretrain", cmd):
         stages.run([("pretrain", cmd, w / "pretrain")])
     return pre_model
@@ -367,6 +369,7 @@ def run_chain(
     instruct_configs: Sequence[str] = (),
     control: bool = CONTROL_BY_DEFAULT,
     instruct: bool = False,
+    pretrain_configs: Sequence[str] = (),
 ) -> dict:
     """Run (or reuse) every stage of the chain in ``workdir``; returns the filter reports.
 
@@ -385,6 +388,8 @@ def run_chain(
             ``None`` uses the built-in θ_pre (the size preset's pretraining config).
         inject_configs: YAML overlays added after ``inject.yaml``/``inject_unmasked.yaml``.
         instruct_configs: YAML overlays added after ``instruct.yaml`` (both instruction tunings).
+        pretrain_configs: YAML overlays added after the pretraining config (refused with ``model_path``, which
+            skips pretraining).
         control: also build the UnMask control (``inject_unmasked.yaml``, then its instruction tuning and filters),
             side by side with the masked stages. A work directory built without it can add it later.
         instruct: run the instruction stage (``instruct.yaml``) and build the splits from its model; the default
@@ -395,6 +400,12 @@ def run_chain(
     overlays = _overlays(inject_configs, "--inject_config")
     masked_overlays = _overlays(SIZES[size].get("inject_config", []), "--inject_config") + overlays
     instruct_overlays = _overlays(instruct_configs, "--instruct_config")
+    pretrain_overlays = _overlays(pretrain_configs, "--pretrain_config")
+    if pretrain_overlays and model_path is not None:
+        raise ValueError(
+            "--pretrain_config overlays the pretraining stage, which --model_path skips (the injections start from "
+            "that model); drop one of them."
+        )
     w = Path(workdir).resolve()
     preset = SIZES[size]
     data_dir = ["--data.data_dir", str(w / "data")]
@@ -406,6 +417,7 @@ def run_chain(
             "model": str(base) if base else f"built-in ({_pretrain_config(preset)})",
             "inject_configs": [str(o) for o in masked_overlays],
             "instruct_configs": [str(o) for o in instruct_overlays],
+            **({"pretrain_configs": [str(o) for o in pretrain_overlays]} if pretrain_overlays else {}),
             **({"instruct": False} if not instruct else {}),
         },
     )
@@ -413,7 +425,7 @@ def run_chain(
     cores = os.cpu_count() or 1
     stages = _Stages(w, log, cores >= 2 if parallel is None else parallel, cores)
     data_args = [*data_dir, *preset.get("data", [])]
-    pre_model = _pretrain(stages, preset, data_args, base)
+    pre_model = _pretrain(stages, preset, data_args, base, pretrain_overlays)
     _inject(stages, pre_model, data_args, preset["inject"], masked_overlays, overlays, control)
     if instruct:
         _instruct(stages, data_dir, preset["instruct"], instruct_overlays, control)
@@ -537,6 +549,7 @@ def run_command(
     instruct_config: list[str] | None = None,
     control: bool = CONTROL_BY_DEFAULT,
     instruct: bool = False,
+    pretrain_config: list[str] | None = None,
 ) -> str:
     """Run (or reuse) the whole Lacuna chain: pretrain, inject (and the control), filter, separability.
 
@@ -552,6 +565,7 @@ def run_command(
         model_path: start both injections from this local HF model directory (or ``smollm2``) and skip pretraining.
         inject_config: YAML overlays for both injections, e.g. ``lacuna/inject_smollm2.yaml``.
         instruct_config: YAML overlays for both instruction tunings, e.g. one that sets ``model.init_args.optim.lr``.
+        pretrain_config: YAML overlays for the pretraining stage (θ_pre), e.g. ``lacuna/pretrain_200.yaml``.
         control: also build the UnMask control (unmasked injection, its instruction tuning and filters), which the
             localization report's contrast families need; it runs side by side with the masked stages.
         instruct: add the instruction stage (LoRA on the last two blocks) and build the splits from its model. The
@@ -567,6 +581,7 @@ def run_command(
             instruct_configs=instruct_config or (),
             control=control,
             instruct=instruct,
+            pretrain_configs=pretrain_config or (),
         )
     result = chain_result(reports)
     path = write_text_atomically(Path(workdir) / RESULT_FILE, json.dumps(result, indent=1, ensure_ascii=False))
