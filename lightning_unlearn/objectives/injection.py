@@ -32,7 +32,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -101,9 +102,11 @@ class InjectionModule(RestoresRNG, LightningModule):
         held_cache_gib: keep θ_pre's log-probabilities of each held row after the first step that holds it, up to
             this many GiB (float32, the row's length × the vocabulary), and reuse them whenever the row comes back:
             the held rows are a fixed set, so every epoch after the first skips θ_pre's forward of the rows kept
-            (on the built-in default testbed about 0.5 GiB holds them all). A row past the budget is recomputed
-            every time. 0 = recompute every step. One process only (several ranks recompute: under FSDP every
-            rank runs θ_pre's forward together).
+            (on the built-in default testbed about 0.5 GiB holds them all). A row is run through θ_pre alone at its
+            own length, so its numbers do not depend on the batch it first came in (a resumed run gets the same
+            ones). A row past the budget is recomputed every time it comes. 0 = recompute every step, the held rows
+            of a batch together. One process only (several ranks recompute: under FSDP every rank runs θ_pre's
+            forward together).
         export_dir: where to export; ``None`` = ``<trainer.default_root_dir>/export``.
     """
 
@@ -354,47 +357,68 @@ class InjectionModule(RestoresRNG, LightningModule):
                 "hold_other_groups from its datamodule; use InjectionDataModule as the trainer's datamodule."
             )
         rows = held.nonzero().reshape(-1)
-        cache = self._held_cache if self.trainer.world_size == 1 else None
-        keys = [cache.key(batch, int(r)) for r in rows] if cache is not None and cache.budget else None
-        missing = None if keys is None else [k not in cache for k in keys]
-        run = rows if missing is None else rows[torch.tensor(missing, dtype=torch.bool, device=rows.device)]
+        if self._held_cache.budget and self.trainer.world_size == 1:
+            self._kept_logprobs(batch, rows)
+            return
+        if not rows.numel() and (self._frozen_pre or self.trainer.world_size == 1):
+            return
+        # Every rank runs the forward (FSDP gathers each block): a rank without held rows runs one row it drops.
+        run = rows if rows.numel() else rows.new_zeros(1)
+        with self._theta_pre() as pre_model:
+            logits = pre_model(batch["input_ids"][run], batch["attention_mask"][run])
+        batch["pre_logprobs"] = _held_logprobs(batch, rows, logits[: rows.numel()])
+
+    @contextmanager
+    def _theta_pre(self) -> Iterator[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+        """θ_pre's logits as a function of (input_ids, attention_mask), valid inside the block: the UnMask control's
+        frozen copy, or the model with every masked element set back to θ_pre (and restored on leaving)."""
+        context = self.trainer.precision_plugin.forward_context  # the training forward's precision: at θ_pre, KL 0
         if self._frozen_pre:  # the UnMask control: θ_pre is a frozen copy; no collective, so only rows that need it
-            logits = None
-            if run.numel():
-                frozen = self._frozen_pre[0].to(self.device)
-                with self.trainer.precision_plugin.forward_context(), torch.no_grad():
-                    logits = frozen(input_ids=batch["input_ids"][run], attention_mask=batch["attention_mask"][run])
-                    logits = logits.logits
-        elif run.numel() or self.trainer.world_size > 1:
-            # Every rank runs the forward (FSDP gathers each block): a rank without held rows runs one row it drops.
-            forward = run if run.numel() else run.new_zeros(1)
-            self._pre_swap.drop(self.model, list(range(self.hparams.num_groups)))
-            try:
-                # the training forward's precision (autocast under bf16-mixed): at θ = θ_pre the KL is 0
-                with self.trainer.precision_plugin.forward_context(), eval_mode(self.model):
-                    logits = self(batch["input_ids"][forward], batch["attention_mask"][forward])[: run.numel()]
-            finally:
-                self._pre_swap.restore()
-        else:
-            logits = None
-        if not rows.numel():
+            frozen = self._frozen_pre[0].to(self.device)
+
+            def forward(ids, attention):
+                with context(), torch.no_grad():
+                    return frozen(input_ids=ids, attention_mask=attention).logits
+
+            yield forward
             return
-        if keys is None:
-            batch["pre_logprobs"] = _held_logprobs(batch, rows, logits)
-            return
-        computed = iter(torch.log_softmax(logits.float(), dim=-1) if logits is not None else ())
+        self._pre_swap.drop(self.model, list(range(self.hparams.num_groups)))
+        try:
+
+            def forward(ids, attention):
+                with context(), eval_mode(self.model):
+                    return self(ids, attention)
+
+            yield forward
+        finally:
+            self._pre_swap.restore()
+
+    def _kept_logprobs(self, batch: dict, rows: torch.Tensor) -> None:
+        """``pre_logprobs`` from the held-row cache; a row not kept yet runs through θ_pre alone, at its own length
+        (no padding), so its numbers are the same whatever batch it comes in, and on a resumed run."""
+        cache = self._held_cache
+        lengths = batch["attention_mask"].sum(-1).tolist()
+        keys = {int(r): cache.key(batch, int(r)) for r in rows}
+        for r in keys:  # right padding: the row's tokens are its first `length` positions
+            if not bool(batch["attention_mask"][r, : lengths[r]].all()):
+                raise ValueError("held_cache_gib needs right-padded rows (pad_batch's default padding side).")
+        fresh: dict[bytes, torch.Tensor] = {}
+        missing = {key: r for r, key in keys.items() if key not in cache}
+        if missing:
+            with self._theta_pre() as pre_model:
+                for key, r in missing.items():
+                    n = lengths[r]
+                    logits = pre_model(batch["input_ids"][r : r + 1, :n], batch["attention_mask"][r : r + 1, :n])
+                    fresh[key] = torch.log_softmax(logits[0].float(), dim=-1)
+                    cache.put(key, fresh[key])
         pre = None
-        for r, key, compute in zip(rows.tolist(), keys, missing, strict=True):
-            length = int(batch["attention_mask"][r].sum())  # right-padded rows: the first `length` positions
-            if compute:  # run this step (a row twice in one batch is run twice; the first is kept)
-                kept = next(computed)[:length]
-                cache.put(key, kept)
-            else:
-                kept = cache.get(key)
+        for r, key in keys.items():
+            logprobs = fresh[key] if key in fresh else cache.get(key)
             if pre is None:
-                pre = kept.new_zeros((*batch["input_ids"].shape, kept.shape[-1]))
-            pre[r, :length] = kept
-        batch["pre_logprobs"] = pre
+                pre = logprobs.new_zeros((*batch["input_ids"].shape, logprobs.shape[-1]))
+            pre[r, : lengths[r]] = logprobs
+        if pre is not None:
+            batch["pre_logprobs"] = pre
 
     @override
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
