@@ -565,7 +565,7 @@ def run_command(
         model_path: start both injections from this local HF model directory (or ``smollm2``) and skip pretraining.
         inject_config: YAML overlays for both injections, e.g. ``lacuna/inject_smollm2.yaml``.
         instruct_config: YAML overlays for both instruction tunings, e.g. one that sets ``model.init_args.optim.lr``.
-        pretrain_config: YAML overlays for the pretraining stage (θ_pre), e.g. ``lacuna/pretrain_200.yaml``.
+        pretrain_config: YAML overlays for the pretraining stage (θ_pre), e.g. one that sets ``trainer.max_steps``.
         control: also build the UnMask control (unmasked injection, its instruction tuning and filters), which the
             localization report's contrast families need; it runs side by side with the masked stages.
         instruct: add the instruction stage (LoRA on the last two blocks) and build the splits from its model. The
