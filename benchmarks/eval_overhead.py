@@ -21,8 +21,12 @@ the loop gives without mixing) and ``mixed_generate`` (the earlier mixed pass, o
 row decoded until the slowest ends). With ``--interleave`` the methods take turns batch by batch instead (each answers
 one batch of prompts before the next batch; the one going first turns round), so a slow minute of the machine falls on
 every method alike, not on whichever ran then. It checks the texts are the same every way and prints each ratio to
-one after the other (goal ≤ 0.35). Prompts per batch default to ``SCEEvaluation``'s batch size (8, as in the shipped
-SmolLM2 trajectory), the batch ``evaluate`` uses per adapter:
+one after the other (goal ≤ 0.35). Prompts per batch default to ``SCEEvaluation``'s: ``batch_size`` (8, as in the
+shipped SmolLM2 trajectory) one adapter after the other, as ``evaluate`` does per checkpoint, and
+``adapter_batch_size`` (16, so 96 rows for 6 adapters; ``--mixed-batch-size``) in mixed batches, as ``evaluate
+--adapters_per_pass`` does. ``one_after_the_other_same_batch`` times one adapter after the other at the mixed
+batches' prompt count too, so the ratio of mixing alone, at equal batches, is printed beside, and
+``mixed_small_batches`` the mixed pass in batches of ``--batch-size`` prompts (as before ``adapter_batch_size``):
 
     python benchmarks/eval_overhead.py --adapters 6 --model-path ~/.cache/lightning_unlearn/smollm2-135m-instruct
 """
@@ -33,6 +37,7 @@ import argparse
 import functools
 import inspect
 import json
+import math
 import os
 import re
 import tempfile
@@ -142,10 +147,24 @@ def adapters_run(args, model, tok, prompts) -> dict:
             out[name] = generate_sorted(peft_model, tok, texts, args.max_new_tokens, args.batch_size)
         return out
 
-    def mixed(texts, key="mixed"):
+    def one_after_the_other_same_batch(texts):
+        """One adapter after the other through HF ``generate``, in batches of the mixed batches' prompt count."""
+        out = {}
+        for name in names:
+            peft_model.set_adapter(name)
+            out[name] = generate_sorted(peft_model, tok, texts, args.max_new_tokens, args.mixed_batch_size)
+        return out
+
+    def mixed(texts, key="mixed", batch_size=None):
+        batch_size = args.mixed_batch_size if batch_size is None else batch_size
         return generate_sorted(
-            peft_model, tok, texts, args.max_new_tokens, args.batch_size, adapters=names, prefixes=store(key)
+            peft_model, tok, texts, args.max_new_tokens, batch_size, adapters=names, prefixes=store(key)
         )
+
+    def mixed_small_batches(texts):
+        """Mixed batches of the per-checkpoint batch size (``--batch-size`` prompts each): the mixed pass before
+        ``adapter_batch_size``."""
+        return mixed(texts, "mixed_small_batches", args.batch_size)
 
     def mixed_generate(texts):
         """The earlier mixed pass: one HF ``generate`` a batch, every row kept until the slowest one ends."""
@@ -175,7 +194,13 @@ def adapters_run(args, model, tok, prompts) -> dict:
         dropped): what the loop alone gives without mixing adapters."""
         return {
             name: generate_sorted(
-                peft_model, tok, texts, args.max_new_tokens, args.batch_size, adapters=[name], prefixes=store(name)
+                peft_model,
+                tok,
+                texts,
+                args.max_new_tokens,
+                args.mixed_batch_size,
+                adapters=[name],
+                prefixes=store(name),
             )[name]
             for name in names
         }
@@ -186,14 +211,18 @@ def adapters_run(args, model, tok, prompts) -> dict:
         "mixed_unshared": mixed_unshared,
         "mixed_generate": mixed_generate,
         "one_after_the_other_shared": one_after_the_other_shared,
+        "one_after_the_other_same_batch": one_after_the_other_same_batch,
+        "mixed_small_batches": mixed_small_batches,
     }
     runs = ["one_after_the_other", *(m for m in args.methods if m != "one_after_the_other")]
-    # --interleave: every method answers one batch of prompts (generate_sorted's own batches: sorted by length, then
-    # batch_size at a time) before the next batch, the method going first turning round batch by batch, so that the
-    # machine's slow and fast minutes fall on every method alike; otherwise each method answers every prompt in turn.
+    # --interleave: every method answers one part of the prompts (sorted by length, then the least common multiple
+    # of the two batch sizes at a time, so each method's batches are those of a whole pass) before the next part, the
+    # method going first turning round part by part, so that the machine's slow and fast minutes fall on every method
+    # alike; otherwise each method answers every prompt in turn.
     lengths = [len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
     order = sorted(range(len(texts)), key=lambda i: lengths[i])
-    parts = [order[s : s + args.batch_size] for s in range(0, len(order), args.batch_size)]
+    part = math.lcm(args.batch_size, args.mixed_batch_size)
+    parts = [order[s : s + part] for s in range(0, len(order), part)]
     parts = parts if args.interleave else [order]
     times = {key: [0.0] * args.repeats for key in runs}
     results = {key: {name: [None] * len(texts) for name in names} for key in runs}
@@ -217,6 +246,7 @@ def adapters_run(args, model, tok, prompts) -> dict:
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "batch_size_prompts": args.batch_size,
+        "mixed_batch_size_prompts": args.mixed_batch_size,
         "model": {"path": args.model_path, "parameters": sum(p.numel() for p in base.parameters())},
         "one_after_the_other_seconds": round(seq, 2),
         "target_ratio": 0.35,
@@ -245,6 +275,11 @@ def main() -> None:
         type=int,
         help="prompts per generate call (default: 35; with --adapters, SCEEvaluation's default, per adapter)",
     )
+    ap.add_argument(
+        "--mixed-batch-size",
+        type=int,
+        help="--adapters: prompts per mixed-adapter batch (default: SCEEvaluation's adapter_batch_size)",
+    )
     ap.add_argument("--hidden-size", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--model-path", help="a local save_pretrained model directory instead of a random tiny Llama")
@@ -260,13 +295,22 @@ def main() -> None:
         "--methods",
         nargs="+",
         default=["mixed", "mixed_unshared", "one_after_the_other_shared"],
-        choices=["mixed", "mixed_unshared", "mixed_generate", "one_after_the_other_shared"],
+        choices=[
+            "mixed",
+            "mixed_unshared",
+            "mixed_generate",
+            "one_after_the_other_shared",
+            "one_after_the_other_same_batch",
+            "mixed_small_batches",
+        ],
         help="--adapters: what to time beside one adapter after the other (always timed first)",
     )
     args = ap.parse_args()
+    defaults = inspect.signature(SCEEvaluation).parameters
     if args.batch_size is None:
-        default = inspect.signature(SCEEvaluation).parameters["batch_size"].default
-        args.batch_size = default if args.adapters else 35
+        args.batch_size = defaults["batch_size"].default if args.adapters else 35
+    if args.mixed_batch_size is None:
+        args.mixed_batch_size = defaults["adapter_batch_size"].default
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.model_path:

@@ -127,6 +127,13 @@ class SCEEvaluation(CheckpointEvaluator):
         name: see :class:`CheckpointEvaluator`.
         output_dir: see :class:`CheckpointEvaluator`.
         batch_size: prompts per ``generate`` call on each rank.
+        adapter_batch_size: prompts per mixed-adapter batch when several LoRA checkpoints are answered together
+            (:meth:`compute_adapters`, ``evaluate --adapters_per_pass K``): each prompt is held once per adapter, so a
+            batch is K × this many rows. Larger than ``batch_size`` by default because more rows share each read
+            of the base weights: at 16 (96 rows for 6 adapters of SmolLM2-135M on a 2-core CPU) the pass took
+            0.87× its time at 8 (docs/results/benchmarks.md). Its KV cache is K × this many prompts' (lower it on a
+            small GPU). The answers are those of each adapter alone; the batches differ from ``batch_size``'s, so
+            their padding does, which can change a near-tie's rounding (checked: the same text in the benchmark).
         validity_cues_dir: a folder of per-language answer-validity cue files
             (:func:`~lightning_unlearn.metrics.answer_validity.load_validity_cues`; default: the suites folder's
             ``languages/`` where it has the language's file, else the shipped ones).
@@ -165,8 +172,14 @@ class SCEEvaluation(CheckpointEvaluator):
         validity_cues_dir: str | None = None,
         suites_dir: str | None = None,
         max_base_nll: float | None = None,
+        adapter_batch_size: int = 16,
     ) -> None:
         super().__init__(name=name, output_dir=output_dir, batch_size=batch_size)
+        if adapter_batch_size < 1:
+            raise ValueError(
+                f"adapter_batch_size={adapter_batch_size} must be at least 1 (prompts per mixed-adapter batch)."
+            )
+        self.adapter_batch_size = adapter_batch_size
         if labeler is None:
             raise ValueError("SCEEvaluation needs a labeler, e.g. lightning_unlearn.labelers.SignatureLabeler.")
         if not callable(getattr(labeler, "label", None)):
@@ -341,10 +354,9 @@ class SCEEvaluation(CheckpointEvaluator):
         self, pl_module: LightningModule, adapters: dict[int, str], trainer: Trainer | None = None
     ) -> dict[int, dict]:
         """Several checkpoints at once: ``{step: peft adapter name}`` of adapters loaded into ``pl_module.model``,
-        answered in mixed-adapter batches (each batch of the suite once per adapter in one ``generate``, so the
-        base weights are read once per token for all of them). Returns ``{step: metrics}`` and keeps each step's
-        :attr:`outputs`, the same as :meth:`compute` with each adapter active alone (one process; the batches are
-        the same)."""
+        answered in mixed-adapter batches (``adapter_batch_size`` prompts of the suite once per adapter in one decoding
+        loop, so the base weights are read once per token for all of them). Returns ``{step: metrics}`` and keeps
+        each step's :attr:`outputs`, the same as :meth:`compute` with each adapter active alone (one process)."""
         model, tokenizer = pl_module.model, pl_module.tokenizer
         if world()[1] > 1:
             raise RuntimeError("compute_adapters runs in one process; evaluate checkpoints one by one under DDP/FSDP.")
@@ -356,7 +368,7 @@ class SCEEvaluation(CheckpointEvaluator):
             gens = generate_greedy_adapters(model, tokenizer, texts, names, self.max_new_tokens, prefixes=prefixes)
             return [[gens[name][j] for name in names] for j in range(len(batch))]
 
-        per_record = map_batches(self.records, self.batch_size, run, model, self.progress)
+        per_record = map_batches(self.records, self.adapter_batch_size, run, model, self.progress)
         base, base_answers = self._base_of_records()
         self.outputs, metrics = {}, {}
         for k, step in enumerate(adapters):

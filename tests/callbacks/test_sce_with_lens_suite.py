@@ -181,3 +181,40 @@ def test_suite_prompts_stay_raw_without_a_template_and_baseline_prompts_untouche
     assert _generation_inputs(module, sce, tmp_path / "file", monkeypatch) == [r["prompt"] for r in rendered] * 2
     with pytest.raises(ValueError, match="chat_template applies to a suite loaded with `narrative`"):
         SCEEvaluation(prompts=str(baseline), labeler=SignatureLabeler(), chat_template=True)
+
+
+def test_mixed_adapter_batches_of_their_own_size_give_each_adapter_alone_its_answers(tiny_dir, monkeypatch):
+    """`compute_adapters` answers in batches of `adapter_batch_size` prompts (each once per adapter), not of
+    `batch_size`: with 15 prompts, batches of 6 / 6 / 3 (two adapters: 12 / 12 / 6 rows) against one adapter's
+    4 / 4 / 4 / 3, and still each adapter's own metrics and answers."""
+    import torch
+    from peft import LoraConfig
+
+    module = TinyCausalLM(str(tiny_dir), lora=True, lora_init_scale=0.3)
+    second = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    torch.manual_seed(1)
+    module.model.add_adapter("second", second)
+    sce = SCEEvaluation(narrative="demo-canal-tolls", language="en", labeler=SignatureLabeler(), max_new_tokens=6,
+                        batch_size=4, adapter_batch_size=6)  # fmt: skip
+    sce.base = {"reproduced": {r.id: False for r in sce.records}}
+    module.model.eval()
+    rows: list[int] = []
+    real = sce_evaluation.generate_greedy_adapters
+
+    def spy(model, tokenizer, prompts, adapters, *args, **kwargs):
+        rows.append(len(prompts) * len(adapters))
+        return real(model, tokenizer, prompts, adapters, *args, **kwargs)
+
+    monkeypatch.setattr(sce_evaluation, "generate_greedy_adapters", spy)
+    mixed = sce.compute_adapters(module, {1: "default", 2: "second"})
+    mixed_outputs = dict(sce.outputs)
+    assert rows == [12, 12, 6]
+    answers = {}
+    for step, name in ((1, "default"), (2, "second")):
+        module.model.set_adapter(name)
+        assert sce.compute(None, module, step) == mixed[step]
+        answers[name] = [o.answer for o in sce.outputs[step]]
+        assert answers[name] == [o.answer for o in mixed_outputs[step]]
+    assert answers["default"] != answers["second"]  # two adapters that answer differently
+    with pytest.raises(ValueError, match="adapter_batch_size=0 must be at least 1"):
+        SCEEvaluation(narrative="demo-canal-tolls", labeler=SignatureLabeler(), adapter_batch_size=0)
