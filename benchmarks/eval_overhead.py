@@ -140,20 +140,16 @@ def adapters_run(args, model, tok, prompts) -> dict:
     def store(*key) -> PrefixStore:
         return stores.setdefault(key, PrefixStore())
 
-    def one_after_the_other(texts):
+    def one_after_the_other(texts, batch_size=None):
         out = {}
         for name in names:
             peft_model.set_adapter(name)
-            out[name] = generate_sorted(peft_model, tok, texts, args.max_new_tokens, args.batch_size)
+            out[name] = generate_sorted(peft_model, tok, texts, args.max_new_tokens, batch_size or args.batch_size)
         return out
 
     def one_after_the_other_same_batch(texts):
         """One adapter after the other through HF ``generate``, in batches of the mixed batches' prompt count."""
-        out = {}
-        for name in names:
-            peft_model.set_adapter(name)
-            out[name] = generate_sorted(peft_model, tok, texts, args.max_new_tokens, args.mixed_batch_size)
-        return out
+        return one_after_the_other(texts, args.mixed_batch_size)
 
     def mixed(texts, key="mixed", batch_size=None):
         batch_size = args.mixed_batch_size if batch_size is None else batch_size
