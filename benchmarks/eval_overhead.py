@@ -11,22 +11,23 @@ with the ratio.
 
 With ``--adapters K`` it times what post-hoc evaluation of K LoRA checkpoints spends in generation instead:
 K adapters (LoRA r 8, α 16 on every projection, random non-zero weights, each saved and loaded back as an
-``adapter-step=N/`` directory would be) answer the slice one adapter after the other (``set_adapter``, what
-``evaluate`` does per checkpoint) and then all in mixed-adapter batches (``generate_sorted(adapters=…)``, what
-``evaluate --adapters_per_pass K`` does: one decoding loop per batch of prompts for all K, a prompt leaving the batch
-once every adapter's answer to it has ended, the prompts' shared leading tokens run once per adapter and pass, the KV
-cache written in place), alternating ``--repeats`` times with the ``--methods`` beside it: ``mixed_unshared`` (the same
-without the shared prefix), ``one_after_the_other_shared`` (one adapter at a time through that decoding loop: what
-the loop gives without mixing) and ``mixed_generate`` (the earlier mixed pass, one HF ``generate`` per batch, every
-row decoded until the slowest ends). With ``--interleave`` the methods take turns batch by batch instead (each answers
-one batch of prompts before the next batch; the one going first turns round), so a slow minute of the machine falls on
-every method alike, not on whichever ran then. It checks the texts are the same every way and prints each ratio to
-one after the other (goal ≤ 0.35). Prompts per batch default to ``SCEEvaluation``'s: ``batch_size`` (8, as in the
-shipped SmolLM2 trajectory) one adapter after the other, as ``evaluate`` does per checkpoint, and
-``adapter_batch_size`` (16, so 96 rows for 6 adapters; ``--mixed-batch-size``) in mixed batches, as ``evaluate
---adapters_per_pass`` does. ``one_after_the_other_same_batch`` times one adapter after the other at the mixed
-batches' prompt count too, so the ratio of mixing alone, at equal batches, is printed beside, and
-``mixed_small_batches`` the mixed pass in batches of ``--batch-size`` prompts (as before ``adapter_batch_size``):
+``adapter-step=N/`` directory would be) answer the slice one adapter after the other (``set_adapter``, what ``evaluate``
+does per checkpoint) and then all in mixed-adapter batches (``generate_sorted(adapters=…)``, what ``evaluate
+--adapters_per_pass K`` does: one decoding loop per batch of prompts for all K, a prompt leaving the batch once every
+adapter's answer to it has ended, the prompts' shared leading tokens run once per adapter and pass, the KV cache written
+in place), alternating ``--repeats`` times with the ``--methods`` beside it: ``mixed_unshared`` (the same without the
+shared prefix), ``one_after_the_other_shared`` (one adapter at a time through that decoding loop, in batches of the
+mixed batches' prompt count: what the loop gives without mixing) and ``mixed_generate`` (the earlier mixed pass, one HF
+``generate`` per batch, every row decoded until the slowest ends). With ``--interleave`` the methods take turns part by
+part instead (each answers one part of the prompts, the least common multiple of the two batch sizes, before the next
+part; the one going first turns round), so a slow minute of the machine falls on every method alike, not on whichever
+ran then. It checks the texts are the same every way and prints each ratio to one after the other (goal ≤ 0.35). Prompts
+per batch default to ``SCEEvaluation``'s: ``batch_size`` (8, as in the shipped SmolLM2 trajectory) one adapter after the
+other, as ``evaluate`` does per checkpoint, and ``adapter_batch_size`` (16, so 96 rows for 6 adapters;
+``--mixed-batch-size``) in mixed batches, as ``evaluate --adapters_per_pass`` does. ``one_after_the_other_same_batch``
+times one adapter after the other at the mixed batches' prompt count too, so the ratio of mixing alone, at equal
+batches, is printed beside, and ``mixed_small_batches`` the mixed pass in batches of ``--batch-size`` prompts (as before
+``adapter_batch_size``):
 
     python benchmarks/eval_overhead.py --adapters 6 --model-path ~/.cache/lightning_unlearn/smollm2-135m-instruct
 """
@@ -144,7 +145,8 @@ def adapters_run(args, model, tok, prompts) -> dict:
         out = {}
         for name in names:
             peft_model.set_adapter(name)
-            out[name] = generate_sorted(peft_model, tok, texts, args.max_new_tokens, batch_size or args.batch_size)
+            size = args.batch_size if batch_size is None else batch_size
+            out[name] = generate_sorted(peft_model, tok, texts, args.max_new_tokens, size)
         return out
 
     def one_after_the_other_same_batch(texts):
