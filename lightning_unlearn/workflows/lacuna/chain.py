@@ -67,7 +67,7 @@ NO_INSTRUCT_REASON = (
 SIZES: dict[str, dict[str, list[str]]] = {
     "default": {
         "data": ["--data.data.num_groups", "2", "--data.data.num_profiles", "32"],
-        "inject_config": ["lacuna/inject_separable.yaml"],
+        "inject_config": ["lacuna/inject_separable.yaml", "lacuna/inject_separable_1000.yaml"],
         "pretrain": [], "inject": ["--model.init_args.num_groups", "2"], "instruct": [],
     },
     "six_groups": {"pretrain": [], "inject": [], "instruct": []},
