@@ -4,7 +4,7 @@
 # (forget group 0, retain group 1) with 15% group masks, each group trained alone while holding the other's people
 # and neutral text to θ_pre, then together (lacuna/inject_separable.yaml); measure extraction per field, write the
 # memorization-filtered splits, and check that each group's PII lives in its own mask (the separability verdict).
-# About 35 min on 2 CPU cores. Re-running reuses finished stages.
+# About 20 min on 2 CPU cores. Re-running reuses finished stages.
 #
 #   bash scripts/lacuna_default.sh                 # work directory runs/lacuna
 #   bash scripts/lacuna_default.sh --control true  # also the UnMask control, which the localization report needs

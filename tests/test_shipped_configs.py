@@ -25,7 +25,7 @@ def _base_for(path: Path, header: str) -> Path:
 
 def _with_bases(path: Path, header: str) -> list[Path]:
     """``path`` after the configs its header runs it on, an overlay's own base first (``-c inject.yaml -c
-    inject_separable.yaml -c inject_separable_1000.yaml``)."""
+    inject_separable.yaml``)."""
     base = _base_for(path, header)
     text = base.read_text()
     if base == BASE or not _is_overlay(yaml.safe_load(text)):

@@ -59,15 +59,15 @@ NO_INSTRUCT_REASON = (
 
 # Overrides of the YAML defaults per size preset. "default" is the built-in main job: θ_pre derived from SmolLM2
 # (pretrain.yaml), then two groups of 16 people (forget group 0, retain group 1) injected with the separable-groups
-# recipe (lacuna/inject_separable.yaml over inject.yaml; docs/lacuna_memorization.md §9d-§9f), the one layout measured
-# separable here (about 35 min on 2 CPU cores). "inject_config" overlays the masked injection only: the UnMask control
+# recipe (lacuna/inject_separable.yaml over inject.yaml; docs/lacuna_memorization.md §9d-§9i), the one layout measured
+# separable here (about 18 min on 2 CPU cores). "inject_config" overlays the masked injection only: the UnMask control
 # keeps inject_unmasked.yaml's recipe (group dropout and held QA need masks). "six_groups" is the paper's layout
 # (60 people, forget groups 0-2, retain 3-5; inject.yaml alone, about 19 min): it memorizes and keeps general text,
 # but it is NOT separable (§9c). "tiny" is for tests (seconds): a random tiny θ_pre (pretrain_tiny.yaml).
 SIZES: dict[str, dict[str, list[str]]] = {
     "default": {
         "data": ["--data.data.num_groups", "2", "--data.data.num_profiles", "32"],
-        "inject_config": ["lacuna/inject_separable.yaml", "lacuna/inject_separable_1000.yaml"],
+        "inject_config": ["lacuna/inject_separable.yaml"],
         "pretrain": [], "inject": ["--model.init_args.num_groups", "2"], "instruct": [],
     },
     "six_groups": {"pretrain": [], "inject": [], "instruct": []},
