@@ -428,7 +428,7 @@ def test_the_default_preset_builds_two_groups_with_the_separable_recipe(tiny_dir
     assert (manifest["num_groups"], manifest["num_profiles"]) == (2, 32)
     config = yaml.safe_load((w / "inject" / "lightning_logs" / "version_0" / "config.yaml").read_text())
     model, data = config["model"]["init_args"], config["data"]["init_args"]
-    assert (model["coverage"], model["num_groups"], data["hold_other_groups"]) == (0.15, 2, 0.25)
+    assert (model["coverage"], model["num_groups"], data["hold_other_groups"]) == (0.4, 2, 0.25)
     assert model["drop_other_groups"] == [[0, 1.0], [2, 0.5]] and config["trainer"]["max_steps"] == 4
     # the recipe's cheaper step (§9h) stays on under a further overlay that sets other optimizer fields
     assert model["held_cache_gib"] == 1.0 and model["optim"]["fused"] is True and model["optim"]["lr"] == 0.003
