@@ -19,8 +19,12 @@ features, scored out-of-fold (5-fold ``cross_val_predict``) on at most ``max_sam
 weights. The reported localization AUC is the max over families.
 
 The reversal families read Δ_inj. When the injection changed nothing but the masked elements (no neutral text,
-so Δ_inj is exactly 0 on most weights), ``reversal`` tells the masks from Δ_inj alone, whatever the unlearning method
-did: off the masks it is (0 − |Δ_unl|)/ε, a huge negative, so even pure noise scores about 0.91. It is then still
+so Δ_inj is exactly 0 off the masks), ``reversal`` tells the masks from Δ_inj alone, whatever the unlearning method
+did: off the masks it is (0 − |Δ_unl|)/ε, a huge negative, so even pure noise scores about 0.91 with masks on 30 % of
+the weights and 0.67 for AUC(F) with two 40 % masks (every weight off the masks ranks below every weight on them).
+That holds for any share of exactly unchanged weights, so the rule applies above
+:data:`UNCHANGED_FRACTION_LIMIT` (0.1 %: exact zeros on a share u of the weights lift a noise AUC(F) to
+0.5 + u / (2 (1 − f)), f the forget mask's share). It is then still
 reported but left out of the max and of the composite's features (``omitted``), as the paper leaves the contrast
 families out for OracleGrad, and a warning says so. ``signrev`` and ``dirreversal`` stay in: off the masks they are
 exactly 0 and on them symmetric about 0 for a change unrelated to the injection, so noise scores 0.5 on them; they
@@ -51,8 +55,11 @@ from lightning_unlearn.masks import mask_shape
 MAGNITUDE_FAMILIES = ("raw", "qtile", "layernorm")
 REVERSAL_FAMILIES = ("signrev", "reversal", "dirreversal")
 CONTRAST_FAMILIES = ("contrast", "contrastnorm", "compnorm")
-# Left out of the max and the composite when Δ_inj is exactly 0 on most weights (see the module docstring).
+# Left out of the max and the composite when Δ_inj is exactly 0 on more than UNCHANGED_FRACTION_LIMIT of the weights
+# (see the module docstring). Until Dec 7 the limit was one half, which a testbed with 40 % masks (20 % unchanged)
+# passed, and its `reversal` scored every method's AUC(F) 0.67 and AUC(F|R) 1.00.
 SPARSE_INJECTION_OMITTED = ("reversal",)
+UNCHANGED_FRACTION_LIMIT = 0.001
 _SUFFIX = re.compile(r"\.(weight|bias)$")
 
 ScoreChunks = Callable[[], Iterable[tuple[torch.Tensor, torch.Tensor]]]
@@ -644,17 +651,18 @@ def _pre_pass(
 
 
 def _sparse_injection_omissions(result: dict, unchanged: float, families: Sequence[str]) -> list[str]:
-    """Record in ``result`` the families a sparse injection (Δ_inj exactly 0 on most weights) leaves out of the max
-    and the composite, and the warning that says so; returns the composite's families."""
+    """Record in ``result`` the families a sparse injection (Δ_inj exactly 0 on more than
+    :data:`UNCHANGED_FRACTION_LIMIT` of the weights) leaves out of the max and the composite, and the warning that
+    says so; returns the composite's families."""
     result["inj_unchanged_fraction"] = unchanged
-    result["omitted"] = list(SPARSE_INJECTION_OMITTED) if unchanged > 0.5 else []
+    result["omitted"] = list(SPARSE_INJECTION_OMITTED) if unchanged > UNCHANGED_FRACTION_LIMIT else []
     if result["omitted"]:
         result["warnings"].append(
             f"Δ_inj is exactly 0 on {unchanged:.1%} of the weights (the injection moved only masked elements, e.g. "
             "no neutral text), so the reversal family `reversal` finds the injection masks from Δ_inj alone (noise "
-            "scores about 0.91); it is left out of the max and the composite. signrev and dirreversal stay in the "
-            "max (noise scores 0.5 on them) but not in the composite. Inject with neutral text, as the paper does, "
-            "to score `reversal` too."
+            "scores above 0.5: every unchanged weight ranks below every masked one); it is left out of the max and "
+            "the composite. signrev and dirreversal stay in the max (noise scores 0.5 on them) but not in the "
+            "composite. Inject with neutral text, as the paper does, to score `reversal` too."
         )
     scored = [f for f in families if f not in result["omitted"]]
     # On a sparse injection signrev and dirreversal are exactly 0 off the masks and odd in Δ_unl on them: alone they

@@ -300,6 +300,34 @@ def test_on_a_sparse_injection_pure_noise_scores_chance_on_every_kept_family():
     assert r["F"]["signrev"] > 0.9 and r["F"]["dirreversal"] > 0.9 and r["F"]["best"] in ("signrev", "dirreversal")
 
 
+def test_wide_masks_leave_few_weights_unchanged_and_reversal_is_still_left_out():
+    """Two 40 % groups (the default testbed since Dec 7): Δ_inj is exactly 0 on only a fifth of the weights, and
+    `reversal` still ranks every one of them below every masked weight, so pure noise reads AUC(F) 0.5 + 0.2 / (2 ·
+    0.6) ≈ 0.67 and AUC(F|R) 1.0 on it. It is left out; every kept family reads chance."""
+    pre, inj, unl, *_ = _synthetic(shape=(300, 500), localized=False, seed=4)
+    g = torch.Generator().manual_seed(5)
+    forget, retain = {}, {}
+    for n in pre:
+        u = torch.rand(pre[n].shape, generator=g)
+        forget[n], retain[n] = u < 0.4, (u >= 0.4) & (u < 0.8)
+    inj = {n: torch.where(forget[n] | retain[n], inj[n], pre[n]) for n in pre}
+    unl = {n: inj[n] + torch.randn(inj[n].shape, generator=torch.Generator().manual_seed(i)) * 1e-3
+           for i, n in enumerate(pre)}  # fmt: skip
+    unified = {n: forget[n] | retain[n] for n in pre}
+    r = mask_auc(pre, inj, unl, forget, unified_mask=unified, max_samples=450_000)
+    assert r["inj_unchanged_fraction"] == pytest.approx(0.2, abs=0.005)
+    assert r["F"]["reversal"] == pytest.approx(0.5 + 0.2 / (2 * 0.6), abs=0.01) and r["F|R"]["reversal"] > 0.99
+    assert r["omitted"] == ["reversal"] and len(r["warnings"]) == 1
+    for key in ("F", "F|R"):
+        kept = [f for f in r[key] if f not in ("max", "best", *r["omitted"])]
+        assert set(kept) == {"raw", "qtile", "layernorm", "signrev", "dirreversal", "composite"}
+        for family in kept:
+            assert abs(r[key][family] - 0.5) < 0.005, (key, family, r[key][family])
+    # a dense injection (every weight moved, as with the paper's unmasked neutral text) keeps `reversal`
+    dense = mask_auc(pre, {n: pre[n] + 1e-2 for n in pre}, unl, forget, composite=False)
+    assert dense["inj_unchanged_fraction"] == 0 and dense["omitted"] == []
+
+
 def test_mask_auc_rejects_mismatched_dicts():
     pre, inj, unl, forget, *_ = _synthetic(n_tensors=1)
     bad = {n: t[:5] for n, t in unl.items()}
