@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The Lacuna testbed's built-in default, end to end on a CPU: derive θ_pre from six blocks of SmolLM2-135M-Instruct
-# (vocabulary pruned to the testbed's text) and heal it briefly (200 steps); inject synthetic PII of two groups of 16
-# people (forget group 0, retain group 1) with 40% group masks, each group trained alone while holding the other's
-# people and neutral text to θ_pre, then together (lacuna/inject_separable.yaml); measure extraction per field, write
-# the memorization-filtered splits, and check that each group's PII lives in its own mask (the separability verdict).
-# About 15 min on 2 CPU cores. Re-running reuses finished stages.
+# (vocabulary pruned to the testbed's text) and heal it briefly; inject synthetic PII of two groups of 16 people
+# (forget group 0, retain group 1) with 15% group masks, each group trained alone while holding the other's people
+# and neutral text to θ_pre, then together (lacuna/inject_separable.yaml); measure extraction per field, write the
+# memorization-filtered splits, and check that each group's PII lives in its own mask (the separability verdict).
+# About 20 min on 2 CPU cores. Re-running reuses finished stages.
 #
 #   bash scripts/lacuna_default.sh                 # work directory runs/lacuna
 #   bash scripts/lacuna_default.sh --control true  # also the UnMask control, which the localization report needs

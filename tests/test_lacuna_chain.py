@@ -7,13 +7,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 from datasets import load_from_disk
 
-from lightning_unlearn.configs import resolve_config
 from lightning_unlearn.console import UNWANTED_OUTPUT
 from lightning_unlearn.data.records import TRUTH_RATIO_COLUMNS
 from lightning_unlearn.data.splits import FIELD_SPLITS, SPLIT_COLUMNS
@@ -283,39 +281,26 @@ def test_chain_rejects_a_model_path_without_a_model(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
-class _Stop(Exception):
-    """Raised in place of running a stage: the stage's command is what a test checks; nothing trains."""
-
-
-def _record_stages(monkeypatch) -> list:
-    """Make the chain record the stages it would run, and stop at the first."""
+def test_a_pretrain_overlay_follows_the_pretraining_config_and_is_recorded(tmp_path, monkeypatch):
     from lightning_unlearn.workflows.lacuna import chain
 
+    overlay = tmp_path / "heal.yaml"
+    overlay.write_text("trainer:\n  max_steps: 7\n")
     commands = []
+
+    class Stop(Exception):
+        pass
 
     def run(self, todo):
         commands.extend(todo)
-        raise _Stop
+        raise Stop  # the command is what is checked; nothing trains
 
     monkeypatch.setattr(chain._Stages, "run", run)
-    return commands
-
-
-def _pretrain_configs(commands: list) -> list[str]:
-    """The ``-c`` configs of the one stage recorded, which must be the pretraining."""
-    ((name, cmd, _),) = commands
-    assert name == "pretrain"
-    return [cmd[i + 1] for i, a in enumerate(cmd) if a == "-c"]
-
-
-def test_a_pretrain_overlay_follows_the_pretraining_config_and_is_recorded(tmp_path, monkeypatch):
-    overlay = tmp_path / "heal.yaml"
-    overlay.write_text("trainer:\n  max_steps: 7\n")
-    commands = _record_stages(monkeypatch)
-    with pytest.raises(_Stop):
+    with pytest.raises(Stop):
         run_chain(str(tmp_path / "w"), size="tiny", pretrain_configs=[str(overlay)], log=[].append)
-    configs = _pretrain_configs(commands)
-    assert configs[0].endswith("pretrain_tiny.yaml") and configs[1:] == [str(overlay)]
+    ((name, cmd, _),) = commands
+    configs = [cmd[i + 1] for i, a in enumerate(cmd) if a == "-c"]
+    assert name == "pretrain" and configs[0].endswith("pretrain_tiny.yaml") and configs[1:] == [str(overlay)]
     assert json.loads((tmp_path / "w" / "chain.json").read_text())["pretrain_configs"] == [str(overlay)]
     with pytest.raises(ValueError, match="Choose another --workdir"):  # the same work directory without the overlay
         run_chain(str(tmp_path / "w"), size="tiny", log=[].append)
@@ -323,30 +308,6 @@ def test_a_pretrain_overlay_follows_the_pretraining_config_and_is_recorded(tmp_p
         run_chain(str(tmp_path / "x"), size="tiny", pretrain_configs=[str(overlay)], model_path=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="--pretrain_config"):
         run_chain(str(tmp_path / "x"), size="tiny", pretrain_configs=[str(tmp_path / "missing.yaml")])
-
-
-def test_the_default_preset_heals_200_steps_before_the_callers_pretrain_overlay(tmp_path, monkeypatch):
-    """``--size default`` derives θ_pre with pretrain.yaml and lacuna/pretrain_short.yaml (200 steps, §9j); a caller's
-    overlay comes after it, so it can change the heal; both are recorded, so a work directory healed otherwise (e.g.
-    the 300 steps of the default before Dec 7) is refused rather than reused."""
-    short = yaml.safe_load(Path(resolve_config("lacuna/pretrain_short.yaml")).read_text())
-    assert short == {"trainer": {"max_steps": 200}}
-    commands = _record_stages(monkeypatch)
-    with pytest.raises(_Stop):
-        run_chain(str(tmp_path / "w"), size="default", log=[].append)
-    configs = _pretrain_configs(commands)
-    assert [Path(c).name for c in configs] == ["pretrain.yaml", "pretrain_short.yaml"]
-    recorded = json.loads((tmp_path / "w" / "chain.json").read_text())["pretrain_configs"]
-    assert [Path(c).name for c in recorded] == ["pretrain_short.yaml"]
-
-    overlay = tmp_path / "heal.yaml"
-    overlay.write_text("trainer:\n  max_steps: 300\n")
-    commands.clear()
-    with pytest.raises(_Stop):
-        run_chain(str(tmp_path / "v"), size="default", pretrain_configs=[str(overlay)], log=[].append)
-    assert [Path(c).name for c in _pretrain_configs(commands)] == ["pretrain.yaml", "pretrain_short.yaml", "heal.yaml"]
-    with pytest.raises(ValueError, match="Choose another --workdir"):
-        run_chain(str(tmp_path / "w"), size="default", pretrain_configs=[str(overlay)], log=[].append)
 
 
 def test_a_workdir_from_before_instruct_overlays_is_still_reused(tmp_path):
@@ -467,7 +428,7 @@ def test_the_default_preset_builds_two_groups_with_the_separable_recipe(tiny_dir
     assert (manifest["num_groups"], manifest["num_profiles"]) == (2, 32)
     config = yaml.safe_load((w / "inject" / "lightning_logs" / "version_0" / "config.yaml").read_text())
     model, data = config["model"]["init_args"], config["data"]["init_args"]
-    assert (model["coverage"], model["num_groups"], data["hold_other_groups"]) == (0.4, 2, 0.25)
+    assert (model["coverage"], model["num_groups"], data["hold_other_groups"]) == (0.15, 2, 0.25)
     assert model["drop_other_groups"] == [[0, 1.0], [2, 0.5]] and config["trainer"]["max_steps"] == 4
     # the recipe's cheaper step (§9h) stays on under a further overlay that sets other optimizer fields
     assert model["held_cache_gib"] == 1.0 and model["optim"]["fused"] is True and model["optim"]["lr"] == 0.003

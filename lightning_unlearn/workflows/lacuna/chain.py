@@ -58,19 +58,16 @@ NO_INSTRUCT_REASON = (
 )
 
 # Overrides of the YAML defaults per size preset. "default" is the built-in main job: θ_pre derived from SmolLM2
-# (pretrain.yaml with the 200-step heal of lacuna/pretrain_short.yaml), then two groups of 16 people (forget group 0,
-# retain group 1) injected with the separable-groups recipe (lacuna/inject_separable.yaml over inject.yaml: 40 %
-# coverage, 650 steps; docs/lacuna_memorization.md §9d-§9j), the one layout measured separable here (about 14 min on
-# 2 CPU cores). "inject_config" overlays the masked injection only: the UnMask control keeps inject_unmasked.yaml's
-# recipe (group dropout and held QA need masks). "pretrain_overlay" goes before the caller's --pretrain_config
-# overlays. "six_groups" is the paper's layout
+# (pretrain.yaml), then two groups of 16 people (forget group 0, retain group 1) injected with the separable-groups
+# recipe (lacuna/inject_separable.yaml over inject.yaml; docs/lacuna_memorization.md §9d-§9i), the one layout measured
+# separable here (about 18 min on 2 CPU cores). "inject_config" overlays the masked injection only: the UnMask control
+# keeps inject_unmasked.yaml's recipe (group dropout and held QA need masks). "six_groups" is the paper's layout
 # (60 people, forget groups 0-2, retain 3-5; inject.yaml alone, about 19 min): it memorizes and keeps general text,
 # but it is NOT separable (§9c). "tiny" is for tests (seconds): a random tiny θ_pre (pretrain_tiny.yaml).
 SIZES: dict[str, dict[str, list[str]]] = {
     "default": {
         "data": ["--data.data.num_groups", "2", "--data.data.num_profiles", "32"],
         "inject_config": ["lacuna/inject_separable.yaml"],
-        "pretrain_overlay": ["lacuna/pretrain_short.yaml"],
         "pretrain": [], "inject": ["--model.init_args.num_groups", "2"], "instruct": [],
     },
     "six_groups": {"pretrain": [], "inject": [], "instruct": []},
@@ -409,8 +406,6 @@ def run_chain(
             "--pretrain_config overlays the pretraining stage, which --model_path skips (the injections start from "
             "that model); drop one of them."
         )
-    if model_path is None:  # the preset's own pretraining overlay goes first, so the caller's can change it
-        pretrain_overlays = _overlays(SIZES[size].get("pretrain_overlay", []), "--pretrain_config") + pretrain_overlays
     w = Path(workdir).resolve()
     preset = SIZES[size]
     data_dir = ["--data.data_dir", str(w / "data")]
