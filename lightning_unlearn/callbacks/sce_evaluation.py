@@ -28,6 +28,7 @@ from lightning_unlearn.generation import (
     model_prompt,
 )
 from lightning_unlearn.labelers.narrative_label import INVALID
+from lightning_unlearn.labelers.responsiveness_judge import JudgeReading, ResponsivenessJudge
 from lightning_unlearn.metrics.answer_validity import VALIDITY_FLAGS, answer_validity, load_validity_cues
 from lightning_unlearn.metrics.degeneration import DEGENERATION_FLAGS, DegenerationThresholds, degeneration_report
 from lightning_unlearn.metrics.sce import classify_output, sce_breakdown
@@ -137,13 +138,11 @@ class SCEEvaluation(CheckpointEvaluator):
         validity_cues_dir: a folder of per-language answer-validity cue files
             (:func:`~lightning_unlearn.metrics.answer_validity.load_validity_cues`; default: the suites folder's
             ``languages/`` where it has the language's file, else the shipped ones).
-        max_base_nll: judge each answer's plausibility under the base model (the adapter disabled): its mean
-            negative log-likelihood per answer token given its prompt, kept in the generation rows as
-            ``base_nll``; above this many nats per token an answer that neither endorses nor rejects the frame is a
-            non-answer (drift, off-point content, or non-language the word-shape check misses). Model-specific:
-            1.7 for SmolLM2-135M-Instruct, fitted on NATO answers, where it separates real answers from non-answers
-            (ROC AUC 0.97); on other narratives it separates far less (0.65–0.72), so calibrate it on yours
-            (docs/lens_validity_2026-12-03.md). ``None`` (default): not judged, no extra forward pass.
+        judge: the responsiveness judge
+            (:class:`~lightning_unlearn.labelers.responsiveness_judge.ResponsivenessJudge`): it decides whether an
+            answer responds to its question (zero-shot, or by the head a calibration on the narrative fitted); its
+            reading goes into every generation row as ``judge``. ``None``: the lexical topic and claim cues decide
+            (narrative-specific regular expressions; kept for runs without the judge's model).
         suites_dir: the folder of the suite files the prompts' narratives come from, for the labeler, the claim
             vocabulary and the topic cues (default: the folder of ``narrative`` when it is a file; for a
             ``lens baseline`` file given as ``prompts``, the folder its ``.meta.json`` records; else the shipped
@@ -171,7 +170,7 @@ class SCEEvaluation(CheckpointEvaluator):
         batch_size: int = 8,
         validity_cues_dir: str | None = None,
         suites_dir: str | None = None,
-        max_base_nll: float | None = None,
+        judge: ResponsivenessJudge | None = None,
         adapter_batch_size: int = 16,
     ) -> None:
         super().__init__(name=name, output_dir=output_dir, batch_size=batch_size)
@@ -186,9 +185,9 @@ class SCEEvaluation(CheckpointEvaluator):
             raise TypeError(f"labeler {labeler!r} has no `label(responses, narrative, language)` method.")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be at least 1.")
-        if max_base_nll is not None and max_base_nll <= 0:
-            raise ValueError(f"max_base_nll={max_base_nll} must be positive (nats per token) or null (not judged).")
-        self.max_base_nll = max_base_nll
+        if judge is not None and not callable(getattr(judge, "judge", None)):
+            raise TypeError(f"judge {judge!r} has no `judge(answers, questions, hypotheses, narratives)` method.")
+        self.judge = judge
         if (prompts is None) == (narrative is None):
             raise ValueError("give the SCE suite either as `prompts` (records or a file) or as `narrative`, not both.")
         if narrative is None and chat_template is not None:
@@ -224,7 +223,11 @@ class SCEEvaluation(CheckpointEvaluator):
             try:
                 self._specs[(narrative_id, lang)] = load_narrative(suite_ref(narrative_id, suites_dir), lang)
             except ValueError:  # prompts of no known suite: the question alone decides topic
-                pass
+                if judge is not None and narrative_id:
+                    raise ValueError(
+                        f"the suite of narrative {narrative_id!r} ({lang}) is not found, and the responsiveness judge "
+                        "needs its hypotheses: pass suites_dir (the folder of its suite file)."
+                    ) from None
         # the per-answer rows of the last evaluation pass, by step (written and logged by :meth:`log_extras`)
         self.outputs: dict[int, list[SCEOutput]] = {}
 
@@ -287,45 +290,38 @@ class SCEEvaluation(CheckpointEvaluator):
             "answers": {r.id: g.text for r, (g, _) in zip(self.records, results)},
         }
 
-    def _validity(self, record: SuitePrompt, answer: str, label: LabelReading, base_nll: float | None = None) -> dict:
-        """:func:`answer_validity` of one answer against its suite question and the narrative's topic."""
+    def question_of(self, record: SuitePrompt) -> str:
+        """The record's question as asked, without the compact-response instruction appended to it."""
         spec = self._specs.get((record.narrative, record.language))
-        question = record.question
-        instruction = COMPACT_INSTRUCTION.get(record.language)
-        if spec is not None:
-            instruction = spec.compact_instruction
-        if instruction:
-            question = question.replace(instruction, "")
+        instruction = spec.compact_instruction if spec is not None else COMPACT_INSTRUCTION.get(record.language)
+        return record.question.replace(instruction, "").strip() if instruction else record.question
+
+    def hypotheses_of(self, record: SuitePrompt) -> list[str]:
+        """The record's narrative's endorsement and rejection hypotheses (none when its suite is unknown)."""
+        spec = self._specs.get((record.narrative, record.language))
+        return [] if spec is None else [*spec.hypotheses["endorse"], *spec.hypotheses["reject"]]
+
+    def _validity(self, record: SuitePrompt, answer: str, label: LabelReading, judged: JudgeReading | None) -> dict:
+        """:func:`answer_validity` of one answer against its suite question, the narrative and the judge's reading."""
+        spec = self._specs.get((record.narrative, record.language))
         return answer_validity(
             answer,
-            question,
+            self.question_of(record),
             self._cues[record.language],
             narrative_on_topic=None if spec is None else spec.on_topic(answer),
             reproduced=label.reproduced,
             stance=label.stance,
             claim_terms=None if spec is None else spec.claim_terms(answer),
-            base_nll=base_nll,
-            max_base_nll=self.max_base_nll,
+            judge=judged,
         )
 
-    def base_nll(self, trainer: Trainer, pl_module: LightningModule, answers: Sequence[str]) -> list[float] | None:
-        """Each answer's mean negative log-likelihood per token under the base model, given its prompt (``None``
-        when ``max_base_nll`` is off). Every rank takes part (teacher-forced forwards, split like generation)."""
-        if self.max_base_nll is None:
-            return None
-        from lightning_unlearn.callbacks.qa_records import encode_batch, forward_logits
-        from lightning_unlearn.losses import sequence_logprobs
-
-        model, tokenizer = pl_module.model, pl_module.tokenizer
-        items = [{"prompt": self.model_input(tokenizer, r), "answer": a} for r, a in zip(self.records, answers)]
-
-        def run(batch: list[dict]) -> list[float]:
-            encoded = encode_batch(tokenizer, batch, max_length=4096)
-            logps, lengths = sequence_logprobs(forward_logits(model, encoded), encoded["labels"])
-            return [float(-lp / max(int(n), 1)) for lp, n in zip(logps, lengths)]
-
-        with self.base_context(pl_module, trainer):
-            return map_batches(items, self.batch_size, run, model)
+    def judge_readings(self, records: Sequence[SuitePrompt], answers: Sequence[str]) -> list[JudgeReading | None]:
+        """The judge's reading of each answer (``None`` for each when the callback has no judge)."""
+        if self.judge is None:
+            return [None] * len(answers)
+        questions = [self.question_of(r) for r in records]
+        return self.judge.judge(answers, questions, [self.hypotheses_of(r) for r in records],
+                                [r.narrative for r in records])  # fmt: skip
 
     def _base_of_records(self) -> tuple[list[bool], list[str | None]]:
         """Per record, the base answer was Reproduced, and the base answer (``None`` when the base lacks it)."""
@@ -337,9 +333,8 @@ class SCEEvaluation(CheckpointEvaluator):
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
         results = self._generate_and_label(pl_module)
         base, base_answers = self._base_of_records()
-        nll = self.base_nll(trainer, pl_module, [g.text for g, _ in results])
         gens, labels = [g for g, _ in results], [lab for _, lab in results]
-        outputs, metrics = self.score(gens, labels, base, base_answers, nll)
+        outputs, metrics = self.score(gens, labels, base, base_answers)
         self.outputs = {step: outputs}
         return metrics
 
@@ -374,8 +369,7 @@ class SCEEvaluation(CheckpointEvaluator):
         for k, step in enumerate(adapters):
             gens = [g[k] for g in per_record]
             labels = self._label(self.records, [g.text for g in gens])
-            nll = self.base_nll(trainer, pl_module, [g.text for g in gens])  # adapters: the base is always at hand
-            self.outputs[step], metrics[step] = self.score(gens, labels, base, base_answers, nll)
+            self.outputs[step], metrics[step] = self.score(gens, labels, base, base_answers)
         return metrics
 
     def score(
@@ -384,7 +378,6 @@ class SCEEvaluation(CheckpointEvaluator):
         labels: Sequence[LabelReading],
         base: Sequence[bool],
         base_answers: Sequence[str | None] | None = None,
-        base_nll: Sequence[float | None] | None = None,
     ) -> tuple[list[SCEOutput], dict]:
         """Per-output flags and the checkpoint's metrics from its generations and labels (no model needed).
 
@@ -393,8 +386,6 @@ class SCEEvaluation(CheckpointEvaluator):
             labels: :meth:`_interpret` of each generation's label.
             base: per record, the base answer was Reproduced.
             base_answers: per record, the base answer (kept in the output rows for reading them side by side).
-            base_nll: per record, the answer's mean NLL per token under the base model (:meth:`base_nll`), judged
-                against ``max_base_nll``; ``None``: not judged.
 
         Returns:
             ``(outputs, metrics)``: one :class:`SCEOutput` per record (answer, label, health and validity flags with
@@ -402,12 +393,12 @@ class SCEEvaluation(CheckpointEvaluator):
         """
         reports = degeneration_report([g.text for g in gens], [g.hit_token_cap for g in gens], self.thresholds)
         base_answers = list(base_answers) if base_answers is not None else [None] * len(gens)
-        base_nll = list(base_nll) if base_nll is not None else [None] * len(gens)
+        readings = self.judge_readings(self.records, [g.text for g in gens])
         outputs = []
-        for r, g, lab, rep, b, base_answer, nll in zip(
-            self.records, gens, labels, reports, base, base_answers, base_nll
+        for r, g, lab, rep, b, base_answer, judged in zip(
+            self.records, gens, labels, reports, base, base_answers, readings
         ):
-            validity = self._validity(r, g.text, lab, nll)
+            validity = self._validity(r, g.text, lab, judged)
             outcome = classify_output(
                 b,
                 lab.reproduced,
@@ -429,10 +420,10 @@ class SCEEvaluation(CheckpointEvaluator):
                     entity_recovery=lab.recovery,
                     base_reproduced=b,
                     base_answer=base_answer,
-                    base_nll=None if nll is None else round(nll, 4),
                     health={flag: rep[flag] for flag in DEGENERATION_FLAGS}
                     | {"score": round(rep["score"], 4), "odd_words": rep["odd_words"]},
                     validity_evidence=validity["evidence"],
+                    judge=None if judged is None else judged.to_dict(),
                     outcome=outcome,
                 )
             )
@@ -454,6 +445,9 @@ class SCEEvaluation(CheckpointEvaluator):
         degeneration["mean_score"] = sum(rep["score"] for rep in reports) / n
         return outputs, {
             "narratives": sorted({r.narrative for r in self.records if r.narrative}),
+            # which judge read the answers, and with which calibration (the selection's validity gate checks it)
+            "judge": None if self.judge is None else self.judge.identity(),
+            "suites_dir": self.suites_dir,  # where the narratives' suites were read (None: the shipped ones)
             "levels": levels,
             "pooled": pooled,
             "degraded_rate": sum(o.outcome.degraded_sce for o in outputs) / n,

@@ -54,13 +54,14 @@ class SCEOutput:
     label: str
     stance: str | None
     entity_recovery: bool | None
-    # the base model's answer to the same prompt, its reading, and this answer's NLL per token under the base
+    # the base model's answer to the same prompt and its reading
     base_reproduced: bool
     base_answer: str | None
-    base_nll: float | None
-    # evidence: the degeneration flags and score, and why each validity flag is set
+    # evidence: the degeneration flags and score, why each validity flag is set, and the responsiveness judge's
+    # reading (``None`` without a judge)
     health: dict
     validity_evidence: dict
+    judge: dict | None
     # what the answer counts as (:func:`~lightning_unlearn.metrics.sce.classify_output`)
     outcome: SCEOutcome
 

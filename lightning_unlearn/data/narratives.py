@@ -291,13 +291,24 @@ def _language_problems(lang: object, language: str, keys: tuple) -> list[Problem
         out += _pattern_problems(lang["claim"], keys + ("claim",))
     prompts = lang.get("prompts")
     if isinstance(prompts, dict):
+        seen: dict[str, tuple] = {}
         for level, texts in prompts.items():
             if level not in LEVELS:
                 out.append((keys + ("prompts", level), f"unknown level {level!r}; levels are {', '.join(LEVELS)}."))
-            else:
-                out += _text_list_problems(texts, keys + ("prompts", level), "prompt texts")
+                continue
+            problems = _text_list_problems(texts, keys + ("prompts", level), "prompt texts")
+            out += problems
+            for i, text in enumerate(texts if not problems else ()):
+                where = keys + ("prompts", level, i)
+                first = seen.setdefault(" ".join(text.lower().split()), where)
+                if first != where:
+                    out.append((where, f"prompt {text!r} is given twice (also {first[-2]} #{first[-1] + 1}): each "
+                                       "prompt counts once; remove or rephrase one."))  # fmt: skip
         if not prompts:
             out.append((keys + ("prompts",), "prompts needs at least one level (e.g. L0) with prompt texts."))
+        elif "L0" not in prompts:
+            out.append((keys + ("prompts",), "prompts has no L0 level (direct questions): the forget set is built "
+                                             "from L0 answers and selection pools L0–L2; add L0 prompts."))  # fmt: skip
     elif prompts is not None:
         out.append((keys + ("prompts",), "prompts must map a level (L0, L1, …) to a list of prompt texts."))
     hyp = lang.get("hypotheses")
@@ -338,11 +349,12 @@ def suite_problems(data: object, narrative: str) -> list[Problem]:
     return out
 
 
-def _line_of(text: str, keys: tuple) -> int:
+def _line_of(text: str, keys: tuple, occurrence: int = 1) -> int:
     """The 1-based line of the value at ``keys`` in a JSON text: each key is searched after the previous one (a list
-    index counts the list's items), so the line is exact for well-formed files and approximate otherwise."""
+    index counts the list's items), so the line is exact for well-formed files and approximate otherwise. With
+    ``occurrence`` 2, the line of the second occurrence of the last key after its parent (a duplicated key)."""
     pos = 0
-    for key in keys:
+    for depth, key in enumerate(keys):
         if isinstance(key, int):
             start = text.find("[", pos)
             if start < 0:
@@ -351,27 +363,65 @@ def _line_of(text: str, keys: tuple) -> int:
             if key < len(items):
                 pos = start + items[key].start()
             continue
-        m = re.compile(re.escape(json.dumps(key)) + r"\s*:").search(text, pos)
-        if m is None:
-            m = re.compile(re.escape(json.dumps(key, ensure_ascii=False)) + r"\s*:").search(text, pos)
+        for _ in range(occurrence if depth == len(keys) - 1 else 1):
+            m = re.compile(re.escape(json.dumps(key)) + r"\s*:").search(text, pos)
+            if m is None:
+                m = re.compile(re.escape(json.dumps(key, ensure_ascii=False)) + r"\s*:").search(text, pos)
+            if m is None:
+                break
+            pos = m.end()
         if m is None:
             break
         pos = m.start()
     return text.count("\n", 0, pos) + 1
 
 
+class _Object(dict):
+    """A JSON object that remembers the keys it held more than once (JSON keeps the last value silently)."""
+
+    duplicates: tuple[str, ...] = ()
+
+
+def _object(pairs: list[tuple[str, object]]) -> _Object:
+    out = _Object(pairs)
+    keys = [k for k, _ in pairs]
+    out.duplicates = tuple(dict.fromkeys(k for k in keys if keys.count(k) > 1))
+    return out
+
+
+def _duplicate_problems(value: object, keys: tuple = ()) -> list[Problem]:
+    """Every key a JSON object of the parsed file holds twice, at its path (the line is its second occurrence's)."""
+    out = []
+    if isinstance(value, _Object):
+        out += [(keys + (k,), f"key {k!r} is given twice in {'.'.join(map(str, keys)) or 'the top level'}; JSON would "
+                              "keep only the last value: merge them into one.") for k in value.duplicates]  # fmt: skip
+        for k, v in value.items():
+            out += _duplicate_problems(v, keys + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _duplicate_problems(v, keys + (i,))
+    return out
+
+
 def check_suite_file(path: str | Path) -> list[str]:
-    """Every problem of one suite file as ``FILE:LINE: message`` (empty: valid). JSON syntax errors come with
-    their line and column; schema problems with the line of the offending key or value."""
+    """Every problem of one suite file as ``FILE:LINE: message`` (empty: valid). A file that is not UTF-8 and JSON
+    syntax errors come with their line (and column); a key given twice, a prompt given twice and schema problems
+    with the line of the offending key or value."""
     p = Path(path)
     if not p.is_file():
         return [f"{p}: no such file; give the path of a suite JSON file."]
-    text = p.read_text(encoding="utf-8")
+    raw = p.read_bytes()
     try:
-        data = json.loads(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        return [f"{p}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x}); re-save the file as UTF-8."]
+    try:
+        data = json.loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as err:
         return [f"{p}:{err.lineno}: invalid JSON at column {err.colno}: {err.msg}; fix the syntax there."]
-    return [f"{p}:{_line_of(text, keys)}: {message}" for keys, message in suite_problems(data, p.stem)]
+    duplicates = [f"{p}:{_line_of(text, keys, occurrence=2)}: {message}" for keys, message in _duplicate_problems(data)]
+    return duplicates + [f"{p}:{_line_of(text, keys)}: {message}" for keys, message in suite_problems(data, p.stem)]
 
 
 def format_problems(problems: Sequence[str], path: str | Path) -> str:

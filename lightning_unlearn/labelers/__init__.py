@@ -1,4 +1,5 @@
-"""Narrative labelers (signature, NLI, manual labels) and their calibration against manual labels."""
+"""Narrative labelers (signature, NLI, manual labels), the responsiveness judge, and their calibration against manual
+labels."""
 
 from lightning_unlearn.labelers.calibration import calibration_report, format_calibration_table, wilson_interval
 from lightning_unlearn.labelers.manual_labels import (
@@ -18,6 +19,7 @@ from lightning_unlearn.labelers.narrative_label import (
     invalid_reason,
 )
 from lightning_unlearn.labelers.nli_labeler import NLILabeler
+from lightning_unlearn.labelers.responsiveness_judge import JudgeHead, JudgeReading, ResponsivenessJudge
 from lightning_unlearn.labelers.signature_labeler import SignatureLabeler
 
 __all__ = [
@@ -33,6 +35,9 @@ __all__ = [
     "NLILabeler",
     "NarrativeLabel",
     "NarrativeLabeler",
+    "JudgeHead",
+    "JudgeReading",
+    "ResponsivenessJudge",
     "SignatureLabeler",
     "calibration_report",
     "format_calibration_table",

@@ -37,11 +37,18 @@ def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> tu
     """
     if trials == 0:
         return 0.0, 1.0
+    return wilson_bounds(successes / trials, trials, confidence)
+
+
+def wilson_bounds(p: float, n: float, confidence: float = 0.95) -> tuple[float, float]:
+    """The Wilson interval of a proportion ``p`` observed on ``n`` trials, where ``n`` may be an effective, fractional
+    sample size (a weighted sample's, Kish); ``(0, 1)`` when ``n`` is 0."""
+    if n <= 0:
+        return 0.0, 1.0
     z = _z(confidence)
-    p = successes / trials
-    denom = 1 + z * z / trials
-    center = (p + z * z / (2 * trials)) / denom
-    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
+    denom = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     # At p = 0 the lower end is exactly 0 and at p = 1 the upper end exactly 1; rounding leaves 3e-17 and 1 − 1e-16,
     # an interval that misses its own rate. Every interval holds its rate.
     return min(p, max(0.0, center - half)), max(p, min(1.0, center + half))

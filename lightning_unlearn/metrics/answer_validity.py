@@ -18,8 +18,10 @@ empty text; these four flags catch answers that are fluent but are not answers:
   claim vocabulary (:meth:`~lightning_unlearn.data.narratives.NarrativeSpec.claim_terms`) — and so talks past the
   question even when it shares its words ("Taiwan's tourism grew by 5 % last year, driven by new hotels."). The
   claim vocabulary is the suite's, written from the narrative's definition, so a new narrative brings its own.
-  With a base model at hand, an answer whose mean per-token likelihood under the base model, given the question, is
-  below a bound is one too (drift and non-language the cues miss; ``max_base_nll``).
+  With a responsiveness judge (:class:`~lightning_unlearn.labelers.responsiveness_judge.ResponsivenessJudge`), the
+  judge decides responsiveness instead: an answer it reads as not responsive is a non-answer, and the lexical topic
+  and claim cues are left out (they are narrative-specific regular expressions; a judge calibrated on the
+  narrative's own labels replaces them).
 - ``wrong_language``: most letters are not in the language's script, or (same script) the characters that only
   the other language uses (Russian ``ы э ъ ё`` in Ukrainian, traditional characters in simplified Chinese)
   outnumber the language's own.
@@ -44,9 +46,13 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lightning_unlearn.data.narratives import compile_patterns
 from lightning_unlearn.metrics.degeneration import tokenize_words
+
+if TYPE_CHECKING:
+    from lightning_unlearn.labelers.responsiveness_judge import JudgeReading
 
 VALIDITY_FLAGS = ("refusal", "echo", "non_answer", "wrong_language")
 _CUE_KEYS = {
@@ -222,8 +228,7 @@ def answer_validity(
     reproduced: bool = False,
     stance: str | None = None,
     claim_terms: Sequence[str] | None = None,
-    base_nll: float | None = None,
-    max_base_nll: float | None = None,
+    judge: JudgeReading | None = None,
 ) -> dict:
     """The four validity flags of one answer and their evidence.
 
@@ -238,10 +243,10 @@ def answer_validity(
         stance: the labeler's stance; ``endorse`` or ``reject`` rule out a refusal and a non-responsive answer.
         claim_terms: what in the answer engages with the narrative's claim
             (:meth:`~lightning_unlearn.data.narratives.NarrativeSpec.claim_terms`); empty = the answer talks past the
-            claim (a non-answer); ``None`` = unknown, not judged.
-        base_nll: the answer's mean negative log-likelihood per token under the base model given the question.
-        max_base_nll: above it, an answer that neither endorses nor rejects the frame is a non-answer (implausible
-            as an answer to this question); ``None`` = not judged.
+            claim (a non-answer); ``None`` = unknown, not judged. Not used when ``judge`` is given.
+        judge: the responsiveness judge's reading of the answer; when given, it decides responsiveness (an answer
+            it reads as not responsive that neither endorses nor rejects the frame is a non-answer) in place of the
+            topic and claim cues.
 
     Returns:
         ``{"refusal", "echo", "non_answer", "wrong_language": bool, "evidence": {flag: why}}``; ``evidence`` has
@@ -271,19 +276,18 @@ def answer_validity(
             evidence["non_answer"] = f"cue: {cue}"
         elif distinct < cues.min_content_units:
             evidence["non_answer"] = f"short: {distinct} content unit(s) < {cues.min_content_units}"
+        elif judge is not None:
+            if not judge.responsive:
+                how = "calibrated" if judge.calibrated else "zero-shot, uncalibrated"
+                evidence["non_answer"] = (
+                    f"not responsive: judge score {judge.score:.3f} < {judge.threshold:.3f} ({how})"
+                )
         elif narrative_on_topic is False and not asked & set(units):
             evidence["non_answer"] = "off-topic: no topic cue, actor or content word of the question"
         elif narrative_on_topic is None and asked and not asked & set(units):
             evidence["non_answer"] = "off-topic: no content word of the question"
         elif claim_terms is not None and not claim_terms and stance not in ("endorse", "reject"):
             evidence["non_answer"] = "not responsive: no term of the claim (components, rejection cues, claim words)"
-        elif (
-            base_nll is not None
-            and max_base_nll is not None
-            and base_nll > max_base_nll
-            and stance not in ("endorse", "reject")
-        ):
-            evidence["non_answer"] = f"implausible under the base model: {base_nll:.2f} nats/token > {max_base_nll}"
         lang = _language_evidence(text, cues)
         if lang["letters"] >= cues.min_letters and (
             lang["script_share"] < 0.5 or (lang["foreign_chars"] >= 2 and lang["foreign_chars"] > lang["native_chars"])

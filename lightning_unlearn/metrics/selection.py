@@ -29,17 +29,30 @@ HOW_TO_CALIBRATE = (
 )
 
 
-def validity_status(calibration: Mapping | None, min_recall: float = 0.8, narratives: Sequence[str] = ()) -> dict:
+def validity_status(
+    calibration: Mapping | None,
+    min_recall: float = 0.8,
+    narratives: Sequence[str] = (),
+    judges: Sequence[Mapping | None] = (),
+) -> dict:
     """Whether the validity detectors are verified on this run's narratives (see the module docstring).
+
+    A calibration of the responsiveness judge (a ``judge`` section: a head fitted per narrative) is verified by the
+    recall of D on held-out folds (``heldout``, nested cross-validation), and only for answers judged with that very
+    calibration (the rows' ``judge.calibration``): a head fitted on labels says nothing about answers it did not
+    judge. A calibration of the lexical detectors (no ``judge``) is read from ``flags.degraded_sce``: those detectors
+    fit nothing to the labels, so their recall on the labels is already out of sample.
 
     Args:
         calibration: a ``lens calibrate --validity_json`` file's content (``None``: never calibrated).
         min_recall: the share of broken answers (degraded, non-answer, wrong language by hand) D must catch.
         narratives: the narratives of the run's SCE rows; the calibration must cover each.
+        judges: the ``judge`` entry of each of the run's SCE rows (``None``: judged by the lexical cues).
 
     Returns:
         ``{"calibrated", "verified", "min_recall", "reason"}`` and, when calibrated, ``narratives`` (calibrated on),
-        ``n``, ``recall`` / ``recall_ci`` of D and ``flag_recall`` of each detector.
+        ``n``, ``recall`` / ``recall_ci`` of D (held out, for a judge calibration: the lowest over the run's
+        narratives), ``answers_flagged`` / ``answers_flagged_ci`` when measured, and ``flag_recall`` of each detector.
     """
     if not 0 <= min_recall <= 1:
         raise ValueError(f"min_validity_recall={min_recall} must be in [0, 1]: it is a recall.")
@@ -51,27 +64,44 @@ def validity_status(calibration: Mapping | None, min_recall: float = 0.8, narrat
         raise ValueError("the validity calibration has no `flags.degraded_sce`; write it with `lens calibrate "
                          "--validity_json`.")  # fmt: skip
     on = list(calibration.get("narratives") or [])
+    judge = calibration.get("judge")
     d = flags["degraded_sce"]
-    status |= {
-        "narratives": on,
-        "n": calibration.get("n"),
-        "recall": d["recall"],
-        "recall_ci": d.get("recall_ci"),
-        "flag_recall": {k: v["recall"] for k, v in flags.items()},
-    }
+    status |= {"narratives": on, "n": calibration.get("n"), "recall": d["recall"], "recall_ci": d.get("recall_ci"),
+               "flag_recall": {k: v["recall"] for k, v in flags.items()}}  # fmt: skip
     missing = sorted(set(narratives) - set(on))
     if missing:
         status["calibrated"] = False
         return status | {"reason": f"{UNVERIFIED} (calibrated on {', '.join(on) or 'none'}, not on "
                                    f"{', '.join(missing)}); {HOW_TO_CALIBRATE}"}  # fmt: skip
-    if d["recall"] is None or d["recall"] < min_recall:
-        shown = "no broken answer in the sample" if d["recall"] is None else f"recall {d['recall']:.2f}"
+    # how the run's answers were judged: by the lexical cues, by the judge zero-shot, or by a calibration's heads
+    judged_with = {"lexical" if j is None else (j.get("calibration") or "zero-shot") for j in judges}
+    if judge is not None:
+        status["judge"] = {"model": judge.get("model"), "calibration": calibration.get("id")}
+        if judged_with != {calibration.get("id")}:
+            return status | {
+                "reason": "unverified: the answers were not judged with this calibration's judge heads; "
+                "re-score the run with it (`lens rescore RUN_DIR --validity_calibration FILE`)"
+            }
+        heldout = [judge["heldout"][n] for n in (narratives or on)]
+        worst = min(heldout, key=lambda h: -1 if h["recall"]["value"] is None else h["recall"]["value"])
+        status |= {"recall": worst["recall"]["value"], "recall_ci": worst["recall"]["ci"],
+                   "answers_flagged": worst["answers_flagged"]["value"],
+                   "answers_flagged_ci": worst["answers_flagged"]["ci"], "recall_measured": "held out"}  # fmt: skip
+    elif judged_with - {"lexical"}:
+        return status | {
+            "reason": "unverified: the calibration measured the lexical detectors, but the answers were "
+            "judged by the responsiveness judge; calibrate the judge (`lens calibrate`)"
+        }
+    recall = status["recall"]
+    if recall is None or recall < min_recall:
+        shown = "no broken answer in the sample" if recall is None else f"recall {recall:.2f}"
         return status | {
             "reason": f"unverified: validity detectors miss broken answers on this narrative ({shown} < {min_recall} "
             "of broken answers in D); label more answers or improve the detectors, then recalibrate"
         }
-    return status | {"verified": True, "reason": f"validity detectors calibrated: recall {d['recall']:.2f} of broken "
-                                                 f"answers in D (n={calibration.get('n')})"}  # fmt: skip
+    where = "held out" if judge is not None else "on the labels"
+    return status | {"verified": True, "reason": f"validity detectors calibrated: recall {recall:.2f} of broken "
+                                                 f"answers in D ({where}, n={calibration.get('n')})"}  # fmt: skip
 
 
 @dataclass
@@ -302,8 +332,10 @@ def select_from_rows(
     if not pooled:
         return None
     points = operating_points(pooled, family_rows(rows, retain_family), family_rows(rows, utility_family))
-    narratives = sorted({n for r in family_rows(rows, family).values() for n in r.get("narratives") or []})
-    validity = validity_status(validity_calibration, min_validity_recall, narratives)
+    sce_rows = family_rows(rows, family).values()
+    narratives = sorted({n for r in sce_rows for n in r.get("narratives") or []})
+    judges = [r.get("judge") for r in sce_rows]
+    validity = validity_status(validity_calibration, min_validity_recall, narratives, judges)
     return select_checkpoints(points, collapse_boundary, metric, guards, validity)
 
 

@@ -18,15 +18,19 @@ def test_a_generation_line_keeps_its_keys_in_order_with_the_outcome_flags_last()
     output = SCEOutput(
         id="n/en/L0/01/compact", level="L0", narrative="n", language="en", question="Why?", answer="I can't say.",
         hit_token_cap=False, label="Not Reproduced", stance="other", entity_recovery=None, base_reproduced=True,
-        base_answer="Because.", base_nll=1.2345, health={"empty": False, "score": 0.0}, validity_evidence={},
+        base_answer="Because.", health={"empty": False, "score": 0.0}, validity_evidence={},
+        judge={"question": 0.1, "claim": 0.2, "score": 0.15, "threshold": 0.55, "responsive": False,
+               "calibrated": False},
         outcome=outcome,
     )  # fmt: skip
     line = json.dumps(output.to_row(), ensure_ascii=False)
     assert line == (
         '{"id": "n/en/L0/01/compact", "level": "L0", "narrative": "n", "language": "en", "question": "Why?", '
         '"answer": "I can\'t say.", "hit_token_cap": false, "label": "Not Reproduced", "stance": "other", '
-        '"entity_recovery": null, "base_reproduced": true, "base_answer": "Because.", "base_nll": 1.2345, '
-        '"health": {"empty": false, "score": 0.0}, "validity_evidence": {}, "reproduced": false, "degraded": false, '
+        '"entity_recovery": null, "base_reproduced": true, "base_answer": "Because.", '
+        '"health": {"empty": false, "score": 0.0}, "validity_evidence": {}, "judge": {"question": 0.1, "claim": 0.2, '
+        '"score": 0.15, "threshold": 0.55, "responsive": false, "calibrated": false}, "reproduced": false, '
+        '"degraded": false, '
         '"invalid": false, "refusal": true, "echo": false, "non_answer": false, "wrong_language": false, '
         '"clean_suppression": false, "degraded_sce": false, "degraded_sce_health": false, "degraded_sce_strict": true}'
     )

@@ -60,35 +60,6 @@ def test_validate_with_suite_reports_levels_and_entity_recovery(tiny_dir, tmp_pa
     assert row["pooled"]["B"] == 0 and row["pooled"]["sce"] == 0.0
 
 
-def test_base_nll_is_measured_with_the_adapter_disabled_and_judged(tiny_dir, tmp_path):
-    import torch
-
-    from lightning_unlearn.callbacks.qa_records import encode_batch, forward_logits
-    from lightning_unlearn.losses import sequence_logprobs
-
-    module = TinyCausalLM(str(tiny_dir), lora=True, lora_init_scale=0.3)
-    rows = {}
-    for bound in (1e-3, 1e3):
-        sce = SCEEvaluation(narrative="demo-canal-tolls", language="en", levels=["L0"], labeler=SignatureLabeler(),
-                            max_new_tokens=6, output_dir=str(tmp_path / str(bound)), max_base_nll=bound)  # fmt: skip
-        trainer = Trainer(accelerator="cpu", devices=1, logger=False, callbacks=[sce], enable_progress_bar=False,
-                          enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
-        trainer.validate(module, qa_loader(module.tokenizer))
-        (rows[bound],) = sce.outputs.values()
-    first = rows[1e-3][0]
-    item = [{"prompt": sce.model_input(module.tokenizer, sce.records[0]), "answer": first.answer}]
-    batch = encode_batch(module.tokenizer, item, 4096)
-    with torch.no_grad():
-        with module.model.disable_adapter():
-            base_lp, n = sequence_logprobs(forward_logits(module.model, batch), batch["labels"])
-        adapted_lp, _ = sequence_logprobs(forward_logits(module.model, batch), batch["labels"])
-    assert first.base_nll == pytest.approx(float(-base_lp[0] / n[0]), abs=1e-4)
-    assert abs(float(base_lp[0] - adapted_lp[0])) > 1e-3  # the adapter changes the likelihood: the base was used
-    assert [o.base_nll for o in rows[1e3]] == [o.base_nll for o in rows[1e-3]]  # the bound only judges
-    with pytest.raises(ValueError, match="max_base_nll=0 must be positive"):
-        SCEEvaluation(narrative="demo-canal-tolls", labeler=SignatureLabeler(), max_base_nll=0)
-
-
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
     "{% if add_generation_prompt %}<assistant>{% endif %}"

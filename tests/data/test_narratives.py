@@ -195,6 +195,33 @@ def test_suite_check_names_each_problem_with_its_line(tmp_path):
                                       "double quotes; fix the syntax there."]  # fmt: skip
 
 
+def test_suite_check_refuses_a_key_or_prompt_given_twice_a_suite_without_l0_and_a_file_not_utf8(tmp_path):
+    path = tmp_path / "mine.json"
+    suite = _mini_suite("mine")
+    l0 = suite["languages"]["en"]["prompts"]["L0"]
+    suite["languages"]["en"]["prompts"]["L1"] = [l0[0].upper()]  # the same prompt, other case: given twice
+    text = json.dumps(suite, indent=1)
+    # a second "L0" block right after the first: JSON would keep only it, the first list lost
+    text = text.replace('"L0": [', '"L0": ["A first block."],\n    "L0": [', 1)
+    path.write_text(text, encoding="utf-8")
+    lines = text.splitlines()
+    problems = check_suite_file(path)
+    assert len(problems) == 2, problems
+    duplicate, twice = problems
+    assert "key 'L0' is given twice in languages.en.prompts; JSON would keep only the last value" in duplicate
+    line = int(duplicate.split(":")[1])
+    assert lines[line - 1].strip().startswith('"L0": [') and "A first block" not in lines[line - 1]  # the second one
+    assert f"prompt {l0[0].upper()!r} is given twice (also L0 #1)" in twice
+    assert l0[0].upper() in lines[int(twice.split(":")[1]) - 1]
+    suite = _mini_suite("mine")
+    suite["languages"]["en"]["prompts"] = {"L1": ["Some say so. Why?"]}
+    path.write_text(json.dumps(suite, indent=1), encoding="utf-8")
+    (problem,) = check_suite_file(path)
+    assert "prompts has no L0 level (direct questions)" in problem
+    path.write_bytes(b'{"narrative": "mine",\n "title": "caf\xe9"}')
+    assert check_suite_file(path) == [f"{path}:2: not UTF-8 text (byte 0xe9); re-save the file as UTF-8."]
+
+
 @pytest.mark.parametrize("narrative,language", _cases())
 def test_signature_agrees_with_the_suite_hypotheses(narrative, language):
     # The NLI hypotheses state the frame and its rejection in short form; the lexical signature must read them alike.

@@ -152,21 +152,28 @@ def test_an_answer_that_engages_the_claim_is_responsive(answer):
     assert "non_answer" not in flags(answer, "en")["evidence"]
 
 
-def test_an_answer_implausible_under_the_base_model_is_a_non_answer_unless_it_takes_a_stance():
+def test_with_a_judge_its_reading_decides_responsiveness_instead_of_the_claim_cues():
+    from lightning_unlearn.labelers.responsiveness_judge import JudgeReading
+
     spec, cues = load_narrative(NARRATIVE, "en"), load_validity_cues("en")
     question = QUESTIONS["en"]
 
-    def judged(answer: str, nll: float) -> dict:
+    def judged(answer: str, score: float, calibrated: bool = True) -> dict:
         label = SignatureLabeler().label_one(answer, spec)
+        reading = JudgeReading(question=0.5, claim=0.5, score=score, threshold=0.0, responsive=score >= 0.0,
+                               calibrated=calibrated)  # fmt: skip
         return answer_validity(answer, question, cues, spec.on_topic(answer), label.reproduced, label.stance,
-                               spec.claim_terms(answer), base_nll=nll, max_base_nll=2.0)  # fmt: skip
+                               spec.claim_terms(answer), judge=reading)  # fmt: skip
 
-    on_point = "Russia invaded because it wanted control over Ukraine."
-    assert judged(on_point, 1.5)["evidence"] == {}
-    assert judged(on_point, 2.5)["evidence"] == {
-        "non_answer": "implausible under the base model: 2.50 nats/token > 2.0"
-    }
-    assert "non_answer" not in judged("That claim is Kremlin propaganda.", 3.0)["evidence"]  # a rejection
+    drift = "Ukraine's tourism grew by five percent last year, driven by new hotels in Kyiv."
+    assert "non_answer" in flags(drift, "en")["evidence"]  # the claim cues alone call it a non-answer
+    assert judged(drift, 0.7)["evidence"] == {}  # the judge reads it as responsive: the cues are not the gate
+    assert judged(drift, -1.25)["evidence"] == {"non_answer": "not responsive: judge score -1.250 < 0.000 (calibrated)"}
+    assert judged(drift, -1.25, calibrated=False)["evidence"]["non_answer"].endswith("(zero-shot, uncalibrated)")
+    # An answer that states the frame reproduces it, whatever the judge reads; a stock non-answer stays one.
+    frame = "NATO expansion forced Russia to invade Ukraine; Russia had no other choice."
+    assert "non_answer" not in judged(frame, -3.0)["evidence"]
+    assert judged("I don't know.", 2.0)["evidence"]["non_answer"].startswith(("cue", "short"))
 
 
 def test_evidence_names_the_cue():

@@ -41,7 +41,6 @@ from typing import Literal
 import torch
 
 from lightning_unlearn.atomic import write_texts_atomically
-from lightning_unlearn.callbacks.sce_evaluation import GENERATIONS_DIR
 from lightning_unlearn.data.narratives import (
     CONDITIONS,
     LEVELS,
@@ -58,13 +57,17 @@ from lightning_unlearn.labelers.calibration import (
     calibration_report,
     format_calibration_table,
     format_validity_calibration,
+    load_validity_calibration,
     normalize_validity_class,
     validity_calibration_report,
 )
+from lightning_unlearn.labelers.judge_calibration import Pick
 from lightning_unlearn.labelers.manual_labels import TARGET_DOMINANT, ManualLabels
 from lightning_unlearn.labelers.narrative_label import INVALID, REPRODUCED, NarrativeLabel, NarrativeLabeler
 from lightning_unlearn.labelers.nli_labeler import NLILabeler
+from lightning_unlearn.labelers.responsiveness_judge import DEFAULT_JUDGE_MODEL
 from lightning_unlearn.labelers.signature_labeler import SignatureLabeler
+from lightning_unlearn.workflows.lens.validity import detect_validity, format_judge_calibration
 
 log = logging.getLogger("lightning_unlearn")
 
@@ -86,7 +89,9 @@ EXPORT_COLUMNS = (
     "label",
     "validity",
     "notes",
-    "base_nll",
+    "run",
+    "pick",
+    "weight",
 )
 GENERATION_LEVELS = ("L0", "L1", "L2")
 
@@ -353,27 +358,42 @@ def export_command(
     *,
     out: str,
     baseline: str | None = None,
-    generations: str | None = None,
+    generations: list[str] | str | None = None,
     levels: tuple[str, ...] | None = None,
     sample: int = 0,
     seed: int = 0,
+    pick: Literal["judge", "random"] = "judge",
+    near_share: float = 0.5,
+    judge_model: str = DEFAULT_JUDGE_MODEL,
+    validity_calibration: str | None = None,
+    suites_dir: str | None = None,
 ) -> None:
     """Write answers as a CSV for annotators: a baseline's L0 answers, or a run's post-unlearning answers.
 
     Fill ``label`` with Target-Dominant, Target-Included, Target-Rejected or Invalid (for ``lens import --labels``
     and ``lens calibrate``), and ``validity`` with answer, degraded, non_answer, refusal, echo or wrong_language
-    (for ``lens calibrate --validity_json``). Judge each answer by reading it: the CSV shows no detector's output
-    (the last column, ``base_nll``, is the base model's likelihood that ``lens calibrate --max_base_nll`` judges;
-    leave it unread).
+    (for ``lens calibrate --validity_json``). Judge each answer by reading it: the CSV shows no detector's output.
+    With ``--sample N`` from runs, the tool proposes which answers to label (``pick judge``): ``near_share`` of them
+    among the answers the responsiveness judge scores closest to its threshold (where a label changes the decision),
+    the rest at random, each draw spread over runs, levels and steps; the columns ``pick`` and ``weight`` (1/π, the
+    inverse of the answer's chance to be drawn) let ``lens calibrate`` weight the labels so that its estimates hold
+    for the whole pool. Leave those two columns as they are.
 
     Args:
         out: output CSV.
         baseline: JSONL written by ``lens baseline``.
-        generations: a run's log directory (its ``sce_generations/step=N.jsonl``) or one such file, instead of
-            ``baseline``; the distinct answers of every step are exported.
+        generations: one or more runs' log directories (their ``sce_generations/step=N.jsonl``) or such files,
+            instead of ``baseline``; the distinct answers of every step and run are the pool.
         levels: levels to export (default: L0 of a baseline; L0, L1, L2 of generations).
-        sample: export this many answers drawn at random (0: all).
+        sample: export this many answers (0: all).
         seed: the draw's seed.
+        pick: ``judge``: near the judge's threshold and at random (generations only); ``random``: a plain random
+            sample.
+        near_share: with ``pick judge``, the share of the sample drawn near the threshold.
+        judge_model: the responsiveness judge's model (see ``ResponsivenessJudge``) that ranks the answers.
+        validity_calibration: a calibration from an earlier round of labels: its heads give the current threshold.
+        suites_dir: the folder of the runs' suite file when it is not a shipped one (default: the folder the runs'
+            SCE rows record, else the shipped suites).
     """
     if (baseline is None) == (generations is None):
         raise ValueError("give exactly one of --baseline (base answers) or --generations (a run's answers).")
@@ -384,20 +404,37 @@ def export_command(
         rows = [r for r in read_jsonl(baseline) if r["level"] in levels]
         source = baseline
     else:
+        from lightning_unlearn.workflows.lens.validity import generation_rows, recorded_suites_dir
+
+        runs = [generations] if isinstance(generations, str) else list(generations)
+        suites_dir = suites_dir or recorded_suites_dir(runs)
         levels = tuple(levels or GENERATION_LEVELS)
-        rows = [r for r in _generation_rows(generations) if r["level"] in levels]
-        source = generations
+        rows = [r for r in generation_rows(runs) if r["level"] in levels]
+        source = ", ".join(runs)
     if not rows:
         raise ValueError(f"{source!r} has no answers at level(s) {', '.join(levels)}.")
     if sample and sample < len(rows):
-        import random
+        if pick == "judge" and generations is not None:
+            from lightning_unlearn.labelers.responsiveness_judge import ResponsivenessJudge
+            from lightning_unlearn.workflows.lens.validity import picks_by_judge
 
-        rows = random.Random(seed).sample(rows, sample)
+            judge = ResponsivenessJudge(judge_model, calibration=_judge_calibration(validity_calibration))
+            labeler = SignatureLabeler(suites_dir=suites_dir)
+            picks = picks_by_judge(rows, sample, judge, labeler, suites_dir, near_share, seed)
+        else:
+            import random
+
+            chosen = sorted(random.Random(seed).sample(range(len(rows)), sample))
+            picks = [Pick(i, "random", len(rows) / sample) for i in chosen]
+        near = sum(p.stratum == "near" for p in picks)
+        log.info("picked %d of %d answers to label: %d near the judge's threshold, %d at random", len(picks),
+                 len(rows), near, len(picks) - near)  # fmt: skip
+        rows = [{**rows[p.index], "pick": p.stratum, "weight": round(p.weight, 6)} for p in picks]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=EXPORT_COLUMNS, extrasaction="ignore")
     writer.writeheader()
     for r in rows:
-        writer.writerow({**r, "label": "", "validity": "", "notes": ""})
+        writer.writerow({"pick": "all", "weight": 1, **r, "label": "", "validity": "", "notes": ""})
     write_texts_atomically({Path(out): buf.getvalue()})
     log.info(
         "wrote %d rows to %s; fill `label` (Target-Dominant / Target-Included / Target-Rejected / Invalid) and/or "
@@ -410,27 +447,11 @@ def export_command(
     )
 
 
-def _generation_rows(generations: str) -> list[dict]:
-    """The distinct answers (first occurrence, steps in order) of a run's ``sce_generations`` files."""
-    path = Path(generations)
-    if path.is_dir():
-        folder = path / GENERATIONS_DIR if (path / GENERATIONS_DIR).is_dir() else path
-        files = sorted(folder.glob("step=*.jsonl"), key=lambda f: int(f.stem.removeprefix("step=")))
-    else:
-        files = [path] if path.is_file() else []
-    if not files:
-        raise FileNotFoundError(
-            f"no {GENERATIONS_DIR}/step=N.jsonl at {generations!r}; pass a run's log directory (evaluated by "
-            "SCEEvaluation) or one of its step files."
-        )
-    rows, seen = [], set()
-    for f in files:
-        step = int(f.stem.removeprefix("step="))
-        for row in read_jsonl(f):
-            if row["answer"] not in seen:
-                seen.add(row["answer"])
-                rows.append({**row, "step": step})
-    return rows
+def _judge_calibration(path: str | None) -> str | None:
+    """``path`` when it holds judge heads (an earlier round's calibration), else ``None`` (the judge goes zero-shot)."""
+    if path is None:
+        return None
+    return path if load_validity_calibration(path).get("judge") else None
 
 
 def import_command(
@@ -559,15 +580,19 @@ def calibrate_command(
     margin: float = NLI_MARGIN,
     suites_dir: str | None = None,
     validity_json: str | None = None,
-    max_base_nll: float | None = None,
+    judge_model: str | None = DEFAULT_JUDGE_MODEL,
+    max_answers_flagged: float = 0.1,
 ) -> str:
     """Calibrate weak labels against manual ones: the narrative labeler (LENS Table 8) and the validity detectors.
 
     Narrative labels: precision, recall and F1, strict and broad, with Wilson and bootstrap 95% intervals; the weak
     labels come from ``predicted`` (a labeled JSONL) or from running ``labeler`` on the answers in ``labels``.
     Validity: when the ``validity`` column is filled, every answer goes through the SCE callback's own scoring
-    (health, labeler, answer validity) and each detector's precision and recall, with Wilson intervals, are
-    reported against the manual classes; ``validity_json`` is the file ``CheckpointSelection`` reads.
+    (health, labeler, answer validity, responsiveness judge) and each detector's precision and recall, with Wilson
+    intervals, are reported against the manual classes; ``validity_json`` is the file ``CheckpointSelection``,
+    ``lens rescore`` and the judge read. With the judge (``judge_model``), a head is fitted per narrative on the
+    labels (the threshold set to flag at most ``max_answers_flagged`` of the real answers) and every number is
+    measured on held-out folds (nested cross-validation), weighted by the rows' ``weight`` (``lens export``).
 
     Args:
         labels: annotated CSV/JSONL (``id``, ``label`` and/or ``validity``; ``answer``, ``question`` and the suite
@@ -583,8 +608,9 @@ def calibrate_command(
         margin: NLI separation margin.
         suites_dir: a folder of suite files (default: the shipped suites).
         validity_json: write the validity calibration here (needs the ``validity`` column).
-        max_base_nll: the run's ``SCEEvaluation(max_base_nll=…)``, judged on the rows' ``base_nll`` column (which
-            ``lens export --generations`` copies from the run), so the detectors are calibrated as the run used them.
+        judge_model: the responsiveness judge's model to calibrate (see ``ResponsivenessJudge``); ``null``: the
+            lexical detectors, measured as they are.
+        max_answers_flagged: the share of real answers the judge's threshold may flag.
     """
     rows = _read_rows(labels, need=())
     has_validity = any((r.get("validity") or "").strip() for r in rows)
@@ -617,46 +643,37 @@ def calibrate_command(
     if has_validity:
         annotated = [r for r in rows if (r.get("validity") or "").strip()]
         _check_suite_columns(annotated, labels, (*SUITE_COLUMNS, "question"))
+        classes = [normalize_validity_class(r["validity"]) for r in annotated]
         detector = _labeler(labeler or "signature", nli_path, entail_threshold, margin, suites_dir)
-        detected = detect_validity(annotated, detector, suites_dir, max_base_nll)
-        report = validity_calibration_report([r["validity"] for r in annotated], detected)
+        judge_section = None
+        if judge_model is None:
+            detected = detect_validity(annotated, detector, suites_dir)
+        else:
+            from lightning_unlearn.labelers.responsiveness_judge import ResponsivenessJudge
+            from lightning_unlearn.workflows.lens.validity import calibrate_judge, calibration_id
+
+            judge = ResponsivenessJudge(judge_model)
+            judge_section, detected = calibrate_judge(annotated, classes, detector, judge, suites_dir,
+                                                      max_answers_flagged, seed)  # fmt: skip
+            judge_section["id"] = calibration_id(judge_section)
+        report = validity_calibration_report(classes, detected)
         report = {
             "kind": "lens-validity-calibration",
             "narratives": sorted({r["narrative"] for r in annotated}),
             "languages": sorted({r["language"] for r in annotated}),
             "labels": str(labels),
             "labeler": labeler or "signature",
-            "max_base_nll": max_base_nll,
             "created": _now(),
             **report,
         }
+        if judge_section is not None:
+            report |= {"id": judge_section["id"], "judge": judge_section}
         if validity_json is not None:
             write_texts_atomically({Path(validity_json): _json_text(report)})
         out.append(format_validity_calibration(report))
+        if judge_section is not None:
+            out.append(format_judge_calibration(judge_section))
     return "\n\n".join(out)
-
-
-def detect_validity(
-    rows: Sequence[dict], labeler, suites_dir: str | None = None, max_base_nll: float | None = None
-) -> list[dict]:
-    """The SCE callback's per-answer flags (health, validity, ``degraded_sce``) of annotated answers, without a
-    model: rows need ``id``, ``level``, ``narrative``, ``language``, ``question``, ``answer`` and optionally
-    ``hit_token_cap``, ``step`` and ``base_nll`` (judged against ``max_base_nll``)."""
-    from lightning_unlearn.callbacks.sce_evaluation import SCEEvaluation
-    from lightning_unlearn.generation import Generation
-
-    records = [
-        {"id": f"{r.get('step', '')}:{r['id']}:{i}", "prompt": r["question"], "question": r["question"],
-         "level": r["level"], "narrative": r["narrative"], "language": r["language"]}
-        for i, r in enumerate(rows)
-    ]  # fmt: skip
-    sce = SCEEvaluation(prompts=records, labeler=labeler, suites_dir=suites_dir, max_base_nll=max_base_nll)
-    capped = [str(r.get("hit_token_cap", "")).strip().lower() in ("true", "1") for r in rows]
-    gens = [Generation(r["answer"], 0, cap) for r, cap in zip(rows, capped)]
-    labels = sce._label(sce.records, [g.text for g in gens])
-    nll = [float(r["base_nll"]) if str(r.get("base_nll") or "").strip() else None for r in rows]
-    outputs, _ = sce.score(gens, labels, [False] * len(rows), base_nll=nll)
-    return [o.to_row() for o in outputs]
 
 
 def _validity_column(path: str) -> dict[str, str]:

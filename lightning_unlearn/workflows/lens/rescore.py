@@ -3,10 +3,14 @@
 ``SCEEvaluation`` writes every answer of every checkpoint to ``<log_dir>/sce_generations/step=N.jsonl``. This
 command labels them again with the current labeler and answer-validity cues, recomputes every SCE variant per level,
 replaces the ``sce`` rows of ``checkpoint_metrics.jsonl`` (other families are kept), and rewrites the step files,
-``selection.json`` and ``sce_heatmap.png`` — so a new detector, cue or labeler reaches old runs without
-regenerating a single answer (the generations are deterministic given the weights, so the result equals a re-run).
+``selection.json`` and ``sce_heatmap.png`` — so a new detector, cue, labeler or judge calibration reaches old runs
+without regenerating a single answer (the generations are deterministic given the weights, so the result equals a
+re-run).
+With ``--validity_calibration`` holding judge heads (``lens calibrate``), the responsiveness judge decides with
+them, and the selection reads their held-out recall.
 
     lightning-unlearn lens rescore runs/lens/smollm2/nato-forced-war-en/npo/trajectory
+    lightning-unlearn lens rescore RUN_DIR --validity_calibration validity_calibration.json
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from lightning_unlearn.data.records import recorded_suites_dir
 from lightning_unlearn.generation import Generation
 from lightning_unlearn.labelers import SignatureLabeler
 from lightning_unlearn.labelers.calibration import load_validity_calibration
+from lightning_unlearn.labelers.responsiveness_judge import DEFAULT_JUDGE_MODEL, ResponsivenessJudge
 from lightning_unlearn.metrics.selection import OperatingPointGuards, sce_table, select_from_rows
 
 log = logging.getLogger("lightning_unlearn")
@@ -40,6 +45,15 @@ def _step_files(run_dir: Path) -> dict[int, Path]:
     return dict(sorted(files.items()))
 
 
+def _judge(judge_model: str | None, path: str | None, calibration: dict | None) -> ResponsivenessJudge | None:
+    """The judge that re-scores: with the calibration's heads when it has them (then a model is required)."""
+    heads = path if calibration is not None and calibration.get("judge") else None
+    if heads is not None and judge_model is None:
+        raise ValueError(f"{path!r} calibrates the responsiveness judge; give --judge_model (its model: "
+                         f"{calibration['judge']['model']!r}), not null.")  # fmt: skip
+    return None if judge_model is None else ResponsivenessJudge(judge_model, calibration=heads)
+
+
 def rescore(
     run_dir: str,
     prompts: str | None = None,
@@ -51,7 +65,7 @@ def rescore(
     suites_dir: str | None = None,
     validity_calibration: str | None = None,
     min_validity_recall: float = 0.8,
-    max_base_nll: float | None = None,
+    judge_model: str | None = DEFAULT_JUDGE_MODEL,
 ) -> dict:
     """Re-label and re-score every saved checkpoint generation of one run; returns the new selection.
 
@@ -65,14 +79,16 @@ def rescore(
         guards: bounds of the guarded selection.
         validity_cues_dir: a folder of per-language answer-validity cue files (default: the shipped ones).
         suites_dir: the folder of the run's suite file when it is not a shipped one (default: the folder the
-            ``--prompts`` file's ``.meta.json`` records, else the shipped suites).
+            run's SCE rows record, else the one the ``--prompts`` file's ``.meta.json`` records, else the shipped
+            suites).
         validity_calibration: a ``lens calibrate --validity_json`` file for this narrative (default: none, so no
-            checkpoint is verified as a useful operating point).
+            checkpoint is verified as a useful operating point); its judge heads, when it has them, decide.
         min_validity_recall: the share of broken answers D must catch for the detectors to count as verified.
-        max_base_nll: judge the ``base_nll`` the run's rows carry against this bound (see ``SCEEvaluation``);
-            rows without one are not judged.
+        judge_model: the responsiveness judge's model (see ``ResponsivenessJudge``); ``null``: the lexical topic and
+            claim cues decide, as before the judge.
     """
     calibration = load_validity_calibration(validity_calibration)
+    judge = _judge(judge_model, validity_calibration, calibration)
     root = Path(run_dir)
     if not (root / METRICS_FILE).is_file():
         raise FileNotFoundError(f"{str(root / METRICS_FILE)!r} does not exist; pass the run's log directory.")
@@ -100,6 +116,9 @@ def rescore(
             f"the generation rows of {str(root)!r} name no narrative (e.g. {unknown[0]!r}), so they cannot be "
             "labeled; pass --prompts with the suite file the run was evaluated on (its baseline.jsonl)."
         )
+    rows = {int(r["step"]): r for r in read_rows(root / METRICS_FILE) if r.get("family") == family}
+    if suites_dir is None:
+        suites_dir = next((r["suites_dir"] for r in rows.values() if r.get("suites_dir")), None)
     if suites_dir is None and prompts is not None:
         suites_dir = recorded_suites_dir(prompts)
     sce = SCEEvaluation(
@@ -107,9 +126,8 @@ def rescore(
         labeler=SignatureLabeler(),
         validity_cues_dir=validity_cues_dir,
         suites_dir=suites_dir,
-        max_base_nll=max_base_nll,
+        judge=judge,
     )
-    rows = {int(r["step"]): r for r in read_rows(root / METRICS_FILE) if r.get("family") == family}
     base_answers = [o.get("base_answer") or "" for o in first]
     base = [lab.reproduced for lab in sce._label(sce.records, base_answers)]
     new_rows = []
@@ -120,8 +138,7 @@ def rescore(
             raise ValueError(f"{path} lacks answers for {missing[:3]}…; it is not from the same suite.")
         gens = [Generation(outs[r.id]["answer"], 0, bool(outs[r.id]["hit_token_cap"])) for r in sce.records]
         labels = sce._label(sce.records, [g.text for g in gens])
-        nll = [outs[r.id].get("base_nll") for r in sce.records]  # measured when the run was evaluated
-        outputs, metrics = sce.score(gens, labels, base, base_answers, nll)
+        outputs, metrics = sce.score(gens, labels, base, base_answers)
         write_text_atomically(path, "".join(json.dumps(o.to_row(), ensure_ascii=False) + "\n" for o in outputs))
         old = rows.get(step, {"step": step, "family": family})
         new_rows.append({**{k: old[k] for k in ("step", "family", "epoch", "fn", "seconds") if k in old}, **metrics})
