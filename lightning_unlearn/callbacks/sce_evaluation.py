@@ -403,7 +403,8 @@ class SCEEvaluation(CheckpointEvaluator):
                 b,
                 lab.reproduced,
                 rep["degraded"],
-                invalid_label=lab.label == INVALID,
+                # with a judge, whether the answer is on topic is the judge's call, not the labeler's topic cues
+                invalid_label=lab.label == INVALID and not (judged is not None and lab.stance == "off-topic"),
                 **{flag: validity[flag] for flag in VALIDITY_FLAGS},
             )
             outputs.append(

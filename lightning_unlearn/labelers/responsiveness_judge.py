@@ -9,8 +9,8 @@ removed) and the suite's endorsement and rejection hypotheses with a sentence-em
   it engages with the narrative's claim, whichever side it takes.
 
 Before a calibration the score is their mean, and an answer below ``threshold`` is not responsive (0.55 for
-all-MiniLM-L6-v2 and 0.84 for multilingual-e5-small, whose cosines run higher: each flags at most 1 of the 39 real answers of
-the NATO and Taiwan answers labeled by hand). That zero-shot decision does not
+all-MiniLM-L6-v2 and 0.84 for multilingual-e5-small, whose cosines run higher: each flags at most 1 of the 39 real
+answers of the NATO and Taiwan answers labeled by hand). That zero-shot decision does not
 transfer between narratives (fluent drift on one narrative scores like real answers on another), so a run judged
 without a calibration is never called a useful operating point. A calibration (``lens calibrate``,
 :mod:`lightning_unlearn.labelers.judge_calibration`) fits, per narrative, a logistic head on the answer's embedding

@@ -274,14 +274,14 @@ def answer_validity(
         distinct = len(set(units))
         if cue is not None:
             evidence["non_answer"] = f"cue: {cue}"
-        elif distinct < cues.min_content_units:
-            evidence["non_answer"] = f"short: {distinct} content unit(s) < {cues.min_content_units}"
-        elif judge is not None:
+        elif judge is not None:  # the judge decides responsiveness, a short answer's too ("No, there is no evidence.")
             if not judge.responsive:
                 how = "calibrated" if judge.calibrated else "zero-shot, uncalibrated"
                 evidence["non_answer"] = (
                     f"not responsive: judge score {judge.score:.3f} < {judge.threshold:.3f} ({how})"
                 )
+        elif distinct < cues.min_content_units:
+            evidence["non_answer"] = f"short: {distinct} content unit(s) < {cues.min_content_units}"
         elif narrative_on_topic is False and not asked & set(units):
             evidence["non_answer"] = "off-topic: no topic cue, actor or content word of the question"
         elif narrative_on_topic is None and asked and not asked & set(units):

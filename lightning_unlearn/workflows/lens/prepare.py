@@ -671,6 +671,11 @@ def calibrate_command(
         if validity_json is not None:
             write_texts_atomically({Path(validity_json): _json_text(report)})
         out.append(format_validity_calibration(report))
+        if any(str(r.get("weight") or "1").strip() not in ("1", "1.0") for r in annotated):
+            out[-1] += (
+                "\nThese counts are of the labeled answers as drawn (`lens export` oversamples those near the "
+                "judge's threshold); the judge's table weights each by 1/π to estimate the whole pool."
+            )
         if judge_section is not None:
             out.append(format_judge_calibration(judge_section))
     return "\n\n".join(out)
