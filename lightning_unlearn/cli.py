@@ -243,18 +243,31 @@ class UnlearnCLI(LightningCLI):
 
     @override
     def instantiate_trainer(self, **kwargs):
-        # The step-aware progress bar, unless the config brings its own bar or turns bars off.
+        # The step-aware progress bar, unless the config brings its own bar or turns bars off; and progress as log
+        # lines where no bar can show it (output to a file, or the bar turned off), unless the config has them.
         from lightning.pytorch.callbacks import ProgressBar
 
+        from lightning_unlearn.callbacks.log_progress import LogProgress
         from lightning_unlearn.callbacks.progress import StepProgressBar
 
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
         trainer = config.get("trainer") or {}
         callbacks = trainer.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
-        wanted = trainer.get("enable_progress_bar", True) is not False and importlib.util.find_spec("rich") is not None
-        if wanted and "callbacks" not in kwargs and not any(isinstance(c, ProgressBar) for c in callbacks):
-            kwargs["callbacks"] = [*callbacks, StepProgressBar()]
+        if "callbacks" in kwargs:
+            return super().instantiate_trainer(**kwargs)
+        bar = trainer.get("enable_progress_bar", True) is not False
+        added = []
+        if (
+            bar
+            and importlib.util.find_spec("rich") is not None
+            and not any(isinstance(c, ProgressBar) for c in callbacks)
+        ):
+            added.append(StepProgressBar())
+        if self.subcommand == "fit" and (not bar or not sys.stdout.isatty()):
+            added += [] if any(isinstance(c, LogProgress) for c in callbacks) else [LogProgress()]
+        if added:
+            kwargs["callbacks"] = [*callbacks, *added]
         return super().instantiate_trainer(**kwargs)
 
     def _install_atomic_checkpoint_io(self) -> None:
@@ -508,10 +521,11 @@ def _joined_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
-def _check_yaml_files(argv: list[str]) -> None:
-    """Every ``-c FILE`` parses as YAML, or one line naming the file, line and column (jsonargparse would name
-    ``"<unicode string>"``)."""
-    import yaml
+def _check_yaml_files(argv: list[str], prog: str = "lightning-unlearn") -> None:
+    """Every ``-c FILE`` is UTF-8 and valid YAML with no key given twice in a mapping, or one line naming the file,
+    line and column (jsonargparse would name ``"<unicode string>"``, and YAML would keep the last of two equal keys
+    silently)."""
+    from lightning_unlearn.configs.yaml_files import read_yaml
 
     paths = [argv[i + 1] for i, w in enumerate(argv[:-1]) if w in ("-c", "--config")]
     paths += [w.split("=", 1)[1] for w in argv if w.startswith("--config=")]
@@ -519,14 +533,9 @@ def _check_yaml_files(argv: list[str]) -> None:
         if not Path(path).is_file():
             continue  # jsonargparse names a missing file itself
         try:
-            yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
-            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-            raise SystemExit(f"lightning-unlearn: error: {where}: not valid YAML ({problem}); fix the file.") from None
-        except UnicodeDecodeError:
-            raise SystemExit(f"lightning-unlearn: error: {path} is not UTF-8 text; re-save it as UTF-8.") from None
+            read_yaml(path)
+        except ValueError as err:
+            raise SystemExit(f"{prog}: error: {err}") from None
 
 
 def underscore_flags(argv: list[str]) -> list[str]:
@@ -558,6 +567,7 @@ def run_extra_command(argv: list[str]) -> None:
     shown = name
     if args and args[0] in SUBCOMMANDS.get(name, {}):
         shown = f"{name} {args[0]}"
+    _check_yaml_files(args, f"lightning-unlearn {shown}")
     module, func = EXTRA_COMMANDS[name][0].split(":")
     try:
         getattr(importlib.import_module(module), func)(args)

@@ -23,6 +23,7 @@ Across runs: ``lightning-unlearn report RUN_DIR... --out DIR`` (heatmap + select
 
 from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.callbacks.checkpoint_selection import CheckpointSelection
+from lightning_unlearn.callbacks.log_progress import LogProgress
 from lightning_unlearn.callbacks.mask_auc_evaluation import MaskAUCEvaluation
 from lightning_unlearn.callbacks.memorization_evaluation import MemorizationEvaluation
 from lightning_unlearn.callbacks.mia_evaluation import MIAEvaluation
@@ -37,6 +38,7 @@ from lightning_unlearn.callbacks.utility_evaluation import UtilityEvaluation
 __all__ = [
     "CheckpointEvaluator",
     "CheckpointSelection",
+    "LogProgress",
     "MaskAUCEvaluation",
     "MemorizationEvaluation",
     "MIAEvaluation",

@@ -119,6 +119,11 @@ def _mapped(row: dict, i: int, prompt_key: str, answer_key: str, what: str, wher
         )
     for column in (key, answer_key):
         value = row[column]
+        if isinstance(value, bool) or not isinstance(value, str | int | float | type(None)):
+            raise ValueError(
+                f"{what} record {i} of {where} has {column!r} = {value!r}, a {type(value).__name__}; it must be text "
+                "(a list or an object would train on its Python spelling): write the text itself."
+            )
         if value is None or (isinstance(value, str) and not value.strip()):
             empty = "a null" if value is None else "an empty"
             raise ValueError(
@@ -127,6 +132,21 @@ def _mapped(row: dict, i: int, prompt_key: str, answer_key: str, what: str, wher
             )
     out = dict(row)
     out["prompt"], out["answer"] = str(row[key]), str(row[answer_key])
+    return out
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _object_once(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object whose keys are all different (JSON itself keeps the last of two silently)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
     return out
 
 
@@ -153,9 +173,12 @@ def _read_path(path: Path, split: str | None) -> list[dict]:
         ) from None
     if suffix == ".json" or text.lstrip().startswith("["):
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_object_once)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{err.lineno} is not valid JSON ({err.msg}).") from None
+        except _DuplicateKey as err:
+            raise ValueError(f"{path}: a record gives key {err.key!r} twice; JSON would keep only the last value: "
+                             "keep one.") from None  # fmt: skip
         if isinstance(data, dict) and isinstance(data.get("data"), list):
             data = data["data"]
         if not isinstance(data, list):
@@ -165,10 +188,13 @@ def _read_path(path: Path, split: str | None) -> list[dict]:
     for line_no, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                rows.append(json.loads(line, object_pairs_hook=_object_once))
             except json.JSONDecodeError as err:
                 msg = f"{path}:{line_no} is not valid JSON ({err.msg}); expected one object a line."
                 raise ValueError(msg) from None
+            except _DuplicateKey as err:
+                raise ValueError(f"{path}:{line_no}: key {err.key!r} is given twice in this record; JSON would keep "
+                                 "only the last value: keep one.") from None  # fmt: skip
     return rows
 
 

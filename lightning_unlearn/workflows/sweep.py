@@ -180,7 +180,7 @@ def _evaluate_options(spec: dict, path: Path) -> dict[str, Any]:
 
 def load_sweep(path: str | os.PathLike) -> Sweep:
     """Parse and check a sweep file; every problem is one ``ValueError`` naming the key and the fix."""
-    import yaml
+    from lightning_unlearn.configs.yaml_files import read_yaml
 
     path = Path(path).expanduser()
     if not path.is_file():
@@ -191,7 +191,10 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
                 f"sweep file {path} not found (nor a shipped one: `lightning-unlearn configs list`)."
             )
         path = shipped_config(str(path))  # a shipped sweep file by name; a local file always wins
-    spec = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    spec = read_yaml(path) or {}
+    if not isinstance(spec, dict):
+        raise ValueError(f"sweep file {path}: the file must be a mapping of base, root, overrides, grid, cells, "
+                         f"executor (it is a {type(spec).__name__}).")  # fmt: skip
     keys = ("base", "root", "overrides", "grid", "cells", "executor", "evaluate")
     unknown = {k for k in set(spec) - set(keys) if not str(k).startswith("x-")}  # x-…: YAML anchors, not read
     if unknown:
@@ -203,6 +206,11 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
         raise ValueError(f"sweep file {path}: `root` (the directory of the cells) is missing.")
     root = Path(str(spec["root"])).expanduser()
     grid = spec.get("grid") or {}
+    if not isinstance(grid, dict):
+        raise ValueError(f"sweep file {path}: `grid` must map each dotted key to its list of values "
+                         "(`grid: {model.init_args.optim.lr: [1.0e-4, 2.0e-4]}`), not a list.")  # fmt: skip
+    if not isinstance(spec.get("overrides") or {}, dict):
+        raise ValueError(f"sweep file {path}: `overrides` must map dotted keys to values, not a list.")
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise ValueError(f"sweep file {path}: grid.{key} must be a non-empty list of values.")
@@ -213,8 +221,10 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
     executor.update(spec.get("executor") or {})
     if executor["kind"] not in EXECUTORS:
         raise ValueError(f"sweep file {path}: executor.kind={executor['kind']!r} is not one of {EXECUTORS}.")
-    if int(executor["parallel"]) < 1:
-        raise ValueError(f"sweep file {path}: executor.parallel must be at least 1.")
+    for name in ("parallel", "threads", "timeout_min"):
+        value = executor[name]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"sweep file {path}: executor.{name}={value!r} must be a positive whole number.")
     cells = _cells(path, root, common, grid, listed)
     if executor["kind"] == "local" and any(int(c.resources.get("nodes", 1)) > 1 for c in cells):
         raise ValueError(
@@ -286,15 +296,14 @@ def check_override_keys(sweep: Sweep, path: str | os.PathLike) -> None:
     in every cell after its directory was made. Keys under a class that does not import are left to the run."""
     import difflib
 
-    import yaml
-
     from lightning_unlearn.configs import init_parameters
+    from lightning_unlearn.configs.yaml_files import read_yaml
 
     for cell in sweep.cells:
         merged: dict = {}
         try:
             for file in _resolve_configs(sweep, cell):
-                merged = _merge(merged, yaml.safe_load(file.read_text(encoding="utf-8")) or {})
+                merged = _merge(merged, read_yaml(file) or {})
         except FileNotFoundError:
             continue  # a config the steps before the sweep write: the run checks it
         for key in cell.overrides:
@@ -358,7 +367,10 @@ def run_cell(sweep: Sweep, cell: Cell, threads: int | None = None, nodes: int = 
     if latest_checkpoint(cell.directory) is not None:
         cmd += ["--ckpt_path", "last"]
     start = time.perf_counter()
+    log.info("sweep: cell %s started; its progress is in %s", cell.name, cell.directory / "fit.log")
     code = processes.run_stage(cmd, threads, cell.directory / "fit.log", append=True)
+    log.info("sweep: cell %s %s after %.0f s", cell.name, "finished" if code == 0 else f"failed (exit {code})",
+             time.perf_counter() - start)  # fmt: skip
     if code == 0 and int(os.environ.get("SLURM_PROCID", "0")) == 0:
         done = {"seconds": round(time.perf_counter() - start, 1), "command": cmd}
         write_text_atomically(cell.directory / DONE_FILE, json.dumps(done, indent=1))

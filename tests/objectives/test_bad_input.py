@@ -171,6 +171,45 @@ CASES = {
         {"afile": "x", "s.yaml": lambda tb: _sweep(tb, "afile/sw", "model.init_args.beta")},
         r"sweep root 'afile/sw': 'afile' is a file",
     ),
+    # What YAML and JSON would change without a word: the first of two equal keys dropped, a list trained on as text.
+    "a config with two model blocks": (
+        lambda tb: [*_fit(tb), "-c", "two.yaml"],
+        {
+            "two.yaml": "model:\n  init_args:\n    beta: 0.5\ntrainer:\n  max_steps: 2\n"
+            "model:\n  init_args:\n    beta: 0.1\n"
+        },  # fmt: skip
+        r"two\.yaml:6:1: key 'model' is given twice in one mapping \(first on line 1\); YAML would keep only the last",
+    ),
+    "a sweep file with a key twice": (
+        lambda tb: (_fit(tb), [*CLI, "sweep", "s.yaml"])[1],
+        {"s.yaml": lambda tb: _sweep(tb, "sw", "model.init_args.beta") + "root: elsewhere\n"},
+        r"s\.yaml:5:1: key 'root' is given twice in one mapping \(first on line 1\)",
+    ),
+    "a sweep grid written as a list": (
+        lambda tb: (_fit(tb), [*CLI, "sweep", "s.yaml"])[1],
+        {"s.yaml": "root: sw\nbase: [lens/npo.yaml]\ngrid: [0.1, 0.2]\n"},
+        r"`grid` must map each dotted key to its list of values",
+    ),
+    "a sweep file that is not valid YAML": (
+        lambda tb: (_fit(tb), [*CLI, "sweep", "s.yaml"])[1],
+        {"s.yaml": "root: sw\ngrid: {a: [1\n"},
+        r"s\.yaml:3:1: not valid YAML \(expected ',' or '\]', but got '<stream end>'\); fix the file",
+    ),
+    "a sweep executor with parallel: two": (
+        lambda tb: (_fit(tb), [*CLI, "sweep", "s.yaml"])[1],
+        {"s.yaml": lambda tb: _sweep(tb, "sw", "model.init_args.beta") + "executor: {parallel: two}\n"},
+        r"executor\.parallel='two' must be a positive whole number",
+    ),
+    "an answer that is a list": (
+        lambda tb: [*_fit(tb), "--data.init_args.forget_path", "f.jsonl"],
+        {"f.jsonl": '{"prompt": "Who?", "answer": ["Alice", "Bob"]}\n'},
+        r"forget set record 0 of 'f\.jsonl' has 'answer' = \['Alice', 'Bob'\], a list; it must be text",
+    ),
+    "a record with a key twice": (
+        lambda tb: [*_fit(tb), "--data.init_args.forget_path", "f.jsonl"],
+        {"f.jsonl": '{"prompt": "Who?", "answer": "Alice", "answer": "Bob"}\n'},
+        r"f\.jsonl:1: key 'answer' is given twice in this record; JSON would keep only the last value",
+    ),
 }
 
 
