@@ -35,6 +35,8 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
+from lightning_unlearn.data.records import read_utf8
+
 LANGUAGES = ("en", "uk", "zh-Hans", "zh-Hant")
 LEVELS = ("L0", "L1", "L2", "L3", "L3-special")
 CONDITIONS = ("compact", "unrestricted")
@@ -410,12 +412,10 @@ def check_suite_file(path: str | Path) -> list[str]:
     p = Path(path)
     if not p.is_file():
         return [f"{p}: no such file; give the path of a suite JSON file."]
-    raw = p.read_bytes()
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = raw[: err.start].count(b"\n") + 1
-        return [f"{p}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x}); re-save the file as UTF-8."]
+        text = read_utf8(p)
+    except ValueError as err:
+        return [str(err)]
     try:
         data = json.loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as err:

@@ -135,6 +135,19 @@ def _mapped(row: dict, i: int, prompt_key: str, answer_key: str, what: str, wher
     return out
 
 
+def read_utf8(path: str | Path) -> str:
+    """The text of a file the user wrote; not UTF-8 is one ``ValueError`` naming the line and byte, and the fix."""
+    raw = Path(path).read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise ValueError(
+            f"{path}:{line} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); re-save the file "
+            "as UTF-8."
+        ) from None
+
+
 class _DuplicateKey(Exception):
     def __init__(self, key: str) -> None:
         self.key = key
@@ -162,15 +175,7 @@ def _read_path(path: Path, split: str | None) -> list[dict]:
         except Exception as err:  # noqa: BLE001 - pyarrow/pandas raise many kinds for a file that does not parse
             kind = _LOADERS[suffix]
             raise ValueError(f"{str(path)!r} does not read as {kind} ({type(err).__name__}: {err}).") from None
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = raw[: err.start].count(b"\n") + 1
-        raise ValueError(
-            f"{path}:{line} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); re-save the file "
-            "as UTF-8."
-        ) from None
+    text = read_utf8(path)
     if suffix == ".json" or text.lstrip().startswith("["):
         try:
             data = json.loads(text, object_pairs_hook=_object_once)

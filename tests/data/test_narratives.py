@@ -219,7 +219,9 @@ def test_suite_check_refuses_a_key_or_prompt_given_twice_a_suite_without_l0_and_
     (problem,) = check_suite_file(path)
     assert "prompts has no L0 level (direct questions)" in problem
     path.write_bytes(b'{"narrative": "mine",\n "title": "caf\xe9"}')
-    assert check_suite_file(path) == [f"{path}:2: not UTF-8 text (byte 0xe9); re-save the file as UTF-8."]
+    assert check_suite_file(path) == [
+        f"{path}:2 is not UTF-8 text (byte 0xe9 at offset 36); re-save the file as UTF-8."
+    ]
 
 
 @pytest.mark.parametrize("narrative,language", _cases())
