@@ -12,7 +12,7 @@ from lightning_unlearn.callbacks.qa_records import encode_batch, forward_logits
 from lightning_unlearn.callbacks.rank_split import generate_all, map_batches
 from lightning_unlearn.data.records import read_records
 from lightning_unlearn.generation import model_prompt
-from lightning_unlearn.metrics.memorization import extracted, memorization_scores
+from lightning_unlearn.metrics.memorization import AnswerMemorization, ExtractionRate
 
 
 class MemorizationEvaluation(CheckpointEvaluator):
@@ -66,20 +66,19 @@ class MemorizationEvaluation(CheckpointEvaluator):
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
         out = {}
         for split, records in self.splits.items():
+            scores = AnswerMemorization(include_eos=self.include_eos).to(pl_module.device)
 
-            def run(batch_records: list[dict]) -> list[tuple[float, float, float]]:
+            def forward(batch_records: list[dict]) -> tuple[dict, object]:
                 batch = encode_batch(pl_module.tokenizer, batch_records, self.max_length, self.chat_template)
-                m = memorization_scores(forward_logits(pl_module.model, batch), batch["labels"], self.include_eos)
-                return list(zip(m["prob"].tolist(), m["em"].tolist(), m["es"].tolist()))
+                return batch, forward_logits(pl_module.model, batch)
 
-            scores = map_batches(records, self.batch_size, run, pl_module.model, self.progress)
-            n = len(scores)
-            out[split] = {
-                "prob": sum(s[0] for s in scores) / n,
-                "em": sum(s[1] for s in scores) / n,
-                "es": sum(s[2] for s in scores) / n,
-                "num_records": n,
-            }
+            def run(batch_records: list[dict], scores: AnswerMemorization = scores) -> list[None]:
+                batch, logits = forward(batch_records)
+                scores.update(logits, batch["labels"])
+                return []
+
+            map_batches(records, self.batch_size, run, pl_module.model, self.progress, dummy=forward)
+            out[split] = scores.summary()
             if self.extraction:
                 gens = generate_all(
                     pl_module.model,
@@ -89,6 +88,8 @@ class MemorizationEvaluation(CheckpointEvaluator):
                     self.max_new_tokens,
                     self.progress,
                 )
-                hits = extracted([g.text for g in gens], [str(r.get("target", r["answer"])) for r in records])
-                out[split]["extraction_rate"] = sum(hits) / n
+                # every rank holds every answer (gathered), so the counts are not summed over ranks again
+                rate = ExtractionRate(sync_on_compute=False)
+                rate.update([g.text for g in gens], [str(r.get("target", r["answer"])) for r in records])
+                out[split]["extraction_rate"] = float(rate.compute())
         return out

@@ -15,9 +15,9 @@ from lightning_unlearn.callbacks.rank_split import map_batches
 from lightning_unlearn.data.records import read_records
 from lightning_unlearn.distributed import is_sharded
 from lightning_unlearn.metrics.mia import (
+    MembershipInferenceAUC,
     gradnorm_scores,
     loss_scores,
-    mia_auc,
     min_k_plus_plus_scores,
     min_k_scores,
     privleak,
@@ -149,7 +149,14 @@ class MIAEvaluation(CheckpointEvaluator):
         return {a: [r[a] for r in rows] for a in rows[0]}
 
     def _aucs(self, scores: dict[str, dict[str, list]], attacks: Sequence[str]) -> dict[str, float]:
-        return {a: mia_auc(scores["members"][a], scores["nonmembers"][a]) for a in attacks}
+        out = {}
+        for attack in attacks:
+            members, nonmembers = scores["members"][attack], scores["nonmembers"][attack]
+            # every rank holds every score (gathered, in record order): nothing to sum over ranks again
+            auc = MembershipInferenceAUC(sync_on_compute=False)
+            auc.update(members + nonmembers, [True] * len(members) + [False] * len(nonmembers))
+            out[attack] = float(auc.compute())
+        return out
 
     @override
     def compute_base(self, trainer: Trainer, pl_module: LightningModule) -> dict:

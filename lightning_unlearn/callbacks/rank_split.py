@@ -21,12 +21,14 @@ def map_batches(
     run: Callable[[list[T]], list[R]],
     model: nn.Module,
     progress: str | None = None,
+    dummy: Callable[[list[T]], object] | None = None,
 ) -> list[R]:
     """``run`` over this rank's batches, gathered into one list in ``items`` order on every rank.
 
-    With sharded parameters every forward is a collective, so a rank with fewer batches runs ``run`` on a
-    one-item dummy batch (result dropped) to keep step with the others. ``progress``: the label of a progress bar
-    on rank 0 (stderr), ``None`` for none.
+    With sharded parameters every forward is a collective, so a rank with fewer batches runs ``dummy`` (default
+    ``run``) on a one-item batch, result dropped, to keep step with the others; a ``run`` that updates a
+    ``torchmetrics.Metric`` passes a ``dummy`` that only runs the forward. ``progress``: the label of a progress
+    bar on rank 0 (stderr), ``None`` for none.
     """
     if not items:
         return []
@@ -40,7 +42,7 @@ def map_batches(
             bar.update()
         if not batch:
             if sharded:
-                run([items[0]])
+                (dummy or run)([items[0]])
             continue
         results = run([item for _, item in batch])
         local.extend((i, r) for (i, _), r in zip(batch, results))

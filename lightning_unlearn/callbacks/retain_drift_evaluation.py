@@ -12,7 +12,7 @@ from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.callbacks.qa_records import encode_batch, forward_logits
 from lightning_unlearn.callbacks.rank_split import map_batches
 from lightning_unlearn.data.records import read_records
-from lightning_unlearn.metrics.retain_drift import finalize_retain_drift, retain_drift_sums
+from lightning_unlearn.metrics.retain_drift import RetainDrift
 
 
 def reference_logits(pl_module: LightningModule, batch: dict) -> torch.Tensor | None:
@@ -68,27 +68,30 @@ class RetainDriftEvaluation(CheckpointEvaluator):
         self.chat_template = chat_template
         self.max_length = max_length
 
-    def _sums(self, pl_module: LightningModule, with_reference: bool) -> dict[str, float]:
-        def run(batch_records: list[dict]) -> list[dict]:
+    def _drift(self, pl_module: LightningModule, with_reference: bool, base_ce: float | None) -> dict[str, float]:
+        """Collective: :meth:`RetainDrift.summary` over every rank's share of the retain records."""
+        drift = RetainDrift(base_ce=base_ce).to(pl_module.device)
+
+        def forward(batch_records: list[dict]) -> tuple[dict, torch.Tensor, torch.Tensor | None]:
             batch = encode_batch(pl_module.tokenizer, batch_records, self.max_length, self.chat_template)
             logits = forward_logits(pl_module.model, batch)
-            base = reference_logits(pl_module, batch) if with_reference else None
-            return [retain_drift_sums(logits, batch["labels"], base)]
+            return batch, logits, reference_logits(pl_module, batch) if with_reference else None
 
-        parts = map_batches(self.records, self.batch_size, run, pl_module.model, self.progress)
-        return {k: sum(p[k] for p in parts) for k in parts[0]}
+        def run(batch_records: list[dict]) -> list[None]:
+            batch, logits, base = forward(batch_records)
+            drift.update(logits, batch["labels"], base)
+            return []
+
+        map_batches(self.records, self.batch_size, run, pl_module.model, self.progress, dummy=forward)
+        return drift.summary()
 
     @override
     def compute_base(self, trainer: Trainer, pl_module: LightningModule) -> dict:
         with self.base_context(pl_module, trainer):
-            sums = self._sums(pl_module, with_reference=False)
-        return {"ce": sums["ce_sum"] / sums["num_tokens"]}
+            return {"ce": self._drift(pl_module, with_reference=False, base_ce=None)["ce"]}
 
     @override
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
         has_reference = hasattr(pl_module.model, "disable_adapter") or getattr(pl_module, "reference_model", None)
-        sums = self._sums(pl_module, with_reference=bool(has_reference))
-        sums.pop("base_ce_sum", None)  # ΔCE is against the stored base CE, computed once
-        out = finalize_retain_drift(sums, base_ce=self.base["ce"])
-        out["num_tokens"] = int(sums["num_tokens"])
-        return out
+        # ΔCE is against the stored base CE, computed once
+        return self._drift(pl_module, with_reference=bool(has_reference), base_ce=self.base["ce"])

@@ -31,7 +31,7 @@ from lightning_unlearn.labelers.narrative_label import INVALID
 from lightning_unlearn.labelers.responsiveness_judge import JudgeReading, ResponsivenessJudge
 from lightning_unlearn.metrics.answer_validity import VALIDITY_FLAGS, answer_validity, load_validity_cues
 from lightning_unlearn.metrics.degeneration import DEGENERATION_FLAGS, DegenerationThresholds, degeneration_report
-from lightning_unlearn.metrics.sce import classify_output, sce_breakdown
+from lightning_unlearn.metrics.sce import SuppressionCollapseEfficiency, classify_output
 
 SELECTION_LEVELS = ("L0", "L1", "L2")
 GENERATIONS_DIR = "sce_generations"
@@ -428,19 +428,18 @@ class SCEEvaluation(CheckpointEvaluator):
                     outcome=outcome,
                 )
             )
-        levels: dict[str, dict] = {}
-        for level in sorted({r.level for r in self.records}):
-            rows = [o for o in outputs if o.level == level]
-            levels[level] = sce_breakdown([o.base_reproduced for o in rows], [o.outcome for o in rows])
-            known = [o.entity_recovery for o in rows if o.entity_recovery is not None]
-            if known:  # LENS L3 / L3-special diagnostic: every real actor recovered together with the frame
-                levels[level]["entity_recovery_rate"] = sum(known) / len(known)
-        pooled_rows = [o for o in outputs if o.level in self.selection_levels]
-        pooled = (
-            sce_breakdown([o.base_reproduced for o in pooled_rows], [o.outcome for o in pooled_rows])
-            if pooled_rows
-            else None
+        # Every rank holds every output here (the answers are gathered for the rows file and the heatmap), so the
+        # counts are not summed over ranks again.
+        sce = SuppressionCollapseEfficiency(
+            levels=sorted({r.level for r in self.records}), pooled_levels=self.selection_levels, sync_on_compute=False
         )
+        sce.update([o.base_reproduced for o in outputs], [o.outcome for o in outputs], [o.level for o in outputs])
+        counted = sce.breakdown()
+        levels, pooled = counted["levels"], counted["pooled"]
+        for level, found in levels.items():
+            known = [o.entity_recovery for o in outputs if o.level == level and o.entity_recovery is not None]
+            if known:  # LENS L3 / L3-special diagnostic: every real actor recovered together with the frame
+                found["entity_recovery_rate"] = sum(known) / len(known)
         n = len(reports)
         degeneration = {flag: sum(rep[flag] for rep in reports) / n for flag in DEGENERATION_FLAGS}
         degeneration["mean_score"] = sum(rep["score"] for rep in reports) / n

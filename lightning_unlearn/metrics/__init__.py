@@ -1,9 +1,17 @@
-"""Pure metric functions (torch / numpy / scikit-learn; no Lightning)."""
+"""Metric functions (torch / numpy / scikit-learn; no Lightning) and the ``torchmetrics.Metric`` objects built on
+them (SCE, retain drift, memorization, extraction, MIA AUC) that any LightningModule can ``self.log``."""
 
 from lightning_unlearn.metrics.degeneration import DegenerationThresholds, degeneration_report, degraded_rate
 from lightning_unlearn.metrics.mask_auc import exact_auc, mask_auc, quantile_rank, weight_features
-from lightning_unlearn.metrics.memorization import extracted, extraction_rate, memorization_scores
+from lightning_unlearn.metrics.memorization import (
+    AnswerMemorization,
+    ExtractionRate,
+    extracted,
+    extraction_rate,
+    memorization_scores,
+)
 from lightning_unlearn.metrics.mia import (
+    MembershipInferenceAUC,
     gradnorm_scores,
     loss_scores,
     mia_auc,
@@ -13,8 +21,14 @@ from lightning_unlearn.metrics.mia import (
     reference_scores,
     zlib_scores,
 )
-from lightning_unlearn.metrics.retain_drift import finalize_retain_drift, retain_drift_sums
-from lightning_unlearn.metrics.sce import sce_counts, sce_score
+from lightning_unlearn.metrics.retain_drift import RetainDrift, finalize_retain_drift, retain_drift_sums
+from lightning_unlearn.metrics.sce import (
+    SuppressionCollapseEfficiency,
+    classify_output,
+    sce_breakdown,
+    sce_counts,
+    sce_score,
+)
 from lightning_unlearn.metrics.tofu import (
     forget_quality,
     mean_answer_nll,
@@ -26,6 +40,13 @@ from lightning_unlearn.metrics.tofu import (
 from lightning_unlearn.metrics.utility import load_multiple_choice, multiple_choice_accuracy, option_logprobs
 
 __all__ = [
+    "AnswerMemorization",
+    "ExtractionRate",
+    "MembershipInferenceAUC",
+    "RetainDrift",
+    "SuppressionCollapseEfficiency",
+    "classify_output",
+    "sce_breakdown",
     "degeneration_report",
     "DegenerationThresholds",
     "degraded_rate",

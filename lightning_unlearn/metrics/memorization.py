@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Sequence
+from typing import Any
 
 import torch
+from torchmetrics import Metric
 
 from lightning_unlearn.losses import answer_token_logprobs
 
@@ -81,3 +83,114 @@ def extraction_rate(answers: Sequence[str], targets: Sequence[str]) -> float:
     if not hits:
         raise ValueError("extraction_rate needs at least one answer.")
     return sum(hits) / len(hits)
+
+
+MEMORIZATION_QUANTITIES = ("prob", "em", "es")
+
+
+class AnswerMemorization(Metric):
+    """Prob, EM and ES (:func:`memorization_scores`) as a ``torchmetrics.Metric``: means over records of every rank.
+
+    Each is a mean over records (not tokens), as Lacuna and OpenUnlearning report them; the states are float64 sums
+    and a record count reduced with ``sum``.
+
+    Args:
+        quantity: what :meth:`compute` returns (``prob``, ``em`` or ``es``); :meth:`summary` gives all three.
+        include_eos: score each answer's final token (the EOS) in EM and ES (:func:`memorization_scores`).
+        kwargs: ``torchmetrics.Metric``'s.
+
+    Raises:
+        ValueError: an unknown ``quantity``.
+
+    Example::
+
+        >>> import torch
+        >>> from lightning_unlearn.metrics import AnswerMemorization
+        >>> em = AnswerMemorization(quantity="em")
+        >>> logits = torch.full((1, 4, 5), -9.0)
+        >>> logits[0, 1, 2] = logits[0, 2, 3] = 9.0  # predicts 2 then 3
+        >>> em.update(logits, torch.tensor([[-100, -100, 2, 4]]))  # answer "2", then the EOS (4), not scored
+        >>> float(em.compute())
+        1.0
+    """
+
+    is_differentiable = False
+    higher_is_better = True
+    full_state_update = False
+
+    def __init__(self, quantity: str = "prob", include_eos: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if quantity not in MEMORIZATION_QUANTITIES:
+            raise ValueError(f"quantity={quantity!r}; choose one of {list(MEMORIZATION_QUANTITIES)}.")
+        self.quantity = quantity
+        self.include_eos = include_eos
+        for name in MEMORIZATION_QUANTITIES:
+            self.add_state(f"{name}_sum", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("records", torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        """Add one teacher-forced batch (labels with ``IGNORE_INDEX`` outside each answer)."""
+        scores = memorization_scores(logits, labels, self.include_eos)
+        for name in MEMORIZATION_QUANTITIES:
+            total = getattr(self, f"{name}_sum")
+            for value in scores[name].tolist():  # one by one, in record order: the sum the callback always made
+                total += value
+        self.records += len(scores["prob"])
+
+    def _summary(self) -> dict:
+        n = int(self.records)
+        if n == 0:
+            raise ValueError("AnswerMemorization has no records yet; call update with a batch first.")
+        return {name: float(getattr(self, f"{name}_sum")) / n for name in MEMORIZATION_QUANTITIES} | {"num_records": n}
+
+    def summary(self) -> dict:
+        """``{"prob", "em", "es", "num_records"}`` over every process's records.
+
+        Raises:
+            ValueError: no record was added.
+        """
+        with self.sync_context(
+            dist_sync_fn=self.dist_sync_fn, should_sync=self._to_sync, should_unsync=self._should_unsync
+        ):
+            return self._summary()
+
+    def compute(self) -> torch.Tensor:
+        """``quantity``'s mean over records, a float64 scalar."""
+        return torch.tensor(self._summary()[self.quantity], dtype=torch.float64)
+
+
+class ExtractionRate(Metric):
+    """The share of greedy answers that contain their PII string (:func:`extracted`), hits and answers summed.
+
+    Example::
+
+        >>> from lightning_unlearn.metrics import ExtractionRate
+        >>> rate = ExtractionRate()
+        >>> rate.update(["Her number is 555-0101.", "I don't know."], ["555-0101", "555-0199"])
+        >>> float(rate.compute())
+        0.5
+    """
+
+    is_differentiable = False
+    higher_is_better = True
+    full_state_update = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_state("hits", torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("total", torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, answers: Sequence[str], targets: Sequence[str]) -> None:
+        """Add answers and the PII string each should (not) contain."""
+        self.hits += sum(extracted(answers, targets))
+        self.total += len(answers)
+
+    def compute(self) -> torch.Tensor:
+        """Hits / answers as a float64 scalar.
+
+        Raises:
+            ValueError: no answer was added.
+        """
+        if int(self.total) == 0:
+            raise ValueError("ExtractionRate has no answers yet; call update with some first.")
+        return self.hits.double() / self.total.double()

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
+from torchmetrics import Metric
+from torchmetrics.utilities.data import dim_zero_cat
 
 from lightning_unlearn.losses import IGNORE_INDEX, answer_token_logprobs
 from lightning_unlearn.metrics.tofu import mean_answer_nll
@@ -175,3 +177,59 @@ def privleak(auc_model: float, auc_reference: float, orientation: Literal["muse"
             "orientation; the reference model separates members perfectly, so it is no unlearned reference."
         )
     return float((score - ref) / ref * 100.0)
+
+
+class MembershipInferenceAUC(Metric):
+    """:func:`mia_auc` as a ``torchmetrics.Metric``: every score kept (``cat`` states), the AUC formed once.
+
+    Not ``torchmetrics.classification.BinaryAUROC``: it is exact on ties, but it reads scores outside [0, 1] as
+    logits and applies a float32 sigmoid, which saturates — attack scores such as a Min-K % of 18 and 23 both become
+    1.0 and a perfect attack scores 0.5. Loss-like scores are not probabilities, so the scores are kept as float64
+    and ranked by scikit-learn (ties counted half, as the Mann–Whitney U).
+
+    Args:
+        kwargs: ``torchmetrics.Metric``'s.
+
+    Example::
+
+        >>> import torch
+        >>> from lightning_unlearn.metrics import MembershipInferenceAUC
+        >>> auc = MembershipInferenceAUC()
+        >>> auc.update(torch.tensor([18.0, 19.0, 21.0, 22.0]), torch.tensor([True, True, False, False]))
+        >>> float(auc.compute())  # every member less lossy than every non-member
+        1.0
+    """
+
+    is_differentiable = False
+    higher_is_better = None
+    full_state_update = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_state("member_scores", [], dist_reduce_fx="cat")
+        self.add_state("nonmember_scores", [], dist_reduce_fx="cat")
+
+    def update(self, scores: torch.Tensor | Sequence[float], is_member: torch.Tensor | Sequence[bool]) -> None:
+        """Add attack scores (loss-like: higher = less likely a member) and whether each sample is a member.
+
+        Raises:
+            ValueError: scores and flags differ in length.
+        """
+        scores = torch.as_tensor(scores, dtype=torch.float64).flatten()
+        member = torch.as_tensor(is_member, dtype=torch.bool).flatten().to(scores.device)
+        if scores.numel() != member.numel():
+            raise ValueError(f"{scores.numel()} scores for {member.numel()} membership flags; pass one per sample.")
+        self.member_scores.append(scores[member])
+        self.nonmember_scores.append(scores[~member])
+
+    def compute(self) -> torch.Tensor:
+        """P(score(non-member) > score(member)), ties half, as a float64 scalar.
+
+        Raises:
+            ValueError: no member or no non-member, or a non-finite score.
+        """
+        members, nonmembers = (
+            dim_zero_cat(state) if len(state) else torch.zeros(0, dtype=torch.float64)
+            for state in (self.member_scores, self.nonmember_scores)
+        )
+        return torch.tensor(mia_auc(members.cpu().numpy(), nonmembers.cpu().numpy()), dtype=torch.float64)

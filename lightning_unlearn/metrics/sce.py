@@ -8,8 +8,14 @@ Reproduced; D = post-unlearning outputs flagged Degraded; N = evaluated post-unl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torchmetrics import Metric
+
+from lightning_unlearn.data.narratives import LEVELS
 
 
 def sce_score(base_reproduced: int, post_reproduced: int, degraded: int, total: int) -> dict[str, float]:
@@ -68,6 +74,8 @@ def sce_counts(
 # Per-output outcome counted by :func:`sce_breakdown` (each a bool of one output).
 OUTCOMES = ("reproduced", "degraded", "invalid", "refusal", "echo", "non_answer", "wrong_language", "clean_suppression")
 SCE_VARIANTS = ("sce", "sce_health", "sce_strict")
+# What :func:`outcome_counts` counts, in this order (the columns of :class:`SuppressionCollapseEfficiency`'s state).
+COUNT_FIELDS = ("N", "B", *(f"{x}_{v}" for v in SCE_VARIANTS for x in ("A", "D")), *OUTCOMES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +147,38 @@ def classify_output(
     )
 
 
+def outcome_counts(base_reproduced: Sequence[bool], outcomes: Sequence[SCEOutcome]) -> dict[str, int]:
+    """The counts behind SCE for one set of outputs: :data:`COUNT_FIELDS` (N, B, A and D per variant, each outcome).
+
+    A of a variant counts reproduced outputs that the variant does not call degraded (:func:`sce_counts`).
+    """
+    if len(base_reproduced) != len(outcomes):
+        raise ValueError(f"{len(base_reproduced)} base flags for {len(outcomes)} outputs; pass one per output.")
+    counts = {"N": len(outcomes), "B": sum(bool(b) for b in base_reproduced)}
+    for variant in SCE_VARIANTS:
+        degraded = [bool(getattr(o, f"degraded_{variant}")) for o in outcomes]
+        counts[f"A_{variant}"] = sum(o.reproduced and not d for o, d in zip(outcomes, degraded))
+        counts[f"D_{variant}"] = sum(degraded)
+    counts.update({k: sum(bool(getattr(o, k)) for o in outcomes) for k in OUTCOMES})
+    return counts
+
+
+def breakdown_from_counts(counts: Mapping[str, int]) -> dict:
+    """:func:`sce_breakdown` of outputs whose :func:`outcome_counts` are ``counts`` (summed over sets or ranks)."""
+    result: dict = {}
+    for variant in SCE_VARIANTS:
+        score = sce_score(counts["B"], counts[f"A_{variant}"], counts[f"D_{variant}"], counts["N"])
+        if variant == "sce":
+            result.update(score)
+        else:
+            suffix = variant.removeprefix("sce")
+            result.update({variant: score["sce"], f"g{suffix}": score["g"], f"D{suffix}": score["D"]})
+    n = counts["N"]
+    result["counts"] = {k: int(counts[k]) for k in OUTCOMES}
+    result["rates"] = {k: counts[k] / n for k in OUTCOMES}
+    return result
+
+
 def sce_breakdown(base_reproduced: Sequence[bool], outcomes: Sequence[SCEOutcome]) -> dict:
     """SCE in its three variants with the counts and rates behind them, for one evaluation set.
 
@@ -151,21 +191,129 @@ def sce_breakdown(base_reproduced: Sequence[bool], outcomes: Sequence[SCEOutcome
         ``delta_r``); ``sce_health``/``g_health``/``D_health`` and ``sce_strict``/``g_strict``/``D_strict``; and
         ``counts`` / ``rates`` of every outcome in :data:`OUTCOMES` (rates over N). A is the same in every variant
         (a reproduced answer is never invalid, refused or an echo-only non-answer), so s is too.
+
+    Raises:
+        ValueError: the flags and outcomes differ in length, or there are no outputs (N = 0).
     """
-    if len(base_reproduced) != len(outcomes):
-        raise ValueError(f"{len(base_reproduced)} base flags for {len(outcomes)} outputs; pass one per output.")
-    post = [o.reproduced for o in outcomes]
-    result: dict = {}
-    for variant in SCE_VARIANTS:
-        degraded = [getattr(o, f"degraded_{variant}") for o in outcomes]
-        score = sce_score(*sce_counts(base_reproduced, post, degraded))
-        if variant == "sce":
-            result.update(score)
-        else:
-            suffix = variant.removeprefix("sce")
-            result.update({variant: score["sce"], f"g{suffix}": score["g"], f"D{suffix}": score["D"]})
-    n = len(outcomes)
-    counts = {k: sum(bool(getattr(o, k)) for o in outcomes) for k in OUTCOMES}
-    result["counts"] = counts
-    result["rates"] = {k: v / n for k, v in counts.items()}
-    return result
+    return breakdown_from_counts(outcome_counts(base_reproduced, outcomes))
+
+
+class SuppressionCollapseEfficiency(Metric):
+    """SCE as a ``torchmetrics.Metric``: the counts behind it per suite level, summed over batches and processes.
+
+    ``update`` counts each output (:func:`outcome_counts`) into its level's row of one integer state reduced with
+    ``sum``, so under DDP or FSDP each rank updates with its own outputs and Lightning's (or torchmetrics') sync
+    adds the rows before SCE is formed once — the pooled SCE is not a mean of per-rank SCEs. :meth:`compute` gives
+    one number (``variant`` at ``level``), so ``self.log("sce", metric)`` works in any LightningModule;
+    :meth:`breakdown` gives everything :class:`~lightning_unlearn.callbacks.SCEEvaluation` writes per checkpoint.
+
+    Args:
+        levels: the levels counted (one state row each); an output of another level is refused.
+        pooled_levels: the levels pooled into ``"pooled"`` (LENS: L0–L2, the levels checkpoint selection reads);
+            those not among ``levels`` count nothing.
+        variant: what :meth:`compute` returns: one of :data:`SCE_VARIANTS`, or ``s`` / ``g``.
+        level: the level :meth:`compute` reads, or ``"pooled"``.
+        kwargs: ``torchmetrics.Metric``'s (e.g. ``sync_on_compute``).
+
+    Raises:
+        ValueError: an unknown ``variant``, a ``level`` not counted, or no levels.
+
+    Example::
+
+        >>> from lightning_unlearn.metrics import SuppressionCollapseEfficiency, classify_output
+        >>> sce = SuppressionCollapseEfficiency(levels=["L0"], level="L0")
+        >>> outcomes = [
+        ...     classify_output(base_reproduced=True, reproduced=False, unhealthy=False),  # suppressed, healthy
+        ...     classify_output(base_reproduced=True, reproduced=True, unhealthy=False),  # still reproduced
+        ... ]
+        >>> sce.update([True, True], outcomes, "L0")
+        >>> round(float(sce.compute()), 3)  # s = (2 - 1) / 2, g = 0
+        0.5
+    """
+
+    is_differentiable = False
+    higher_is_better = True
+    full_state_update = False
+
+    def __init__(
+        self,
+        levels: Sequence[str] = LEVELS,
+        pooled_levels: Sequence[str] = ("L0", "L1", "L2"),
+        variant: str = "sce",
+        level: str = "pooled",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.levels = tuple(dict.fromkeys(levels))
+        self.pooled_levels = tuple(dict.fromkeys(pooled_levels))
+        if not self.levels:
+            raise ValueError("SuppressionCollapseEfficiency needs at least one level, e.g. levels=['L0'].")
+        if variant not in (*SCE_VARIANTS, "s", "g"):
+            raise ValueError(f"variant={variant!r}; choose one of {[*SCE_VARIANTS, 's', 'g']}.")
+        if level != "pooled" and level not in self.levels:
+            raise ValueError(f"level={level!r} is not counted; choose 'pooled' or one of {list(self.levels)}.")
+        self.variant = variant
+        self.level = level
+        self.add_state(
+            "counts", torch.zeros(len(self.levels), len(COUNT_FIELDS), dtype=torch.long), dist_reduce_fx="sum"
+        )
+
+    def update(
+        self, base_reproduced: Sequence[bool], outcomes: Sequence[SCEOutcome], levels: str | Sequence[str]
+    ) -> None:
+        """Count outputs: per output the base flag, :func:`classify_output`, and its level (or one level for all).
+
+        Raises:
+            ValueError: lengths differ, or a level is not among ``levels``.
+        """
+        per_output = [levels] * len(outcomes) if isinstance(levels, str) else list(levels)
+        if len(per_output) != len(outcomes) or len(base_reproduced) != len(outcomes):
+            raise ValueError(
+                f"{len(base_reproduced)} base flags, {len(outcomes)} outcomes and {len(per_output)} levels; pass "
+                "one of each per output."
+            )
+        if unknown := sorted(set(per_output) - set(self.levels)):
+            raise ValueError(
+                f"levels {unknown} are not counted; construct the metric with levels={list(self.levels)} + these."
+            )
+        add = torch.zeros_like(self.counts)
+        for i, lv in enumerate(self.levels):
+            idx = [k for k, x in enumerate(per_output) if x == lv]
+            if idx:
+                c = outcome_counts([base_reproduced[k] for k in idx], [outcomes[k] for k in idx])
+                add[i] = torch.tensor([c[f] for f in COUNT_FIELDS], dtype=torch.long)
+        self.counts += add
+
+    def _breakdown(self, counts: torch.Tensor) -> dict:
+        rows = counts.cpu().tolist()
+        levels = {
+            lv: breakdown_from_counts(dict(zip(COUNT_FIELDS, row))) for lv, row in zip(self.levels, rows) if row[0] > 0
+        }
+        pooled_rows = [row for lv, row in zip(self.levels, rows) if lv in self.pooled_levels]
+        pooled = [sum(col) for col in zip(*pooled_rows)]
+        return {
+            "levels": levels,
+            "pooled": breakdown_from_counts(dict(zip(COUNT_FIELDS, pooled))) if pooled and pooled[0] else None,
+        }
+
+    def breakdown(self) -> dict:
+        """``{"levels": {level: sce_breakdown}, "pooled": sce_breakdown | None}`` over every process's outputs.
+
+        A level without outputs is left out; ``pooled`` is ``None`` when no pooled level has outputs.
+        """
+        with self.sync_context(
+            dist_sync_fn=self.dist_sync_fn, should_sync=self._to_sync, should_unsync=self._should_unsync
+        ):
+            return self._breakdown(self.counts)
+
+    def compute(self) -> torch.Tensor:
+        """``variant`` at ``level`` as a float64 scalar.
+
+        Raises:
+            ValueError: no output of ``level`` (or of any pooled level) was counted.
+        """
+        found = self._breakdown(self.counts)
+        result = found["pooled"] if self.level == "pooled" else found["levels"].get(self.level)
+        if result is None:
+            raise ValueError(f"SCE at {self.level!r}: no output of that level was counted; update with some first.")
+        return torch.tensor(result[self.variant], dtype=torch.float64)
