@@ -36,6 +36,12 @@ def test_chain_tiny(tmp_path):
     assert last.endswith(str(tmp_path / RESULT_FILE)) and all(line.startswith("  ") for line in verdict_lines)
     assert all(sum(line.strip() in li for li in output.splitlines()) == 1 for line in verdict_lines)
     lines = output.splitlines()
+    # Its output is a pipe, as under nohup or SLURM: every training stage's progress lines come through, and each
+    # stage line names the file with the stage's whole output.
+    for stage in ("pretrain", "inject", "instruct"):
+        assert any(line.startswith(f"[lacuna] {stage}: fit: step ") for line in lines), stage
+        assert f"full log: {tmp_path / stage / 'stage.log'}" in output
+        assert "fit: step" in (tmp_path / stage / "stage.log").read_text(encoding="utf-8")
     reports = run_chain(str(tmp_path), size="tiny", instruct=True, log=[].append)  # every stage reused
     assert json.loads((tmp_path / RESULT_FILE).read_text()) == chain_result(reports)
     # the default builds the masked testbed only

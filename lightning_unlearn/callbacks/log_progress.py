@@ -2,9 +2,12 @@
 
 A progress bar redraws one terminal line; written to a file it shows nothing until the end (Rich) or a wall of
 carriage returns (tqdm), so a slow machine cannot be told from a hung one. This callback logs, on rank 0, through
-``logging.getLogger("lightning_unlearn")``, one line every ``every_seconds`` and one when training ends:
+``logging.getLogger("lightning_unlearn")``, one line each time training passes another ``every_percent`` of its
+steps or ``every_seconds`` after the last line, and one when training ends:
 
     fit: step 120/900 (13 %) · epoch 0 · 1.42 s/step · about 18 min left · train/loss 2.314
+
+The total is the steps the epochs come to, capped by ``max_steps`` (``trainer.estimated_stepping_batches``).
 
 ``lightning-unlearn fit`` adds it when standard output is not a terminal or the progress bar is turned off.
 """
@@ -12,6 +15,7 @@ carriage returns (tqdm), so a slow machine cannot be told from a hung one. This 
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -29,26 +33,52 @@ def _duration(seconds: float) -> str:
 
 
 class LogProgress(Callback):
-    """Log training progress every ``every_seconds`` (rank 0), and once at the end of training.
+    """Log training progress (rank 0) every ``every_percent`` of the steps or ``every_seconds``, and at the end.
 
     Args:
-        every_seconds: seconds between two lines (the first comes after the first step past it).
+        every_percent: a line each time the step count passes another this much of the total (when it is known).
+        every_seconds: at most this many seconds between two lines (the first comes after the first step past it).
         metric: a logged metric to show with each line (``trainer.callback_metrics``); ``None``: none.
+
+    Raises:
+        ValueError: ``every_percent`` or ``every_seconds`` not positive.
+
+    Example::
+
+        >>> from lightning_unlearn.callbacks import LogProgress
+        >>> LogProgress(every_percent=10).every_percent  # `fit` adds LogProgress() when its output is a file
+        10
     """
 
-    def __init__(self, every_seconds: float = 60.0, metric: str | None = "train/loss") -> None:
-        if not every_seconds > 0:
-            raise ValueError(f"every_seconds={every_seconds} must be positive.")
+    def __init__(
+        self, every_percent: float = 5.0, every_seconds: float = 60.0, metric: str | None = "train/loss"
+    ) -> None:
+        if not every_seconds > 0 or not every_percent > 0:
+            raise ValueError(f"every_percent={every_percent} and every_seconds={every_seconds} must both be positive.")
+        self.every_percent = every_percent
         self.every_seconds = every_seconds
         self.metric = metric
         self._start: float | None = None
         self._start_step = 0
         self._last: float = 0.0
+        self._last_share = -1  # the last multiple of every_percent a line was written at
+
+    @staticmethod
+    def total_steps(trainer: Trainer) -> int | None:
+        """The run's total optimizer steps (``trainer.estimated_stepping_batches``: the epochs' steps, capped by
+        ``max_steps``), else ``max_steps``; ``None`` when neither is known."""
+        try:
+            total = trainer.estimated_stepping_batches
+        except Exception:  # noqa: BLE001 - e.g. an iterable dataset without a length: fall back to max_steps
+            total = None
+        if isinstance(total, int | float) and math.isfinite(total) and total > 0:
+            return int(total)
+        return trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
 
     def line(self, trainer: Trainer, now: float) -> str:
         """The progress line at time ``now`` (``time.monotonic()``)."""
-        step, total = trainer.global_step, trainer.max_steps
-        parts = [f"fit: step {step}" + (f"/{total} ({100 * step / total:.0f} %)" if total and total > 0 else "")]
+        step, total = trainer.global_step, self.total_steps(trainer)
+        parts = [f"fit: step {step}" + (f"/{total} ({100 * step / total:.0f} %)" if total else "")]
         parts.append(f"epoch {trainer.current_epoch}")
         done = step - self._start_step
         if done > 0 and self._start is not None:
@@ -65,15 +95,19 @@ class LogProgress(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._start = self._last = time.monotonic()
         self._start_step = trainer.global_step  # a resumed run measures its own pace
+        total = self.total_steps(trainer)
+        if total:
+            self._last_share = int(100 * trainer.global_step / total // self.every_percent)
         if trainer.is_global_zero:
-            log.info("fit: training from step %d%s", trainer.global_step,
-                     f" to {trainer.max_steps}" if trainer.max_steps and trainer.max_steps > 0 else "")  # fmt: skip
+            log.info("fit: training from step %d%s", trainer.global_step, f" to {total}" if total else "")
 
     @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         now = time.monotonic()
-        if trainer.is_global_zero and now - self._last >= self.every_seconds:
-            self._last = now
+        total = self.total_steps(trainer)
+        share = int(100 * trainer.global_step / total // self.every_percent) if total else self._last_share
+        if trainer.is_global_zero and (share > self._last_share or now - self._last >= self.every_seconds):
+            self._last, self._last_share = now, share
             log.info(self.line(trainer, now))
 
     @override

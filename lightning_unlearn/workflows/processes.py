@@ -17,10 +17,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -72,6 +75,44 @@ def spawn_stage(
     Path(log_file).parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "a" if append else "w", encoding="utf-8") as out:  # the child keeps its own copy of the fd
         return spawn(cmd, env=stage_env(threads), stdout=out, stderr=subprocess.STDOUT)
+
+
+# The lines of :class:`~lightning_unlearn.callbacks.LogProgress` in a stage's log ("fit: training from step 0 to 300",
+# "fit: step 59/300 (20 %) · …").
+PROGRESS_LINE = re.compile(r"^fit: (training from step|step \d)")
+
+
+def follow_progress(
+    log_file: str | os.PathLike, proc: subprocess.Popen, emit: Callable[[str], None], poll_seconds: float = 0.5
+) -> threading.Thread:
+    """Pass each progress line a stage writes to ``log_file`` to ``emit`` while ``proc`` runs (a daemon thread).
+
+    The stage's whole output stays in its file; a chain or sweep whose own output goes to a file shows the stages'
+    progress lines there, so a slow stage can be told from a hung one. Join the thread after ``proc`` ends to have
+    every line passed on.
+    """
+
+    def follow() -> None:
+        with open(log_file, encoding="utf-8", errors="replace") as f:
+            pending = ""
+            while True:
+                chunk = f.read()
+                if chunk:
+                    pending += chunk
+                    *lines, pending = pending.split("\n")
+                    for line in lines:
+                        if PROGRESS_LINE.match(line.strip()):
+                            emit(line.strip())
+                elif proc.poll() is not None:
+                    if PROGRESS_LINE.match(pending.strip()):  # a last line without its newline
+                        emit(pending.strip())
+                    return
+                else:
+                    time.sleep(poll_seconds)
+
+    thread = threading.Thread(target=follow, daemon=True, name=f"progress of {Path(log_file).parent.name}")
+    thread.start()
+    return thread
 
 
 def run_stage(

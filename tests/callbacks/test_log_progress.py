@@ -23,14 +23,16 @@ def test_the_line_gives_steps_pace_time_left_and_the_loss():
     # 100 steps in 142 s: 1.42 s/step; 780 steps left: 1108 s, about 18 min
     assert line == "fit: step 120/900 (13 %) · epoch 0 · 1.42 s/step · about 18 min left · train/loss 2.314"
     assert progress.line(_trainer(5, total=-1), now=110.0).startswith("fit: step 5 · epoch 0")  # epoch-bounded
-    with pytest.raises(ValueError, match="every_seconds=0 must be positive"):
+    with pytest.raises(ValueError, match="every_seconds=0 must both be positive"):
         LogProgress(every_seconds=0)
+    with pytest.raises(ValueError, match="every_percent=0 and"):
+        LogProgress(every_percent=0)
 
 
 def test_lines_come_every_so_often_and_once_at_the_end(caplog, monkeypatch):
     clock = iter([0.0, 10.0, 31.0, 40.0, 70.0, 75.0])
     monkeypatch.setattr("lightning_unlearn.callbacks.log_progress.time.monotonic", lambda: next(clock))
-    progress = LogProgress(every_seconds=30, metric=None)
+    progress = LogProgress(every_percent=100, every_seconds=30, metric=None)  # by time only
     with caplog.at_level(logging.INFO, logger="lightning_unlearn"):
         progress.on_train_start(_trainer(0, 10), None)
         for step, _ in zip(range(1, 5), range(4)):  # batches end at t = 10, 31, 40, 70
@@ -41,6 +43,20 @@ def test_lines_come_every_so_often_and_once_at_the_end(caplog, monkeypatch):
     assert [line.split(" · ")[0] for line in lines[1:]] == ["fit: step 2/10 (20 %)", "fit: step 4/10 (40 %)",
                                                               "fit: step 4/10 (40 %)"]  # fmt: skip
     assert lines[-1].endswith(" · done") and "18.75 s/step" in lines[-1]
+
+
+def test_a_line_each_time_another_few_percent_of_the_steps_pass(caplog, monkeypatch):
+    monkeypatch.setattr("lightning_unlearn.callbacks.log_progress.time.monotonic", lambda: 5.0)  # no time passes
+    progress = LogProgress(every_percent=25, metric=None)
+    epochs = SimpleNamespace(**vars(_trainer(0, -1)), estimated_stepping_batches=40)  # 40 steps, by epochs
+    with caplog.at_level(logging.INFO, logger="lightning_unlearn"):
+        progress.on_train_start(epochs, None)
+        for step in range(1, 41):
+            epochs.global_step = step
+            progress.on_train_batch_end(epochs, None, None, None, step)
+    lines = [r.getMessage().split(" · ")[0] for r in caplog.records]
+    assert lines == ["fit: training from step 0 to 40", "fit: step 10/40 (25 %)", "fit: step 20/40 (50 %)",
+                     "fit: step 30/40 (75 %)", "fit: step 40/40 (100 %)"]  # fmt: skip
 
 
 def test_fit_writes_progress_lines_when_its_output_is_a_file(tiny_dir, tmp_path):

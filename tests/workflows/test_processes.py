@@ -85,3 +85,31 @@ def test_a_stage_started_inside_a_distributed_job_is_a_job_of_its_own(tmp_path, 
                     "OMP_NUM_THREADS": "3", "TOKENIZERS_PARALLELISM": "false", "MY_SETTING": "kept"}  # fmt: skip
     processes.run_stage([sys.executable, "-c", "print('again')"], log_file=log_file, append=True)
     assert log_file.read_text().splitlines()[-1] == "again" and len(log_file.read_text().splitlines()) == 2
+
+
+def test_a_stages_progress_lines_are_followed_from_its_log_file_as_it_writes_them(tmp_path):
+    script = (
+        "import sys, time\n"
+        "print('Some warning the stage prints', flush=True)\n"
+        "print('fit: training from step 0 to 4', flush=True)\n"
+        "for step in (2, 4):\n"
+        "    time.sleep(0.3)\n"
+        "    print(f'fit: step {step}/4 ({25 * step} %) · epoch 0', flush=True)\n"
+        "sys.stdout.write('fit: step 4/4 (100 %) · done')\n"  # the last line without its newline
+    )
+    log_file = tmp_path / "stage.log"
+    proc = processes.spawn_stage([sys.executable, "-c", script], log_file=log_file)
+    seen: list[tuple[float, str]] = []
+    follower = processes.follow_progress(log_file, proc, lambda line: seen.append((time.monotonic(), line)),
+                                         poll_seconds=0.05)  # fmt: skip
+    assert proc.wait() == 0
+    ended = time.monotonic()
+    follower.join(timeout=10)
+    assert [line for _, line in seen] == [
+        "fit: training from step 0 to 4",
+        "fit: step 2/4 (50 %) · epoch 0",
+        "fit: step 4/4 (100 %) · epoch 0",
+        "fit: step 4/4 (100 %) · done",
+    ]
+    assert seen[0][0] < ended - 0.3  # passed on while the stage ran, not read after it
+    assert "Some warning" in log_file.read_text(encoding="utf-8")  # the whole output stays in the file

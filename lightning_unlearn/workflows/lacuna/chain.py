@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -220,32 +221,59 @@ class _Stages:
 
     def run(self, stages: list[tuple[str, list[str], Path]]) -> None:
         """Run ``(name, command, root)`` stages that are independent of each other: on ≥ 2 cores side by side,
-        sharing the cores. The first shows its progress here, the others write theirs to ``<root>/stage.log``."""
+        sharing the cores.
+
+        On a terminal the first shows its progress bar here and the others write their output to ``<root>/stage.log``.
+        When this process's output goes to a file (nohup, SLURM, ``> log``), every stage writes its whole output to
+        its ``stage.log`` and its progress lines (:class:`~lightning_unlearn.callbacks.LogProgress`) come here too.
+        """
         procs = []
         begun = time.time()
         threads = max(1, self.cores // max(1, len(stages))) if self.parallel else self.cores
+        to_terminal = sys.stdout.isatty()
         for i, (name, cmd, root) in enumerate(stages):
             root.mkdir(parents=True, exist_ok=True)
             # The whole command (a few hundred characters of paths and overrides) goes to a file, not the terminal.
             write_text_atomically(root / "command.txt", shlex.join(cmd) + "\n")
             configs = [Path(cmd[i + 1]).name for i, arg in enumerate(cmd) if arg == "-c"]
             shown = " -c ".join(configs)
-            self.note(f"{name}: lightning-unlearn fit -c {shown} … (whole command: {root / 'command.txt'})")
-            if self.parallel and i > 0:
-                self.note(f"{name}: running alongside; progress in {root / 'stage.log'}")
-                procs.append((name, processes.spawn_stage(cmd, threads, root / "stage.log"), root))
+            in_file = not to_terminal or (self.parallel and i > 0)
+            where = f"; full log: {root / 'stage.log'}" if in_file else ""
+            self.note(f"{name}: lightning-unlearn fit -c {shown} … (whole command: {root / 'command.txt'}{where})")
+            if in_file:
+                if self.parallel and i > 0:
+                    self.note(f"{name}: running alongside")
+                proc = processes.spawn_stage(cmd, threads, root / "stage.log")
+                follower = None
+                if not to_terminal:
+                    follower = processes.follow_progress(root / "stage.log", proc, partial(self._progress, name))
+                procs.append((name, proc, root, follower))
             else:
-                procs.append((name, processes.spawn_stage(cmd, threads), root))
+                procs.append((name, processes.spawn_stage(cmd, threads), root, None))
             if not self.parallel:
-                procs[-1][1].wait()
+                self._finish(*procs[-1])
                 self.note(f"{name}: finished in {time.time() - begun:.0f} s")
-        for name, proc, root in procs:
-            if proc.wait() != 0:
-                hint = f" (see {root / 'stage.log'})" if (root / "stage.log").exists() else ""
-                raise RuntimeError(f"stage {name} failed with exit code {proc.returncode}{hint}.")
-            if self.parallel:
-                together = " (side by side)" if len(stages) > 1 else ""
-                self.note(f"{name}: finished after {time.time() - begun:.0f} s{together}")
+        for name, proc, root, follower in procs if self.parallel else ():
+            self._finish(name, proc, root, follower)
+            together = " (side by side)" if len(stages) > 1 else ""
+            self.note(f"{name}: finished after {time.time() - begun:.0f} s{together}")
+
+    def _progress(self, name: str, line: str) -> None:
+        self.note(f"{name}: {line}")
+
+    def _finish(self, name: str, proc, root: Path, follower) -> None:
+        """Wait for a stage; a failed one raises with the end of its log (where it has one)."""
+        code = proc.wait()
+        if follower is not None:
+            follower.join()
+        if code == 0:
+            return
+        log_file = root / "stage.log"
+        if log_file.exists():
+            tail = log_file.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
+            self.note(f"{name}: the last lines of {log_file}:\n" + "\n".join(f"    {line}" for line in tail))
+        hint = f" (see {log_file})" if log_file.exists() else ""
+        raise RuntimeError(f"stage {name} failed with exit code {code}{hint}.")
 
 
 def _pretrain_config(preset: dict[str, list[str]]) -> str:
