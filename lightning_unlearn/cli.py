@@ -18,6 +18,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -240,6 +241,14 @@ class UnlearnCLI(LightningCLI):
         changes = getattr(self, "_data_changes", None)
         if changes and hasattr(self.datamodule, "data_changes"):
             self.datamodule.data_changes = list(changes)  # kept in every checkpoint this resumed run saves
+        config = self.config.get(self.subcommand) if self.subcommand else self.config
+        run_hparams = config.get("run_hparams") if config is not None else None
+        if run_hparams:
+            from lightning_unlearn.callbacks.checkpoint_selection import CheckpointSelection
+
+            for cb in self.trainer.callbacks:
+                if isinstance(cb, CheckpointSelection):
+                    cb.run_hparams.update(run_hparams)
 
     @override
     def instantiate_trainer(self, **kwargs):
@@ -371,6 +380,14 @@ class UnlearnCLI(LightningCLI):
             default=False,
             help="fit --ckpt_path: resume although the data files or order-defining settings changed since the "
             "checkpoint (refused by default: the data order would no longer be the run's).",
+        )
+        parser.add_argument(
+            "--run_hparams",
+            type=dict[str, Any] | None,
+            default=None,
+            help="further hyperparameters recorded with the run's checkpoint selection in TensorBoard's HParams view "
+            "(every CheckpointSelection's run_hparams), e.g. what tells this run from its siblings; `lightning-unlearn "
+            "sweep` passes each cell's overrides, name, label and panel.",
         )
 
 

@@ -21,6 +21,23 @@ ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = config_root() / "lens" / "smollm2_trajectory.yaml"
 TEMPLATE_RUN = "runs/lens/smollm2/nato-forced-war-en"
 NARRATIVE = "demo-canal-tolls"
+# Every TensorBoard tag and HParams name docs/guide/evaluation.md ("Compare trajectories in TensorBoard") names: a
+# renamed one fails here. The run's own event file …
+RUN_SCALARS = [
+    *(f"sce/levels/{lv}/sce" for lv in ("L0", "L1", "L2", "L3", "L3-special")),
+    "sce/pooled/sce", "sce/pooled/sce_health", "sce/pooled/sce_strict", "sce/pooled/s", "sce/pooled/g",
+    "sce/validity/refusal", "sce/degraded_rate", "retain_drift/delta_ce", "retain_drift/kl", "sce/selected_step",
+    "hp_metric", "train/loss",
+]  # fmt: skip
+RUN_IMAGES = ["sce/heatmap"]
+RUN_TEXTS = ["sce/generations", "sce/verdict"]
+# … and the HParams session of its selection, the run <log_dir>/selection (a sweep cell's also has SWEEP_HPARAMS).
+SESSION_HPARAMS = ["objective", "model.init_args.optim.lr", "verdict", "failed_guards", "guarded_verdict"]
+SESSION_METRICS = [
+    *(f"sce/selected/{k}" for k in ("step", "sce", "sce_health", "sce_strict", "s", "g", "retain_delta_ce", "useful")),
+    "hp_metric",
+]
+SWEEP_HPARAMS = ["sweep.cell", "sweep.label", "sweep.panel", "configs", "trainer.max_steps"]
 
 
 def _rows(path: Path) -> list[dict]:
@@ -137,6 +154,75 @@ def test_trajectory_artifacts(trajectory):
     assert list(run.glob("events.out.tfevents.*"))
     forget_meta = json.loads((trajectory / "forget_weak.meta.json").read_text())
     assert forget_meta["n_forget"] == per_level["L0"]
+
+
+def _events(directory: Path):
+    """Every event of the TensorBoard run ``directory`` (its own event files, not its subdirectories')."""
+    from tensorboard.backend.event_processing.event_accumulator import (
+        STORE_EVERYTHING_SIZE_GUIDANCE,
+        EventAccumulator,
+    )
+
+    events = EventAccumulator(str(directory), size_guidance=STORE_EVERYTHING_SIZE_GUIDANCE)
+    events.Reload()
+    return events
+
+
+def _session(directory: Path) -> tuple[dict, dict]:
+    """The HParams session of the TensorBoard run ``directory``: its hyperparameters and its metrics' last values.
+    It is the run's only session, and no experiment summary fixes the HParams view's columns to its own."""
+    from tensorboard.plugins.hparams import metadata
+
+    assert len(list(directory.glob("events.out.tfevents.*"))) == 1
+    events = _events(directory)
+    content = events.PluginTagToContent(metadata.PLUGIN_NAME)
+    assert metadata.EXPERIMENT_TAG not in content and metadata.SESSION_END_INFO_TAG in content
+    start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
+    hparams = {k: getattr(v, v.WhichOneof("kind")) for k, v in start.hparams.items()}
+    return hparams, {tag: events.Scalars(tag)[-1].value for tag in events.Tags()["scalars"]}
+
+
+def _assert_session_matches(hparams: dict, metrics: dict, selection: dict) -> None:
+    """The session records the objective and the selected checkpoint of ``selection`` (``selection.json``)."""
+    assert set(SESSION_HPARAMS) <= set(hparams), sorted(set(SESSION_HPARAMS) - set(hparams))
+    assert set(SESSION_METRICS) <= set(metrics), sorted(set(SESSION_METRICS) - set(metrics))
+    point = selection["suppression_tradeoff"]
+    assert hparams["verdict"] == point["verdict"].partition(":")[0]
+    failed = [name for name, guard in point["guards"].items() if guard["holds"] is False]
+    assert hparams["failed_guards"] == (", ".join(failed) or "none")
+    assert metrics["sce/selected/step"] == point["step"]
+    for key in ("sce", "sce_health", "sce_strict", "s", "g", "retain_delta_ce"):
+        assert metrics[f"sce/selected/{key}"] == pytest.approx(point[key], abs=1e-6), key
+    assert metrics["hp_metric"] == pytest.approx(point["sce"], abs=1e-6)
+    assert metrics["sce/selected/useful"] == float(point["verdict"] == "useful operating point")
+
+
+def test_tensorboard_holds_the_per_level_sce_the_heatmap_the_answers_and_the_selections_hparams(trajectory):
+    """The run's event file has the guide's tags (per-level SCE at every evaluated step, the heatmap, the answers
+    and verdict as text) and no hp_metric -1 session; its selection is one HParams session: the objective and its
+    init arguments against the selected checkpoint's SCE, s, g, retain ΔCE and verdict."""
+    run = trajectory / "npo" / "trajectory"
+    events = _events(run)
+    tags = events.Tags()
+    assert set(RUN_SCALARS) <= set(tags["scalars"]), sorted(set(RUN_SCALARS) - set(tags["scalars"]))
+    for level in ("L0", "L1", "L2"):
+        assert [e.step for e in events.Scalars(f"sce/levels/{level}/sce")] == [2, 4, 6]
+    assert tags["images"] == RUN_IMAGES
+    assert events.Images("sce/heatmap")[-1].encoded_image_string[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {t.removesuffix("/text_summary") for t in tags["tensors"]} == set(RUN_TEXTS)
+    answers = events.Tensors("sce/generations/text_summary")[-1].tensor_proto.string_val[0].decode()
+    first = _rows(run / "sce_generations" / "step=6.jsonl")[0]
+    assert answers.startswith("| id | level |") and f"| {first['id']} | {first['level']} |" in answers
+    with pytest.raises(KeyError):  # no hp_metric -1 session in the run itself (default_hp_metric: false)
+        events.PluginTagToContent("hparams")
+
+    selection = json.loads((run / "selection.json").read_text())
+    assert events.Scalars("hp_metric")[-1].value == pytest.approx(selection["suppression_tradeoff"]["sce"], abs=1e-6)
+    hparams, metrics = _session(run / "selection")
+    assert hparams["objective"] == "NPO"
+    assert hparams["model.init_args.beta"] == pytest.approx(0.1) and hparams["model.init_args.optim.lr"] == 2.0e-4
+    assert hparams["model.init_args.optim.betas"] == "[0.9, 0.999]" and hparams["model.init_args.adapter.r"] == 8
+    _assert_session_matches(hparams, metrics, selection)
 
 
 def test_report_and_summary(trajectory, capsys):
@@ -396,6 +482,30 @@ def test_the_shipped_lens_sweep_runs_both_methods_and_reports_them_by_panel(traj
         table = list(csv.DictReader(f))
     assert len(table) == 12 and {r["label"] for r in table} == {"npo", "tofu_ga"}  # 2 cells × 2 steps × 3 families
     assert {"pooled/sce", "kl"} <= set(table[0])
+
+    # TensorBoard across the cells: one HParams session each (the last selection's, after the evaluations above),
+    # with the cell's overrides, label and panel beside the objective's arguments; no experiment summary anywhere.
+    from tensorboard.backend.event_processing.event_accumulator import STORE_EVERYTHING_SIZE_GUIDANCE
+    from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
+
+    multiplexer = EventMultiplexer(size_guidance=STORE_EVERYTHING_SIZE_GUIDANCE)
+    multiplexer.AddRunsFromDirectory(spec["root"])
+    multiplexer.Reload()
+    content = multiplexer.PluginRunToTagToContent("hparams")
+    cells = load_sweep(path).cells
+    assert sorted(content) == sorted(f"{c.name}/run/trajectory/selection" for c in cells)
+    objectives = {}
+    for cell in cells:
+        run = cell.directory / "run" / "trajectory"
+        hparams, metrics = _session(run / "selection")
+        assert set(SWEEP_HPARAMS) <= set(hparams), sorted(set(SWEEP_HPARAMS) - set(hparams))
+        assert [hparams[f"sweep.{k}"] for k in ("cell", "label", "panel")] == [cell.name, cell.label, "demo-en"]
+        assert hparams["trainer.max_steps"] == 4 and hparams["trainer.logger.init_args.save_dir"] == "{cell_dir}"
+        assert json.loads(hparams["configs"]) == cell.configs
+        _assert_session_matches(hparams, metrics, json.loads((run / "selection.json").read_text()))
+        objectives[cell.label] = hparams["objective"]
+        assert set(_events(run).Tags()["scalars"]) >= set(RUN_SCALARS) - {"train/loss"}  # 4 steps: no loss logged
+    assert objectives == {"npo": "NPO", "tofu_ga": "GradientAscent"}
 
 
 def test_rmu_runs_as_a_cell_of_the_lens_sweep_and_evaluate_reproduces_its_rows(trajectory, tiny_dir, tmp_path):

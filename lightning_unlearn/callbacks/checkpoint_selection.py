@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from typing_extensions import override
 
 from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, read_rows, run_output_dir
-from lightning_unlearn.callbacks.logger_media import log_figure, log_table
+from lightning_unlearn.callbacks.logger_media import hparams_values, log_figure, log_hparams, log_table
 from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_figure, write_json
 from lightning_unlearn.callbacks.stop_listener import StopListener
 from lightning_unlearn.distributed import world
 from lightning_unlearn.labelers.calibration import load_validity_calibration
 from lightning_unlearn.metrics.selection import (
     SELECTION_METRICS,
+    USEFUL,
     OperatingPointGuards,
     check_score,
     sce_table,
@@ -24,6 +26,8 @@ from lightning_unlearn.metrics.selection import (
 
 SELECTION_FILE = "selection.json"
 HEATMAP_FILE = "sce_heatmap.png"
+# The selected checkpoint's numbers in the HParams session, under ``<family>/selected/``.
+SESSION_VALUES = ("step", "sce", "sce_health", "sce_strict", "s", "g", "g_health", "g_strict", "retain_delta_ce")
 
 
 class CheckpointSelection(Callback, StopListener):
@@ -46,6 +50,18 @@ class CheckpointSelection(Callback, StopListener):
 
     - ``stopped`` (when the :class:`~lightning_unlearn.callbacks.StopRule` ended the run): the first discarded step
       and the reason; the checkpoints from that step on are gone and never selected.
+
+    At the end of ``fit`` and of ``validate`` the selection is also one HParams session (TensorBoard's HParams view
+    compares it with other runs' and sweep cells'; W&B and CSV get the hyperparameters, every logger the numbers;
+    :func:`~lightning_unlearn.callbacks.logger_media.log_hparams`). Hyperparameters: ``objective`` (the module's
+    class), its init arguments as ``model.init_args.<dotted key>``, ``run_hparams``, the selected checkpoint's
+    ``verdict`` class (``useful operating point``, ``unverified`` or ``apparent forgetting``: text, so the view can
+    filter on it), its ``failed_guards`` and the ``guarded_verdict``. Metrics: ``<family>/selected/<x>`` for every
+    ``x`` of :data:`SESSION_VALUES` and ``useful`` (1 for a useful operating point, else 0: a number, so the view can
+    sort and plot it), ``<family>/guarded/step`` and ``<family>/guarded/<metric>``, ``<family>/first_collapse/step``,
+    ``score/selected``, ``score/selected_step``, ``score/guarded_step`` and ``hp_metric`` (the selected ``metric``,
+    else the score). In TensorBoard the session is the run ``<log_dir>/selection`` (``selection-<family>`` for a
+    family other than ``sce``).
 
     - ``score`` (with ``score``): the checkpoint with the best declared combination of any row values, e.g. OU
       #187's ``{tofu/forget_quality: 0.5, tofu/model_utility: 0.5}``, and the best one holding the guards that
@@ -71,6 +87,9 @@ class CheckpointSelection(Callback, StopListener):
             (``tofu/forget_quality``, ``tofu/retain/prob``, ``mia/loss/auc``; keys of the row joined by ``/``). No
             expression is evaluated: a weight per value is the whole language.
         score_mode: ``max`` (the combination is better higher) or ``min``.
+        run_hparams: further hyperparameters of the HParams session (flat keys; nested values are flattened), e.g.
+            what tells this run from its siblings. ``fit --run_hparams '{...}'`` adds to them; ``lightning-unlearn
+            sweep`` passes each cell's overrides, name, label and panel this way.
         output_dir: where ``checkpoint_metrics.jsonl`` is read and the outputs written; ``None``:
             :func:`~lightning_unlearn.callbacks.checkpoint_metrics_file.run_output_dir` (the logger's versioned
             directory, else ``<default_root_dir>/evaluation/version_N``).
@@ -90,6 +109,7 @@ class CheckpointSelection(Callback, StopListener):
         min_validity_recall: float = 0.8,
         score: dict[str, float] | None = None,
         score_mode: str = "max",
+        run_hparams: dict[str, Any] | None = None,
     ) -> None:
         if not 0 < collapse_boundary <= 1:
             raise ValueError(f"collapse_boundary={collapse_boundary} must be in (0, 1]: it is a degraded-output rate.")
@@ -111,7 +131,9 @@ class CheckpointSelection(Callback, StopListener):
         self.family = family
         self.run_name = run_name
         self.output_dir = output_dir
+        self.run_hparams = dict(run_hparams or {})
         self._dir: Path | None = None
+        self._last_step = 0
         self.selection: dict | None = None
         self.stopped: dict | None = None
 
@@ -141,16 +163,32 @@ class CheckpointSelection(Callback, StopListener):
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn == "validate":
             self.update(trainer)
+            self.log_session(trainer, pl_module)
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.update(trainer)
+        self.log_session(trainer, pl_module)
+
+    def log_session(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """The current selection as one HParams session (rank 0; see the class docstring)."""
+        if world()[0] != 0 or not self.selection:
+            return
+        params = {
+            "objective": type(pl_module).__name__,
+            **hparams_values(pl_module.hparams, "model.init_args."),
+            **hparams_values(self.run_hparams),
+            **_verdict_hparams(self.selection),
+        }
+        run = "selection" if self.family == "sce" else f"selection-{self.family.replace(':', '-')}"
+        log_hparams(trainer, run, params, _session_metrics(self.selection, self.family), self._last_step)
 
     def update(self, trainer: Trainer) -> dict | None:
         """Recompute the selection from the metrics file; write outputs on rank 0."""
         if world()[0] != 0 or self._dir is None:
             return None
         rows = read_rows(self._dir / METRICS_FILE)
+        self._last_step = max((int(r["step"]) for r in rows), default=0)
         table = sce_table(rows, self.family)
         selection = table and select_from_rows(
             rows,
@@ -167,6 +205,7 @@ class CheckpointSelection(Callback, StopListener):
             rows, self.score, self.score_mode, self.guards, self.retain_family, self.utility_family
         )
         if not selection and not scored:
+            self.selection = None  # nothing to select from (any more): no stale pick in the HParams session
             if self.stopped is not None:  # every evaluated checkpoint was discarded: say so instead of a stale pick
                 write_json(self._dir / SELECTION_FILE, {"stopped": self.stopped})
                 (self._dir / HEATMAP_FILE).unlink(missing_ok=True)
@@ -203,6 +242,47 @@ class CheckpointSelection(Callback, StopListener):
 
         plt.close(fig)
         return self.selection
+
+
+def _verdict_class(verdict: str) -> str:
+    """``useful operating point``, ``unverified`` or ``apparent forgetting``: the verdict without its reasons."""
+    return verdict.partition(":")[0]
+
+
+def _verdict_hparams(selection: dict) -> dict[str, str]:
+    """The selected checkpoint's verdict class and failed guards, and the guarded selection's verdict class."""
+    point = selection.get("suppression_tradeoff") or (selection.get("score") or {}).get("best")
+    if point is None:
+        return {}
+    failed = [name for name, guard in point["guards"].items() if guard["holds"] is False]
+    out = {"verdict": _verdict_class(point["verdict"]), "failed_guards": ", ".join(failed) or "none"}
+    if "guarded_verdict" in selection:
+        out["guarded_verdict"] = _verdict_class(selection["guarded_verdict"])
+    elif selection.get("score"):
+        out["guarded_verdict"] = _verdict_class(selection["score"]["guarded_verdict"])
+    return out
+
+
+def _session_metrics(selection: dict, family: str) -> dict[str, float]:
+    """The numbers of the HParams session (see :class:`CheckpointSelection`); a quantity not measured is left out."""
+    out: dict[str, float] = {}
+    point, metric = selection.get("suppression_tradeoff"), selection.get("metric")
+    if point is not None:
+        out.update({f"{family}/selected/{k}": point[k] for k in SESSION_VALUES if point.get(k) is not None})
+        out[f"{family}/selected/useful"] = float(point["verdict"] == USEFUL)
+        out["hp_metric"] = point[metric]
+    guarded = selection.get("guarded")
+    if guarded is not None:
+        out[f"{family}/guarded/step"], out[f"{family}/guarded/{metric}"] = guarded["step"], guarded[metric]
+    if selection.get("first_collapse") is not None:
+        out[f"{family}/first_collapse/step"] = selection["first_collapse"]["step"]
+    scored = selection.get("score")
+    if scored:
+        out["score/selected"], out["score/selected_step"] = scored["best"]["score"], scored["best"]["step"]
+        if scored["guarded"] is not None:
+            out["score/guarded_step"] = scored["guarded"]["step"]
+        out.setdefault("hp_metric", scored["best"]["score"])
+    return out
 
 
 def _verdict_text(selection: dict) -> str:

@@ -252,7 +252,7 @@ def _sce_for_adapters(
         for c in extra:
             args += ["-c", str(c)]
         logger = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger"}
-        logger["init_args"] = {"save_dir": str(run_dir), "name": "", "version": ""}
+        logger["init_args"] = {"save_dir": str(run_dir), "name": "", "version": "", "default_hp_metric": False}
         args += ["--trainer.logger", json.dumps(logger), "--model.init_args.adapter.path", str(chunk[0].path)]
         cli = UnlearnCLI(args=[*args, *overrides], run=False, save_config_callback=None)
     trainer, module = cli.trainer, cli.model
@@ -355,9 +355,10 @@ def _validate(
     args = ["validate", "--verbose", "false", "-c", str(run_config)]
     for c in extra:
         args += ["-c", str(c)]
-    # TensorBoard events of the evaluation go into the run's own directory, beside training's.
+    # TensorBoard events of the evaluation go into the run's own directory, beside training's; no hp_metric -1
+    # session there (TensorBoard's HParams view would take its columns from it), CheckpointSelection records one.
     logger = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger"}
-    logger["init_args"] = {"save_dir": str(run_dir), "name": "", "version": ""}
+    logger["init_args"] = {"save_dir": str(run_dir), "name": "", "version": "", "default_hp_metric": False}
     args += ["--trainer.logger", json.dumps(logger)]
     if saved.kind == "checkpoint":
         args += ["--ckpt_path", str(saved.path)]

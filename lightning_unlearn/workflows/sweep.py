@@ -29,8 +29,10 @@ A top-level key starting with ``x-`` is not read: a place for YAML anchors that 
 ``panel`` (what ``report`` draws it as: the heatmap row and the panel, e.g. a method and a narrative × language;
 by default the readable id of the grid's and of the cell's own values).
 Each cell runs
-``fit -c base… --key value… --trainer.default_root_dir <cell_dir>`` in ``<root>/<readable id>-<digest>``, where
-the digest is of its overrides and the id is made of their values. Its ``cell.json`` records the recipe (the base
+``fit -c base… --key value… --run_hparams {…} --trainer.default_root_dir <cell_dir>`` in
+``<root>/<readable id>-<digest>``, where the digest is of its overrides and the id is made of their values
+(``--run_hparams``: the cell's name, label, panel and overrides, recorded with its checkpoint selection in
+TensorBoard's HParams view). Its ``cell.json`` records the recipe (the base
 configs' text and the overrides); a directory built from another recipe is refused, as the Lacuna chain refuses a
 stage built from other configs. ``cell_done.json`` marks a finished cell, which a re-run skips; an interrupted cell
 resumes from its newest checkpoint (``--ckpt_path last``), so its evaluation rows appear once.
@@ -263,6 +265,16 @@ def _value(value: Any, cell: Cell) -> str:
     return json.dumps(value)
 
 
+def cell_hparams(cell: Cell) -> dict[str, Any]:
+    """What tells a cell from the others in TensorBoard's HParams view (``fit --run_hparams``): ``sweep.cell``,
+    ``sweep.label``, ``sweep.panel``, its overrides as the sweep file writes them and its own ``configs``."""
+    out: dict[str, Any] = {"sweep.cell": cell.name, "sweep.label": cell.label, "sweep.panel": cell.panel}
+    out.update(cell.overrides)
+    if cell.configs:
+        out["configs"] = list(cell.configs)
+    return out
+
+
 def cell_command(sweep: Sweep, cell: Cell, nodes: int = 1, devices: int | None = None) -> list[str]:
     """The ``fit`` command of one cell (without ``--ckpt_path``)."""
     cmd = [sys.executable, "-m", "lightning_unlearn.cli", "fit"]
@@ -270,6 +282,7 @@ def cell_command(sweep: Sweep, cell: Cell, nodes: int = 1, devices: int | None =
         cmd += ["-c", str(config)]
     for key, value in cell.overrides.items():
         cmd += [f"--{key}", _value(value, cell)]
+    cmd += ["--run_hparams", json.dumps(cell_hparams(cell))]
     cmd += ["--trainer.default_root_dir", str(cell.directory)]
     if nodes > 1:
         cmd += ["--trainer.num_nodes", str(nodes)]

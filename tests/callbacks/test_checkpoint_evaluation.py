@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from callback_fixtures import PROMPTS, StubLabeler, TinyCausalLM, mc_items, qa_loader, qa_records
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -222,3 +224,9 @@ def test_heatmap_and_generation_table_reach_wandb_and_csv_loggers(tiny_dir, tmp_
     csv_media = Path(loggers[1].log_dir) / "media"
     assert (csv_media / "sce-heatmap-step=2.png").stat().st_size > 0
     assert (csv_media / "sce-generations-step=2.csv").read_text().startswith("id,level,")
+    # The selection's HParams session: the objective and its arguments in hparams.yaml, its numbers in metrics.csv.
+    hparams = yaml.safe_load((Path(loggers[1].log_dir) / "hparams.yaml").read_text())
+    assert hparams["objective"] == "TinyCausalLM" and hparams["verdict"] in ("apparent forgetting", "unverified")
+    with open(Path(loggers[1].log_dir) / "metrics.csv", encoding="utf-8", newline="") as f:
+        selected = [r for r in csv.DictReader(f) if r.get("sce/selected/sce")]
+    assert [float(r["sce/selected/step"]) for r in selected] == [2.0]
