@@ -275,6 +275,57 @@ def validate_masks(packed: Mapping[str, torch.Tensor], model: nn.Module) -> None
         )
 
 
+def groups_in_mask(packed: torch.Tensor) -> frozenset[int]:
+    """The group ids with at least one element in this packed tensor (from its few distinct values)."""
+    values = torch.unique(packed.reshape(-1).view(torch.int32)).tolist()
+    found = 0
+    for v in values:
+        found |= v & 0xFFFFFFFF
+    return frozenset(g for g in range(MAX_GROUPS) if found >> g & 1)
+
+
+def check_mask_groups(
+    packed: Mapping[str, torch.Tensor],
+    meta: Mapping[str, object],
+    forget_groups: Iterable[int],
+    retain_groups: Iterable[int],
+    masks_path: str | os.PathLike = "masks",
+    flags: tuple[str, str] = ("--forget_groups", "--retain_groups"),
+) -> None:
+    """Raise ``ValueError`` (one line) for forget / retain groups a localization AUC cannot use: no forget group, a
+    group in both, or a group the masks do not hold (``num_groups`` of the metadata, as every injection export
+    records it; else the groups with any element, every mask read once). An absent retain group would leave
+    m^F ∨ m^R = m^F and AUC(F|R) = AUC(F) without a word; an absent forget group, an empty m^F.
+
+    Args:
+        packed: the packed masks (:func:`load_masks`, lazy or not).
+        meta: their metadata.
+        forget_groups, retain_groups: the groups of m^F and m^R.
+        masks_path: the file named in the message.
+        flags: how the caller spells the two options (the command's flags or a callback's arguments).
+    """
+    forget, retain = list(forget_groups), list(retain_groups)
+    if not forget:
+        raise ValueError(f"{flags[0]} is empty; name the group(s) of the forget mask m^F, e.g. {flags[0]} [0].")
+    if both := sorted(set(forget) & set(retain)):
+        raise ValueError(
+            f"{flags[0]} {forget} and {flags[1]} {retain} share group(s) {both}; a group is forgotten or retained, "
+            "not both."
+        )
+    held = meta.get("num_groups")
+    if isinstance(held, int):
+        present, shown = set(range(held)), f"groups 0–{held - 1} (num_groups {held})"
+    else:
+        present = set().union(*(groups_in_mask(packed[name]) for name in packed))
+        shown = f"groups {sorted(present)}"
+    for flag, groups in zip(flags, (forget, retain)):
+        if absent := [g for g in groups if g not in present]:
+            raise ValueError(
+                f"{flag} {groups}: the masks {str(masks_path)!r} hold {shown}, not {absent}; choose among them"
+                + (" (or [] for no AUC(F|R))." if flag == flags[1] else ".")
+            )
+
+
 def check_masks_for_weights(
     packed: Mapping[str, torch.Tensor],
     meta: Mapping[str, object],

@@ -151,3 +151,21 @@ def test_lazy_union_mask_decodes_each_tensor_when_read(tiny_model, tmp_path):
     assert sum(int(forget[n].sum()) for n in forget) > 0
     with pytest.raises(ValueError, match="group id 40 is out of range"):
         union_mask(packed, [0, 40], lazy=True)  # refused at once, not at the first read
+
+
+def test_mask_groups_absent_from_an_export_or_shared_are_refused():
+    """The default retain groups 3-5 on an export of three groups would score AUC(F|R) = AUC(F) without a word."""
+    from lightning_unlearn.masks import check_mask_groups
+
+    packed = {"w": torch.tensor([1, 2, 4, 0], dtype=torch.int32).view(torch.uint32)}  # groups 0, 1, 2
+    with pytest.raises(ValueError, match=r"--retain_groups \[3, 4, 5\]: the masks 'm' hold groups 0–2 "
+                                         r"\(num_groups 3\), not \[3, 4, 5\]"):  # fmt: skip
+        check_mask_groups(packed, {"num_groups": 3}, (0, 1, 2), (3, 4, 5), "m")
+    with pytest.raises(ValueError, match=r"hold groups \[0, 1, 2\], not \[3\]"):  # no metadata: read from the masks
+        check_mask_groups(packed, {}, [0], [3], "m")
+    with pytest.raises(ValueError, match=r"share group\(s\) \[1\]"):
+        check_mask_groups(packed, {}, [0, 1], [1], "m")
+    with pytest.raises(ValueError, match="--forget_groups is empty"):
+        check_mask_groups(packed, {}, [], [1], "m")
+    check_mask_groups(packed, {"num_groups": 3}, [0], [1, 2], "m")  # a valid choice passes
+    check_mask_groups(packed, {}, [0, 2], [], "m")

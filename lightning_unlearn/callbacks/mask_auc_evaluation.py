@@ -11,7 +11,7 @@ from typing_extensions import override
 
 from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.distributed import broadcast_object, full_parameters, world
-from lightning_unlearn.masks import load_masks, masked_parameter_names, union_mask
+from lightning_unlearn.masks import check_mask_groups, load_masks, masked_parameter_names, union_mask
 from lightning_unlearn.metrics.mask_auc import buffer_bytes, mask_auc
 from lightning_unlearn.models import load_weights
 
@@ -71,6 +71,9 @@ class MaskAUCEvaluation(CheckpointEvaluator):
                 raise FileNotFoundError(f"{what}={p!r} does not exist.")
         self.pre_path, self.inj_path, self.masks_path = pre_path, inj_path, masks_path
         self.forget_groups, self.retain_groups = list(forget_groups), list(retain_groups)
+        # before any training: groups the masks lack would score AUC(F|R) as AUC(F), or fail at the first checkpoint
+        check_mask_groups(*load_masks(masks_path, lazy=True), self.forget_groups, self.retain_groups, masks_path,
+                          ("forget_groups", "retain_groups"))  # fmt: skip
         self.control_paths = (control_inj_path, control_unl_path) if control_inj_path else None
         self.max_samples = max_samples
         self.composite = composite

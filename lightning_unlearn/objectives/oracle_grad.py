@@ -26,11 +26,10 @@ from typing_extensions import override
 from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.distributed import full_state_dict
 from lightning_unlearn.losses import gd_loss
-from lightning_unlearn.masks import canonical_name, group_mask, load_masks, validate_masks
+from lightning_unlearn.masks import canonical_name, group_mask, groups_in_mask, load_masks, validate_masks
 from lightning_unlearn.models import AdapterConfig, load_causal_lm, unwrap_peft
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
 from lightning_unlearn.objectives.unlearning_module import UnlearningModule
-from lightning_unlearn.strategies.masked_gradients import groups_in_mask
 
 FORGET_GROUPS = (0, 1, 2)
 

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lightning_unlearn.masks import MAX_GROUPS, NEUTRAL_GROUP, canonical_name
+from lightning_unlearn.masks import MAX_GROUPS, NEUTRAL_GROUP, canonical_name, groups_in_mask
 
 # Decoding reads the uint32 masks through an int32 view: torch's uint32 kernels are not vectorised on the CPU
 # (``packed & bit`` is ~30x slower than the int32 equivalent). Bit 31 is the int32 sign bit.
@@ -75,15 +75,6 @@ def resolve_param_masks(module: nn.Module, packed: Mapping[str, torch.Tensor]) -
             raise ValueError(f"trainable parameter {name!r} matches several masks {hits}; mask names are ambiguous.")
         out[p] = hits[0]
     return out
-
-
-def groups_in_mask(packed: torch.Tensor) -> frozenset[int]:
-    """The group ids with at least one element in this packed tensor (from its few distinct values)."""
-    values = torch.unique(packed.reshape(-1).view(torch.int32)).tolist()
-    found = 0
-    for v in values:
-        found |= v & 0xFFFFFFFF
-    return frozenset(g for g in range(MAX_GROUPS) if found >> g & 1)
 
 
 def decode(packed: torch.Tensor, group: int) -> torch.Tensor:

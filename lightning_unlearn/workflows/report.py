@@ -248,6 +248,7 @@ def mask_auc_command(
         out: also write the JSON here.
     """
     from lightning_unlearn.masks import (
+        check_mask_groups,
         check_masks_for_weights,
         group_mask,
         load_masks,
@@ -260,6 +261,7 @@ def mask_auc_command(
     if (control_inj is None) != (control_unl is None):
         raise ValueError("pass both --control_inj and --control_unl (the UnMask control), or neither.")
     packed, meta = load_masks(masks, lazy=True)
+    check_mask_groups(packed, meta, forget_groups, retain_groups, masks)
     pre_weights = load_weights(pre, lazy=True)  # headers only; mask_auc reads each tensor when it scores it
     check_masks_for_weights(packed, meta, pre_weights, pre, masks)
     if Path(unl, "config.json").exists():  # θ_mask from the architecture, built on the meta device (no weights)

@@ -44,6 +44,11 @@ def _sweep(testbed, root: str, key: str) -> str:
             f"grid:\n  {key}: [0.1, 0.2]\n")  # fmt: skip
 
 
+def _mask_auc(testbed) -> list[str]:
+    return [*CLI, "mask-auc", "--pre", testbed.model_dir, "--inj", testbed.model_dir, "--unl", testbed.model_dir,
+            "--masks", testbed.masks]  # fmt: skip
+
+
 def _other_architecture(testbed) -> str:
     """A model of another width beside the testbed's (built once)."""
     from lightning_unlearn.models import TinyLlamaConfig, build_tiny_llama
@@ -143,6 +148,24 @@ CASES = {
         ],  # fmt: skip
         {"m.txt": "not safetensors"},
         r"masks file 'm\.txt' is not a safetensors file",
+    ),
+    # Group mismatches of the localization AUC: the testbed's masks hold groups 0-5.
+    "mask-auc retain groups the masks lack": (
+        lambda tb: [*_mask_auc(tb), "--forget_groups", "[0]", "--retain_groups", "[5, 6, 7]"],
+        {},
+        r"--retain_groups \[5, 6, 7\]: the masks '.*masks\.safetensors' hold groups \[0, 1, 2, 3, 4, 5\], "
+        r"not \[6, 7\]; choose among them \(or \[\] for no AUC\(F\|R\)\)",
+    ),
+    "mask-auc forget and retain groups that overlap": (
+        lambda tb: [*_mask_auc(tb), "--forget_groups", "[0, 1]", "--retain_groups", "[1, 2]"],
+        {},
+        r"--forget_groups \[0, 1\] and --retain_groups \[1, 2\] share group\(s\) \[1\]; a group is forgotten or "
+        r"retained, not both",
+    ),
+    "mask-auc forget group the masks lack": (
+        lambda tb: [*_mask_auc(tb), "--forget_groups", "[9]", "--retain_groups", "[]"],
+        {},
+        r"--forget_groups \[9\]: the masks .* not \[9\]; choose among them\.",
     ),
     "an unlearned model of another architecture": (
         lambda tb: [
