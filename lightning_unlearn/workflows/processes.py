@@ -83,9 +83,15 @@ PROGRESS_LINE = re.compile(r"^fit: (training from step|step \d)")
 
 
 def follow_progress(
-    log_file: str | os.PathLike, proc: subprocess.Popen, emit: Callable[[str], None], poll_seconds: float = 0.5
+    log_file: str | os.PathLike,
+    proc: subprocess.Popen,
+    emit: Callable[[str], None],
+    poll_seconds: float = 0.5,
+    start: int = 0,
 ) -> threading.Thread:
     """Pass each progress line a stage writes to ``log_file`` to ``emit`` while ``proc`` runs (a daemon thread).
+
+    ``start``: the byte offset to read from (the file's size before the stage began, for a log it appends to).
 
     The stage's whole output stays in its file; a chain or sweep whose own output goes to a file shows the stages'
     progress lines there, so a slow stage can be told from a hung one. Join the thread after ``proc`` ends to have
@@ -94,6 +100,7 @@ def follow_progress(
 
     def follow() -> None:
         with open(log_file, encoding="utf-8", errors="replace") as f:
+            f.seek(start)
             pending = ""
             while True:
                 chunk = f.read()

@@ -56,6 +56,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -368,8 +369,13 @@ def check_cell(sweep: Sweep, cell: Cell) -> str:
     return "done" if (cell.directory / DONE_FILE).exists() else "resume"
 
 
+def _cell_progress(name: str, line: str) -> None:
+    log.info("sweep: cell %s: %s", name, line)
+
+
 def run_cell(sweep: Sweep, cell: Cell, threads: int | None = None, nodes: int = 1, devices: int | None = None) -> int:
-    """Run (or resume) one cell to the end in a subprocess; its output goes to ``<cell_dir>/fit.log``. Writes
+    """Run (or resume) one cell to the end in a subprocess; its output goes to ``<cell_dir>/fit.log`` and its progress
+    lines (:class:`~lightning_unlearn.callbacks.LogProgress`) to this process's log too. Writes
     ``cell_done.json`` (rank 0 of a multi-node job only) when ``fit`` succeeded. Returns the exit code."""
     from lightning_unlearn.checkpoints import latest_checkpoint
     from lightning_unlearn.workflows import processes
@@ -380,8 +386,13 @@ def run_cell(sweep: Sweep, cell: Cell, threads: int | None = None, nodes: int = 
     if latest_checkpoint(cell.directory) is not None:
         cmd += ["--ckpt_path", "last"]
     start = time.perf_counter()
-    log.info("sweep: cell %s started; its progress is in %s", cell.name, cell.directory / "fit.log")
-    code = processes.run_stage(cmd, threads, cell.directory / "fit.log", append=True)
+    log_file = cell.directory / "fit.log"
+    log.info("sweep: cell %s started; its whole output is in %s", cell.name, log_file)
+    offset = log_file.stat().st_size if log_file.exists() else 0  # a resumed cell adds to its log
+    proc = processes.spawn_stage(cmd, threads, log_file, append=True)
+    follower = processes.follow_progress(log_file, proc, partial(_cell_progress, cell.name), start=offset)
+    code = proc.wait()
+    follower.join()
     log.info("sweep: cell %s %s after %.0f s", cell.name, "finished" if code == 0 else f"failed (exit {code})",
              time.perf_counter() - start)  # fmt: skip
     if code == 0 and int(os.environ.get("SLURM_PROCID", "0")) == 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from lightning_unlearn.workflows.lens import main as lens_main
 
 
 @pytest.mark.slow
-def test_a_suite_file_of_ones_own_runs_to_a_report(tiny_dir, tmp_path, monkeypatch, capsys):
+def test_a_suite_file_of_ones_own_runs_to_a_report(tiny_dir, tmp_path, monkeypatch, capsys, caplog):
     monkeypatch.chdir(tmp_path)  # an empty folder outside the repository
     Path("orchard-drought.json").write_text(json.dumps(SUITE), encoding="utf-8")
     # A random model reproduces no narrative, so the weak labeler would keep no forget row: label the base L0
@@ -25,9 +26,16 @@ def test_a_suite_file_of_ones_own_runs_to_a_report(tiny_dir, tmp_path, monkeypat
         writer = csv.writer(f)
         writer.writerow(["id", "label"])
         writer.writerows([r.id, "Target-Dominant"] for r in load_suite("orchard-drought.json", "en", ["L0"]))
-    lens_main(["run", "orchard-drought.json", "--model", str(tiny_dir), "--labels", "labels.csv", "--max_steps", "2",
-               "--every", "1", "--max_new_tokens", "4", "--methods", "[npo]"])  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="lightning_unlearn"):
+        lens_main(["run", "orchard-drought.json", "--model", str(tiny_dir), "--labels", "labels.csv", "--max_steps",
+                   "2", "--every", "1", "--max_new_tokens", "4", "--methods", "[npo]"])  # fmt: skip
     printed = capsys.readouterr().out
+    # the sweep cell's progress lines, read from its fit.log as it trains, are in the command's own log
+    progress = [r.getMessage() for r in caplog.records if ": fit: " in r.getMessage()]
+    assert progress[0].startswith("sweep: cell npo-orchard-drought-en-") and progress[0].endswith(
+        "training from step 0 to 2"
+    )
+    assert any(m.endswith("fit: step 2/2 (100 %)") or " · done" in m for m in progress[1:])
     data, sweep = tmp_path / "runs/lens/smollm2/orchard-drought-en", tmp_path / "runs/lens/smollm2/sweep"
     assert {p.name for p in data.iterdir()} >= {"baseline.jsonl", "forget_strict.jsonl", "retain.jsonl",
                                                 "trajectory.yaml"}  # fmt: skip
