@@ -10,6 +10,8 @@ import logging
 from pathlib import Path
 
 import pytest
+from tensorboard_events import events as _events
+from tensorboard_events import session as _session
 
 from lightning_unlearn import cli
 from lightning_unlearn.configs import config_root
@@ -34,9 +36,12 @@ RUN_TEXTS = ["sce/generations", "sce/verdict"]
 # … and the HParams session of its selection, the run <log_dir>/selection (a sweep cell's also has SWEEP_HPARAMS).
 SESSION_HPARAMS = ["objective", "model.init_args.optim.lr", "verdict", "failed_guards", "guarded_verdict"]
 SESSION_METRICS = [
-    *(f"sce/selected/{k}" for k in ("step", "sce", "sce_health", "sce_strict", "s", "g", "retain_delta_ce", "useful")),
+    *(f"sce/selected/{k}" for k in ("step", "sce", "sce_health", "sce_strict", "s", "g", "g_health", "g_strict",
+                                     "retain_delta_ce", "useful")),
     "hp_metric",
-]
+]  # fmt: skip
+# (sce/guarded/step, sce/guarded/sce and sce/first_collapse/step: when the selection has them; score/*: a score
+# selection's, tests/callbacks/test_checkpoint_selection.py)
 SWEEP_HPARAMS = ["sweep.cell", "sweep.label", "sweep.panel", "configs", "trainer.max_steps"]
 
 
@@ -156,32 +161,6 @@ def test_trajectory_artifacts(trajectory):
     assert forget_meta["n_forget"] == per_level["L0"]
 
 
-def _events(directory: Path):
-    """Every event of the TensorBoard run ``directory`` (its own event files, not its subdirectories')."""
-    from tensorboard.backend.event_processing.event_accumulator import (
-        STORE_EVERYTHING_SIZE_GUIDANCE,
-        EventAccumulator,
-    )
-
-    events = EventAccumulator(str(directory), size_guidance=STORE_EVERYTHING_SIZE_GUIDANCE)
-    events.Reload()
-    return events
-
-
-def _session(directory: Path) -> tuple[dict, dict]:
-    """The HParams session of the TensorBoard run ``directory``: its hyperparameters and its metrics' last values.
-    It is the run's only session, and no experiment summary fixes the HParams view's columns to its own."""
-    from tensorboard.plugins.hparams import metadata
-
-    assert len(list(directory.glob("events.out.tfevents.*"))) == 1
-    events = _events(directory)
-    content = events.PluginTagToContent(metadata.PLUGIN_NAME)
-    assert metadata.EXPERIMENT_TAG not in content and metadata.SESSION_END_INFO_TAG in content
-    start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
-    hparams = {k: getattr(v, v.WhichOneof("kind")) for k, v in start.hparams.items()}
-    return hparams, {tag: events.Scalars(tag)[-1].value for tag in events.Tags()["scalars"]}
-
-
 def _assert_session_matches(hparams: dict, metrics: dict, selection: dict) -> None:
     """The session records the objective and the selected checkpoint of ``selection`` (``selection.json``)."""
     assert set(SESSION_HPARAMS) <= set(hparams), sorted(set(SESSION_HPARAMS) - set(hparams))
@@ -195,6 +174,10 @@ def _assert_session_matches(hparams: dict, metrics: dict, selection: dict) -> No
         assert metrics[f"sce/selected/{key}"] == pytest.approx(point[key], abs=1e-6), key
     assert metrics["hp_metric"] == pytest.approx(point["sce"], abs=1e-6)
     assert metrics["sce/selected/useful"] == float(point["verdict"] == "useful operating point")
+    guarded, collapse = selection["guarded"], selection["first_collapse"]
+    assert metrics.get("sce/guarded/step") == (guarded and guarded["step"])
+    assert metrics.get("sce/guarded/sce") == (guarded and pytest.approx(guarded["sce"], abs=1e-6))
+    assert metrics.get("sce/first_collapse/step") == (collapse and collapse["step"])
 
 
 def test_tensorboard_holds_the_per_level_sce_the_heatmap_the_answers_and_the_selections_hparams(trajectory):
@@ -217,6 +200,7 @@ def test_tensorboard_holds_the_per_level_sce_the_heatmap_the_answers_and_the_sel
         events.PluginTagToContent("hparams")
 
     selection = json.loads((run / "selection.json").read_text())
+    assert ("sce/guarded_step" in tags["scalars"]) == (selection["guarded"] is not None)
     assert events.Scalars("hp_metric")[-1].value == pytest.approx(selection["suppression_tradeoff"]["sce"], abs=1e-6)
     hparams, metrics = _session(run / "selection")
     assert hparams["objective"] == "NPO"

@@ -132,17 +132,37 @@ def test_selection_on_a_declared_combination_of_row_values_with_the_retain_guard
 def test_checkpoint_selection_writes_the_score_pick_for_a_run_without_sce_rows(tmp_path):
     from types import SimpleNamespace
 
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard_events import session
+
     from lightning_unlearn.callbacks import CheckpointSelection
 
     merge_rows(tmp_path / "checkpoint_metrics.jsonl", _tofu_rows())
     callback = CheckpointSelection(
-        output_dir=str(tmp_path), score={"tofu/forget_quality": 0.5, "tofu/model_utility": 0.5}
+        output_dir=str(tmp_path),
+        score={"tofu/forget_quality": 0.5, "tofu/model_utility": 0.5},
+        run_hparams={"note": "tofu", "grid": {"seed": 1}},
     )
-    trainer = SimpleNamespace(loggers=[], logger=None)
+    logger = TensorBoardLogger(tmp_path, name="tb", version=0, default_hp_metric=False)
+    trainer = SimpleNamespace(loggers=[logger], logger=logger)
     callback.setup(trainer, None, "fit")
     callback.on_checkpoint_evaluated(trainer, {"family": "tofu", "step": 50})
     written = json.loads((tmp_path / "selection.json").read_text())
     assert written["score"]["best"]["step"] == 30 and written["score"]["guarded"]["step"] == 20
     assert "suppression_tradeoff" not in written and not (tmp_path / "sce_heatmap.png").exists()
+
+    class TofuRun:  # what the HParams session reads of a LightningModule: its class and hparams
+        hparams = {"lr": 1.0e-5, "optim": {"betas": [0.9, 0.999]}, "adapter": None, "_instantiator": "x"}
+
+    callback.log_session(trainer, TofuRun())
+    callback.log_session(trainer, TofuRun())  # a later selection replaces the session: TensorBoard reads the first
+    logger.finalize("success")
+    hparams, metrics = session(tmp_path / "tb" / "version_0" / "selection")
+    assert hparams == {"objective": "TofuRun", "model.init_args.lr": 1.0e-5,
+                       "model.init_args.optim.betas": "[0.9, 0.999]", "note": "tofu", "grid.seed": 1,
+                       "verdict": "apparent forgetting", "failed_guards": "max_retain_delta_ce",
+                       "guarded_verdict": "useful operating point"}  # fmt: skip
+    assert metrics == pytest.approx({"score/selected": 0.6, "score/selected_step": 30, "score/guarded_step": 20,
+                                     "hp_metric": 0.6})  # fmt: skip
     with pytest.raises(ValueError, match="score_mode='best'"):
         CheckpointSelection(score={"tofu/forget_quality": 1.0}, score_mode="best")
