@@ -129,6 +129,23 @@ def _parse_error_line(message: str, parser) -> str:
         close = difflib.get_close_matches(option, init_parameters(cls_path), n=1)
         hint = f"; did you mean {flag.rsplit('.', 1)[0]}.{close[0]}?" if close else ""
         return f"{flag} is not an option of {cls_path}{hint}"
+    expected = re.findall(r"Expected a <class '([^']+)'>\. Got value: (.*)", message)
+    if expected and keys:  # a value of the wrong type: the innermost complaint, the whole key
+        typename, value = expected[0][0].rsplit(".", 1)[-1], expected[0][1].strip()
+        flag = f"--{keys[0]}" + (".init_args." + ".".join(keys[1:]) if len(keys) > 1 else "")
+        article = "an" if typename[0] in "aeiou" else "a"
+        return f"{flag}: {value!r} is not {article} {typename}; give {article} {typename} there"
+    missing = re.search(
+        r"given class_path '([^']+)':\s*\n\s*(module '[^']+' has no attribute '[^']+'|No module named[^\n]*)", message
+    )
+    if missing and keys:  # an objective, callback or logger class that cannot be imported
+        cls_path, reason = missing.groups()
+        module_name, _, name = cls_path.rpartition(".")
+        hint = ""
+        with contextlib.suppress(ImportError, ValueError):
+            close = difflib.get_close_matches(name, dir(importlib.import_module(module_name)), n=1)
+            hint = f"; did you mean {module_name}.{close[0]}?" if close else ""
+        return f"--{keys[0]}.class_path {cls_path!r} cannot be imported ({reason}){hint}"
     unknown = re.search(r"unrecognized arguments: (\S+)", message, re.IGNORECASE)
     if unknown:
         key = unknown.group(1).split("=")[0]

@@ -66,6 +66,50 @@ def copy_config(name: str, destination: str, overwrite: bool = False) -> Path:
     return dest
 
 
+def option_classes(class_path: str, path: list[str]) -> list[tuple[str, list[str]]]:
+    """For a dotted path of options under ``class_path`` (e.g. ``["optim", "lr"]``), each level's owner and its valid
+    options, as far as the parameters' annotations name a dataclass (``OptimizerConfig | None`` → OptimizerConfig).
+    Stops at ``class_path`` / ``init_args`` and at any other annotation: a base class such as a Strategy or a
+    Callback is given by a ``class_path`` naming a subclass with options of its own.
+
+    Returns:
+        ``[(owner, options), …]``, one pair per level checked: ``path[i]`` must be among ``options`` of pair ``i``.
+    """
+    import dataclasses
+    import importlib
+    import inspect
+    import types
+    import typing
+
+    out = []
+    owner = class_path
+    for i, option in enumerate(path):
+        valid = init_parameters(owner)
+        if not valid or option in ("init_args", "class_path"):
+            break
+        out.append((owner, valid))
+        if option not in valid or i == len(path) - 1:
+            break
+        try:  # the class the option's annotation names, if one
+            module, name = owner.rsplit(".", 1)
+            cls = getattr(importlib.import_module(module), name)
+            init = next(c.__init__ for c in cls.__mro__ if "__init__" in vars(c) and option in
+                        inspect.signature(c.__init__).parameters)  # fmt: skip
+            hint = typing.get_type_hints(init).get(option)
+        except Exception:  # noqa: BLE001 - unresolvable annotations: stop checking here
+            break
+        members = (
+            typing.get_args(hint)
+            if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+            else (hint,)
+        )
+        classes = [m for m in members if inspect.isclass(m) and dataclasses.is_dataclass(m)]
+        if len(classes) != 1:
+            break
+        owner = f"{classes[0].__module__}.{classes[0].__qualname__}"
+    return out
+
+
 def init_parameters(class_path: str) -> list[str]:
     """The constructor parameters of ``class_path`` (``package.module.Class``) and its bases; empty when it does not
     import. For "did you mean" hints and for checking a sweep's keys before anything runs."""

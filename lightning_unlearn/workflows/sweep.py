@@ -310,7 +310,7 @@ def check_override_keys(sweep: Sweep, path: str | os.PathLike) -> None:
     in every cell after its directory was made. Keys under a class that does not import are left to the run."""
     import difflib
 
-    from lightning_unlearn.configs import init_parameters
+    from lightning_unlearn.configs import option_classes
     from lightning_unlearn.configs.yaml_files import read_yaml
 
     for cell in sweep.cells:
@@ -328,16 +328,22 @@ def check_override_keys(sweep: Sweep, path: str | os.PathLike) -> None:
                 class_path = cell.overrides.get(f"{parts[0]}.class_path") or (merged.get(parts[0]) or {}).get(
                     "class_path"
                 )
-                owner, option = class_path, parts[2]
+                start = 2
             elif parts[0] == "trainer" and len(parts) > 1:
-                owner, option = "lightning.pytorch.Trainer", parts[1]
+                class_path, start = "lightning.pytorch.Trainer", 1
             else:
                 continue
-            valid = init_parameters(owner) if isinstance(owner, str) else []
-            if valid and option not in valid:
-                close = difflib.get_close_matches(option, valid, n=1)
-                hint = f"; did you mean {'.'.join([*parts[: parts.index(option)], close[0]])!r}?" if close else ""
-                raise ValueError(f"sweep file {path}: override {key!r}: {option!r} is not an option of {owner}{hint}")
+            if not isinstance(class_path, str):
+                continue
+            # every level: model.init_args.optim.lr checks optim against the objective and lr against OptimizerConfig
+            for depth, (owner, valid) in enumerate(option_classes(class_path, parts[start:])):
+                option = parts[start + depth]
+                if option not in valid:
+                    close = difflib.get_close_matches(option, valid, n=1)
+                    hint = f"; did you mean {'.'.join([*parts[: start + depth], close[0]])!r}?" if close else ""
+                    raise ValueError(
+                        f"sweep file {path}: override {key!r}: {option!r} is not an option of {owner}{hint}"
+                    )
 
 
 def _merge(base: dict, top: dict) -> dict:

@@ -149,6 +149,27 @@ CASES = {
         {"m.txt": "not safetensors"},
         r"masks file 'm\.txt' is not a safetensors file",
     ),
+    "a learning rate that is not a number": (
+        lambda tb: [*_fit(tb), "--model.init_args.optim.lr", "fast"],
+        {},
+        r"--model\.init_args\.optim\.lr: 'fast' is not a float; give a float there",
+    ),
+    "an objective class that does not exist": (
+        lambda tb: [*_fit(tb), "--model.class_path", "lightning_unlearn.objectives.NPOO"],
+        {},
+        r"--model\.class_path 'lightning_unlearn\.objectives\.NPOO' cannot be imported \(module "
+        r"'lightning_unlearn\.objectives' has no attribute 'NPOO'\); did you mean lightning_unlearn\.objectives\.NPO\?",
+    ),
+    "a beta that is text in a YAML": (
+        lambda tb: [*_fit(tb), "-c", "b.yaml"],
+        {"b.yaml": "model:\n  init_args:\n    beta: high\n"},
+        r"--model\.init_args\.beta: 'high' is not a float",
+    ),
+    "max_steps that is text": (
+        lambda tb: [*_fit(tb), "--trainer.max_steps", "ten"],
+        {},
+        r"--trainer\.max_steps: 'ten' is not an int; give an int there",
+    ),
     # Group mismatches of the localization AUC: the testbed's masks hold groups 0-5.
     "mask-auc retain groups the masks lack": (
         lambda tb: [*_mask_auc(tb), "--forget_groups", "[0]", "--retain_groups", "[5, 6, 7]"],
@@ -188,6 +209,12 @@ CASES = {
         {"s.yaml": lambda tb: _sweep(tb, "sw", "model.init_args.betaa")},
         r"override 'model\.init_args\.betaa': 'betaa' is not an option of .*NPO; "
         r"did you mean 'model\.init_args\.beta'\?",
+    ),
+    "a sweep key two levels under init_args that does not exist": (
+        lambda tb: (_fit(tb), [*CLI, "sweep", "s.yaml"])[1],
+        {"s.yaml": lambda tb: _sweep(tb, "sw", "model.init_args.optim.lrr")},
+        r"override 'model\.init_args\.optim\.lrr': 'lrr' is not an option of .*OptimizerConfig; "
+        r"did you mean 'model\.init_args\.optim\.lr'\?",
     ),
     "a sweep root under a file": (
         lambda tb: (_fit(tb), [*CLI, "sweep", "s.yaml"])[1],
