@@ -130,7 +130,9 @@ def _tensorboard_session(directory: Path, values: Mapping[str, Any], metrics: Ma
     started = summary(metadata.SESSION_START_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_start_info=start))
     ended = summary(metadata.SESSION_END_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_end_info=end))
     for old in directory.glob("events.out.tfevents.*"):
-        old.unlink()  # the run holds one session: TensorBoard would read the first one left here
+        # The run holds one session: TensorBoard would read the first one left here. (Evaluation jobs of one run
+        # side by side each re-select; the last, after them all, leaves the final session.)
+        old.unlink(missing_ok=True)
     writer = FileWriter(str(directory))
     try:
         writer.add_summary(started, step)
