@@ -110,6 +110,7 @@ def test_mask_auc_callback_reads_the_reference_models_lazily_and_scores_as_in_me
     from types import SimpleNamespace
 
     from lightning_unlearn.callbacks import MaskAUCEvaluation
+    from lightning_unlearn.callbacks.checkpoint_metrics_file import flatten_metrics
     from lightning_unlearn.masks import LazyMasks
     from lightning_unlearn.models import LazyWeights
 
@@ -131,3 +132,5 @@ def test_mask_auc_callback_reads_the_reference_models_lazily_and_scores_as_in_me
                         max_samples=3000)  # fmt: skip
     assert row["F"] == expected["F"] and row["F_or_R"] == expected["F|R"]
     assert "contrast" in row["F"]
+    tags = {f"{cb.family_name}/{k}" for k in flatten_metrics(row)}  # its TensorBoard scalars (docs/guide/evaluation.md)
+    assert {f"mask_auc/{m}/{f}" for m in ("F", "F_or_R") for f in ("raw", "reversal", "contrast")} <= tags, sorted(tags)
