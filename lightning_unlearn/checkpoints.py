@@ -10,8 +10,10 @@ take the configured value, which the caller records.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -303,8 +305,21 @@ def atomic_checkpoint_io():
         def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
             if storage_options is not None:
                 raise TypeError("AtomicCheckpointIO takes no storage_options.")
+
+            def write(tmp: Path) -> None:
+                try:
+                    torch.save(checkpoint, tmp)
+                except RuntimeError as err:
+                    # torch's zip writer reports a failed write as "[enforce fail at inline_container.cc] . unexpected
+                    # pos …" (a RuntimeError, not an OSError): name the disk's state instead, while the partial
+                    # temporary still holds its space
+                    if "inline_container" not in str(err) and "PytorchStreamWriter" not in str(err):
+                        raise
+                    code = errno.ENOSPC if shutil.disk_usage(tmp.parent).free < 1 << 20 else errno.EIO
+                    raise OSError(code, os.strerror(code), str(path)) from err
+
             try:
-                write_file_atomically(path, lambda tmp: torch.save(checkpoint, tmp), suffix=".ckpt.tmp")
+                write_file_atomically(path, write, suffix=".ckpt.tmp")
             except OSError as err:
                 log.error("checkpoint %s was not written (%s); its temporary was removed and the earlier "
                           "checkpoints are as they were", path, err.strerror or err)  # fmt: skip

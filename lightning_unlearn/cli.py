@@ -24,6 +24,7 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
+from lightning_unlearn.configs.parse_errors import parse_error_line
 from lightning_unlearn.console import quiet_third_party
 
 # Non-Trainer commands: name -> ("module:function", one-line description). The function takes the remaining argv;
@@ -110,50 +111,8 @@ class _OneLineErrorParser(LightningArgumentParser):
             return super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         prog = " ".join(["lightning-unlearn", *parser.prog.replace(" [options]", "").split()[1:]])
-        sys.stderr.write(f"{prog}: error: {_parse_error_line(message, parser)} (`{prog} --help` lists the options)\n")
+        sys.stderr.write(f"{prog}: error: {parse_error_line(message, parser)} (`{prog} --help` lists the options)\n")
         raise SystemExit(2)
-
-
-def _parse_error_line(message: str, parser) -> str:
-    """The one line of a jsonargparse error: the unknown key and its closest valid spelling, else the first line."""
-    import difflib
-
-    from lightning_unlearn.configs import init_parameters
-
-    options = re.findall(r"Option '([^']+)' is not accepted", message)
-    classes = re.findall(r"given class_path '([^']+)'", message)
-    keys = re.findall(r'Parser key "([^"]+)"', message)
-    if options and classes and keys:
-        option, cls_path = options[-1], classes[-1]  # the innermost: where the unknown key was looked up
-        flag = f"--{keys[0]}.init_args." + ".".join([*keys[1:], option])
-        close = difflib.get_close_matches(option, init_parameters(cls_path), n=1)
-        hint = f"; did you mean {flag.rsplit('.', 1)[0]}.{close[0]}?" if close else ""
-        return f"{flag} is not an option of {cls_path}{hint}"
-    expected = re.findall(r"Expected a <class '([^']+)'>\. Got value: (.*)", message)
-    if expected and keys:  # a value of the wrong type: the innermost complaint, the whole key
-        typename, value = expected[0][0].rsplit(".", 1)[-1], expected[0][1].strip()
-        flag = f"--{keys[0]}" + (".init_args." + ".".join(keys[1:]) if len(keys) > 1 else "")
-        article = "an" if typename[0] in "aeiou" else "a"
-        return f"{flag}: {value!r} is not {article} {typename}; give {article} {typename} there"
-    missing = re.search(
-        r"given class_path '([^']+)':\s*\n\s*(module '[^']+' has no attribute '[^']+'|No module named[^\n]*)", message
-    )
-    if missing and keys:  # an objective, callback or logger class that cannot be imported
-        cls_path, reason = missing.groups()
-        module_name, _, name = cls_path.rpartition(".")
-        hint = ""
-        with contextlib.suppress(ImportError, ValueError):
-            close = difflib.get_close_matches(name, dir(importlib.import_module(module_name)), n=1)
-            hint = f"; did you mean {module_name}.{close[0]}?" if close else ""
-        return f"--{keys[0]}.class_path {cls_path!r} cannot be imported ({reason}){hint}"
-    unknown = re.search(r"unrecognized arguments: (\S+)", message, re.IGNORECASE)
-    if unknown:
-        key = unknown.group(1).split("=")[0]
-        options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
-        close = difflib.get_close_matches(key, options, n=1, cutoff=0.75)
-        return f"{key} is not an option" + (f"; did you mean {close[0]}?" if close else "")
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    return " ".join(lines[:2])[:400] if lines else message
 
 
 class UnlearnCLI(LightningCLI):
@@ -475,6 +434,7 @@ def _user_error(err: BaseException) -> str | None:
 _ENVIRONMENT_ERRORS = {
     errno.ENOTDIR: "a parent of that path is a file: choose another directory (e.g. --trainer.default_root_dir)",
     errno.EISDIR: "that path is a directory: give a file path",
+    errno.EEXIST: "that path is a file, not a directory: choose a directory (e.g. --trainer.default_root_dir)",
     errno.EROFS: "the file system is read-only: write the run somewhere writable (e.g. --trainer.default_root_dir)",
     errno.EACCES: "no permission to write there: choose a directory you can write (e.g. --trainer.default_root_dir)",
     errno.EPERM: "no permission to write there: choose a directory you can write (e.g. --trainer.default_root_dir)",

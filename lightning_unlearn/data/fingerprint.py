@@ -61,7 +61,8 @@ def data_fingerprint(settings: Mapping) -> dict:
 
 
 def fingerprint_changes(saved: Mapping, current: Mapping) -> list[str]:
-    """One line per difference between a checkpoint's fingerprint and the configured data's."""
+    """One line per difference between a checkpoint's fingerprint and the configured data's (a file that moved with
+    its bytes unchanged is no difference)."""
     lines = []
     for key in sorted(set(saved) | set(current)):
         if key == "changes" or saved.get(key) == current.get(key):
@@ -71,6 +72,9 @@ def fingerprint_changes(saved: Mapping, current: Mapping) -> list[str]:
             if saved.get(setting) == current.get(setting):  # same path, other bytes
                 lines.append(f"the content of {setting} ({current.get(setting)}) changed since the checkpoint")
             continue  # a changed path is reported by its own key
+        content = f"{key}#content"
+        if saved.get(content) is not None and saved.get(content) == current.get(content):
+            continue  # the same bytes at another path: the file moved, the data did not change
         lines.append(f"{key}: checkpoint {saved.get(key)!r} → configured {current.get(key)!r}")
     return lines
 

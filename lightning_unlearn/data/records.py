@@ -135,9 +135,27 @@ def _mapped(row: dict, i: int, prompt_key: str, answer_key: str, what: str, wher
     return out
 
 
+# The first bytes of binary files a user may hand over as records by mistake, and what they are.
+_BINARY_FILES = {
+    b"PK\x03\x04": "a ZIP archive (a spreadsheet such as .xlsx or .ods, a .docx, or a .zip)",
+    b"\xd0\xcf\x11\xe0": "an old Office file (.xls or .doc)",
+    b"%PDF": "a PDF",
+    b"PAR1": "a Parquet file without the .parquet name",
+    b"\x89PNG": "a PNG image",
+    b"\x1f\x8b": "a gzip archive",
+}
+
+
 def read_utf8(path: str | Path) -> str:
-    """The text of a file the user wrote; not UTF-8 is one ``ValueError`` naming the line and byte, and the fix."""
+    """The text of a file the user wrote; not UTF-8 is one ``ValueError`` naming the line and byte, and the fix
+    (a known binary format, e.g. a spreadsheet, is named as such)."""
     raw = Path(path).read_bytes()
+    for magic, what in _BINARY_FILES.items():
+        if raw.startswith(magic):
+            raise ValueError(
+                f'{path} is {what}, not text; save the records as JSON Lines (one {{"prompt": …, "answer": …}} '
+                "object a line), JSON, CSV or .parquet."
+            )
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:

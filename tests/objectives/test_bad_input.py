@@ -170,6 +170,32 @@ CASES = {
         {},
         r"--trainer\.max_steps: 'ten' is not an int; give an int there",
     ),
+    # Misleading before: what is actually wrong, said.
+    "a forget file that is a spreadsheet": (
+        lambda tb: [*_fit(tb), "--data.init_args.forget_path", "forget.xlsx"],
+        {"forget.xlsx": b"PK\x03\x04\x14\x00\x06\x00\x08\x00\x00\x00!\x00\xff"},
+        r"forget\.xlsx is a ZIP archive \(a spreadsheet such as \.xlsx .*\), not text; save the records as JSON Lines",
+    ),
+    "lacuna run with a size that does not exist": (
+        lambda tb: [*CLI, "lacuna", "run", "--size", "nonsense", "--workdir", "w"],
+        {},
+        r"lacuna run: error: --size 'nonsense' is not one of 'default', 'six_groups', 'tiny'",
+    ),
+    "report with a metric that does not exist": (
+        lambda tb: [*CLI, "report", "r", "--metric", "sce_bogus"],
+        {},
+        r"report: error: --metric 'sce_bogus' is not one of 'sce', 'sce_health', 'sce_strict'",
+    ),
+    "lacuna localization on an empty work directory": (
+        lambda tb: [*CLI, "lacuna", "localization", "--workdir", "empty"],
+        {"empty/.keep": ""},
+        r"'empty' holds no Lacuna testbed \(no chain\.json, no inject/export\); build one there first",
+    ),
+    "a run directory that is a file": (
+        lambda tb: [*_fit(tb)[:-1], "afile"],
+        {"afile": "x"},
+        r"fit: error: File exists: 'afile'; that path is a file, not a directory: choose a directory",
+    ),
     # Group mismatches of the localization AUC: the testbed's masks hold groups 0-5.
     "mask-auc retain groups the masks lack": (
         lambda tb: [*_mask_auc(tb), "--forget_groups", "[0]", "--retain_groups", "[5, 6, 7]"],
@@ -298,6 +324,7 @@ def _check_a_mistake(testbed, tmp_path, name, run) -> None:
     command, files, expected = CASES[name]
     for rel, content in files.items():
         content = content(testbed) if callable(content) else content
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
     argv = command(testbed)
     before = _snapshot(tmp_path)
@@ -414,3 +441,43 @@ def test_an_unwritable_run_directory_is_one_line(testbed, tmp_path, monkeypatch,
     with pytest.raises(SystemExit, match=rf"fit: error: {os.strerror(getattr(errno, code))}: '.*run'; ") as err:
         main(argv)
     assert "\n" not in str(err.value) and not (tmp_path / "run").exists()
+
+
+def _fit_argv(testbed, root: Path, max_steps: int) -> list[str]:
+    return ["fit", "-c", "lens/npo.yaml", f"--model.init_args.model_path={testbed.model_dir}",
+            f"--data.init_args.tokenizer_path={testbed.model_dir}", f"--data.init_args.forget_path={testbed.forget}",
+            f"--data.init_args.retain_path={testbed.retain}", f"--trainer.max_steps={max_steps}",
+            "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={root}"]  # fmt: skip
+
+
+def _used(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+@pytest.mark.skipif(sys.platform != "linux" or os.geteuid() != 0, reason="mounting a small tmpfs needs root on Linux")
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_keeps_the_last_good_checkpoint(testbed, tmp_path, capfd):
+    """A real small file system (tmpfs), not a mock: torch's writer fails there with a RuntimeError of its zip
+    writer ("unexpected pos"), which must reach the user as the disk being full."""
+    measure = tmp_path / "measure"
+    main(_fit_argv(testbed, measure, 10))
+    (ckpt,) = measure.rglob("step=10.ckpt")
+    # room for everything the first ten steps write and half the next checkpoint
+    size_kib = (_used(measure) + ckpt.stat().st_size // 2) // 1024 + 8
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(disk)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"this machine cannot mount a tmpfs ({mounted.stderr.strip()}); the mocked test covers the rest")
+    try:
+        capfd.readouterr()
+        with pytest.raises(SystemExit) as failed:
+            main(_fit_argv(testbed, disk / "run", 20))
+        message = str(failed.value.code)
+        assert "No space left on device" in message and "the last complete checkpoint is kept" in message, message
+        assert "\n" not in message and "Traceback" not in capfd.readouterr().err
+        (kept,) = (disk / "run").rglob("step=10.ckpt")
+        assert torch.load(kept, weights_only=False, map_location="cpu")["global_step"] == 10  # whole and loadable
+        assert not list((disk / "run").rglob("*.tmp"))
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)

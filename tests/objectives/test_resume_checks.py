@@ -270,3 +270,20 @@ def test_a_fit_removes_the_temporaries_an_interrupted_write_left(testbed, tmp_pa
     kept.write_text("mine")
     main(_fit_argv(testbed, tmp_path, "--trainer.max_steps=1"))
     assert not stale_dir.exists() and not stale_file.exists() and kept.exists()
+
+
+def test_a_forget_file_moved_with_the_same_bytes_resumes_without_a_word(testbed, full_ft_checkpoint, tmp_path, caplog):
+    moved = tmp_path / "elsewhere" / "forget.jsonl"
+    moved.parent.mkdir()
+    shutil.copy(testbed.forget, moved)
+    run = tmp_path / "run"
+    argv = _argv("fit", testbed, full_ft_checkpoint, run, "--model.init_args.adapter.kind=full",
+                 "--model.init_args.optim.lr=0.001")  # fmt: skip
+    argv = [a.replace(str(testbed.forget), str(moved)) for a in argv]
+    assert any(str(moved) in a for a in argv)
+    with caplog.at_level(logging.WARNING, logger="lightning_unlearn"):
+        main(argv)  # before: "was trained on other data: forget_path: checkpoint … → configured …"
+    assert not [r for r in caplog.records if "changed data" in r.getMessage()]
+    moved.write_text(moved.read_text().replace("a", "b", 1))  # the same path with other bytes is still refused
+    with pytest.raises(SystemExit, match="was trained on other data: forget_path: checkpoint"):
+        main([a.replace(str(run), str(tmp_path / "run2")) for a in argv])

@@ -171,6 +171,14 @@ def require_separable(
 ) -> bool | None:
     """The testbed's separability verdict; raise unless it is met or ``allow_inseparable``. The message says why
     the verdict is missing, what ``consequence`` follows, and that --allow_inseparable true does ``anyway``."""
+    if (
+        not (Path(workdir) / "inject" / "export" / "masks.safetensors").exists()
+        and not (Path(workdir) / "chain.json").exists()
+    ):
+        raise FileNotFoundError(
+            f"{str(workdir)!r} holds no Lacuna testbed (no chain.json, no inject/export); build one there first: "
+            f"`lightning-unlearn lacuna run --workdir {workdir}`, or pass the --workdir of an existing one."
+        )
     separable = testbed_separable(workdir)
     if separable is not True and not allow_inseparable:
         why = "was never measured (built before the check existed)" if separable is None else "is NOT met"
