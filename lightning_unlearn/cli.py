@@ -442,11 +442,19 @@ _ENVIRONMENT_ERRORS = {
 }
 
 
-def _environment_error(err: BaseException) -> str | None:
-    """One line for an OS error on a path the user chose (:data:`_ENVIRONMENT_ERRORS`), else None."""
+# Where each command takes the directory it writes to (the fix an OS error's line suggests).
+_OUTPUT_OPTION = {"sweep": "the sweep file's root:", "lacuna": "--workdir", "evaluate": "another run directory"}
+
+
+def _environment_error(err: BaseException, command: str = "fit") -> str | None:
+    """One line for an OS error on a path the user chose (:data:`_ENVIRONMENT_ERRORS`), else None; the fix names
+    ``command``'s own option for the directory (``fit``: ``--trainer.default_root_dir``)."""
     if not isinstance(err, OSError) or err.errno not in _ENVIRONMENT_ERRORS:
         return None
-    return f"{err.strerror}: {str(err.filename)!r}; {_ENVIRONMENT_ERRORS[err.errno]}"
+    fix = _ENVIRONMENT_ERRORS[err.errno].replace(
+        "--trainer.default_root_dir", _OUTPUT_OPTION.get(command, "--trainer.default_root_dir")
+    )
+    return f"{err.strerror}: {str(err.filename)!r}; {fix}"
 
 
 def _same_weights(fingerprint: str | None, model_path) -> bool:
@@ -569,9 +577,9 @@ def run_extra_command(argv: list[str]) -> None:
         message = " ".join(str(err).splitlines())
         raise SystemExit(f"lightning-unlearn {shown}: error: {message}") from None
     except OSError as err:  # the output directory: not a directory, read-only, full
-        if _environment_error(err) is None:
+        if _environment_error(err, name) is None:
             raise
-        raise SystemExit(f"lightning-unlearn {shown}: error: {_environment_error(err)}") from None
+        raise SystemExit(f"lightning-unlearn {shown}: error: {_environment_error(err, name)}") from None
 
 
 def main(argv: list[str] | None = None) -> None:

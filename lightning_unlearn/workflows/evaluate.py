@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import re
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +126,16 @@ def _saved_bases(checkpoints: list[SavedCheckpoint]) -> dict[str, dict]:
     return {}
 
 
+def _require_writable(run_dir: Path) -> None:
+    """Raise the OS error of writing into ``run_dir`` (read-only, full, no permission) before any model is loaded:
+    later the rows and TensorBoard's writer thread would fail one after the other, the second with a traceback."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".evaluate-probe-"):
+            pass
+    except OSError as err:
+        raise OSError(err.errno, err.strerror, str(run_dir)) from None
+
+
 def evaluate_command(
     run_dir: Path,
     *,
@@ -158,6 +169,7 @@ def evaluate_command(
     run_dir = Path(run_dir).expanduser()
     if not run_dir.is_dir():
         raise FileNotFoundError(f"evaluate: run directory {run_dir} does not exist.")
+    _require_writable(run_dir)
     run_config = Path(run_config).expanduser() if run_config is not None else run_dir / "config.yaml"
     if not run_config.is_file():
         raise FileNotFoundError(

@@ -481,3 +481,46 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_keeps_the_last_good_che
         assert not list((disk / "run").rglob("*.tmp"))
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+@pytest.fixture
+def read_only_disk(tmp_path):
+    """A real read-only file system (a tmpfs remounted read-only, which refuses even root), holding what the test
+    wrote to ``setup`` before; skipped where the machine cannot mount one."""
+    disk = tmp_path / "ro"
+    disk.mkdir()
+
+    def make(setup) -> Path:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
+                                 capture_output=True, text=True)  # fmt: skip
+        if mounted.returncode != 0:
+            pytest.skip(f"this machine cannot mount a tmpfs ({mounted.stderr.strip()})")
+        setup(disk)
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True, capture_output=True)
+        return disk
+
+    yield make
+    subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+@pytest.mark.skipif(sys.platform != "linux" or os.geteuid() != 0, reason="mounting a tmpfs needs root on Linux")
+def test_a_read_only_disk_is_one_line_naming_each_commands_own_option(testbed, tmp_path, read_only_disk, capfd):
+    def setup(disk: Path) -> None:  # a run with its config and a checkpoint file, as evaluate looks for them
+        (disk / "run").mkdir()
+        (disk / "run" / "config.yaml").write_text("model: {}\n")
+        (disk / "run" / "step=2.ckpt").write_bytes(b"")
+
+    disk = read_only_disk(setup)
+    before = _snapshot(disk)
+    with pytest.raises(SystemExit) as evaluated:
+        main(["evaluate", str(disk / "run")])
+    assert str(evaluated.value.code).startswith(f"lightning-unlearn evaluate: error: Read-only file system: '{disk}")
+    assert "another run directory" in str(evaluated.value.code)
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(_sweep(testbed, str(disk / "sw"), "model.init_args.beta"))
+    _fit(testbed)  # writes the sweep's base config
+    with pytest.raises(SystemExit) as swept:
+        main(["sweep", str(sweep)])
+    assert "Read-only file system" in str(swept.value.code) and "the sweep file's root:" in str(swept.value.code)
+    assert "--trainer.default_root_dir" not in str(swept.value.code)
+    assert "Traceback" not in capfd.readouterr().err and _snapshot(disk) == before
