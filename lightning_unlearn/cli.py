@@ -268,7 +268,13 @@ class UnlearnCLI(LightningCLI):
 
     @override
     def _parse_ckpt_path(self) -> None:
-        from lightning_unlearn.checkpoints import CheckpointError, latest_checkpoint, read_checkpoint, resume_conflicts
+        from lightning_unlearn.checkpoints import (
+            SHARDED_METADATA_FILE,
+            CheckpointError,
+            latest_checkpoint,
+            read_checkpoint,
+            resume_conflicts,
+        )
 
         subcommand = self.config.get("subcommand")
         if not subcommand:
@@ -291,6 +297,12 @@ class UnlearnCLI(LightningCLI):
             raise SystemExit(
                 f"lightning-unlearn {subcommand}: error: --ckpt_path {ckpt_path}: no such checkpoint file; give a "
                 "saved *.ckpt (or `last` to resume the run in default_root_dir), or drop --ckpt_path."
+            )
+        if ckpt_path and Path(str(ckpt_path)).is_dir() and not (Path(str(ckpt_path)) / SHARDED_METADATA_FILE).exists():
+            raise SystemExit(
+                f"lightning-unlearn {subcommand}: error: --ckpt_path {ckpt_path} is a directory but not a sharded "
+                f"checkpoint (no {SHARDED_METADATA_FILE} in it); give a saved *.ckpt file or a sharded checkpoint's "
+                "directory (or `last`)."
             )
         if not ckpt_path or not Path(str(ckpt_path)).is_file():
             return  # "best" and sharded (directory) checkpoints: Lightning resolves and loads them
@@ -524,7 +536,7 @@ def _joined_negative_values(argv: list[str]) -> list[str]:
 
 
 def _check_yaml_files(argv: list[str], prog: str = "lightning-unlearn") -> None:
-    """Every ``-c FILE`` is UTF-8 and valid YAML with no key given twice in a mapping, or one line naming the file,
+    """Every ``-c FILE`` is UTF-8 and valid YAML, a mapping, with no key given twice in it, or one line naming the file,
     line and column (jsonargparse would name ``"<unicode string>"``, and YAML would keep the last of two equal keys
     silently)."""
     from lightning_unlearn.configs.yaml_files import read_yaml
@@ -535,9 +547,14 @@ def _check_yaml_files(argv: list[str], prog: str = "lightning-unlearn") -> None:
         if not Path(path).is_file():
             continue  # jsonargparse names a missing file itself
         try:
-            read_yaml(path)
+            data = read_yaml(path)
         except ValueError as err:
             raise SystemExit(f"{prog}: error: {err}") from None
+        if data is not None and not isinstance(data, dict):
+            raise SystemExit(
+                f"{prog}: error: {path} holds a YAML {type(data).__name__}; a config is a mapping of keys (trainer:, "
+                "model:, data: …), one per line as `key: value`."
+            )
 
 
 def underscore_flags(argv: list[str]) -> list[str]:

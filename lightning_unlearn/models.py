@@ -184,6 +184,12 @@ def load_tokenizer(path: str | os.PathLike):
     from transformers import AutoTokenizer
 
     p = require_model_dir(path, "tokenizer")
+    files = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model", "spiece.model")
+    if not any((p / name).exists() for name in files):
+        raise ValueError(
+            f"tokenizer path {str(p)!r} holds no tokenizer (none of {', '.join(files[:2])}, …); point at a model "
+            "directory written by save_pretrained (its tokenizer is saved beside the weights)."
+        )
     tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token

@@ -33,6 +33,10 @@ def parse_error_line(message: str, parser) -> str:
         flag = f"--{keys[0]}" + (".init_args." + ".".join(keys[1:]) if len(keys) > 1 else "")
         article = "an" if typename[0] in "aeiou" else "a"
         return f"{flag}: {value!r} is not {article} {typename}; give {article} {typename} there"
+    union = re.search(r"Subtypes: \[(.*)\][\s\S]*Given value: (.*)", message)
+    if union and len(keys) == 1 and "given class_path" not in message:  # a plain value that fits none of its types
+        names = ", ".join(re.findall(r"<class '(?:[\w.]*\.)?(\w+)'>", union.group(1)))
+        return f"--{keys[0]}: {union.group(2).strip()!r} is none of {names}; give one of those"
     missing = re.search(
         r"given class_path '([^']+)':\s*\n\s*(module '[^']+' has no attribute '[^']+'|No module named[^\n]*)", message
     )

@@ -166,6 +166,13 @@ class ForgetRetainDataModule(FingerprintedData, LightningDataModule):
         keys = {"prompt_key": hp.prompt_key, "answer_key": hp.answer_key}
         forget = read_records(hp.forget_path, hp.forget_split, what="forget set", **keys)
         retain = read_records(hp.retain_path or hp.forget_path, hp.retain_split, what="retain set", **keys)
+        pairs = [[(r["prompt"], r["answer"]) for r in records] for records in (forget, retain)]
+        if sorted(pairs[0]) == sorted(pairs[1]):
+            raise ValueError(
+                f"the forget set ({hp.forget_path}) and the retain set ({hp.retain_path or hp.forget_path}) hold the "
+                f"same {len(forget)} pairs: unlearning would push each answer down and up at once. Give the retain "
+                "set its own file (or split)."
+            )
         cut = hp.get("truncation", "warn")
         self.forget = EncodedPairs(forget, self.tokenizer, hp.max_length, hp.chat_template, "forget set", cut)
         self.retain = EncodedPairs(retain, self.tokenizer, hp.max_length, hp.chat_template, "retain set", cut)

@@ -22,7 +22,7 @@ from lightning_unlearn.losses import (
 )
 from lightning_unlearn.models import AdapterConfig
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
-from lightning_unlearn.objectives.unlearning_module import UnlearningModule
+from lightning_unlearn.objectives.unlearning_module import UnlearningModule, nonnegative_weights
 
 
 def preference_loss(
@@ -83,6 +83,7 @@ class DPO(UnlearningModule):
         scale: str = "one",
         token_average: str = "sequence",
     ) -> None:
+        nonnegative_weights(gamma=gamma, alpha=alpha)
         super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
         if beta <= 0:
             raise ValueError(f"DPO beta must be positive, got {beta}.")

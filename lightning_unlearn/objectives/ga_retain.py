@@ -12,7 +12,7 @@ from typing_extensions import override
 from lightning_unlearn.losses import KL_POSITIONS, check_choice, ga_retain_loss, kl_divergence, normalized_nll
 from lightning_unlearn.models import AdapterConfig
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
-from lightning_unlearn.objectives.unlearning_module import UnlearningModule
+from lightning_unlearn.objectives.unlearning_module import UnlearningModule, nonnegative_weights
 
 
 class GARetain(UnlearningModule):
@@ -45,6 +45,7 @@ class GARetain(UnlearningModule):
         kl_weight: float = 1.0,
         kl_positions: str = "answer",
     ) -> None:
+        nonnegative_weights(forget_weight=forget_weight, random_weight=random_weight, kl_weight=kl_weight)
         super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
         check_choice("kl_positions", kl_positions, KL_POSITIONS)
         self.save_hyperparameters()

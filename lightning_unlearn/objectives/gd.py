@@ -11,7 +11,7 @@ from typing_extensions import override
 from lightning_unlearn.losses import TOKEN_AVERAGES, check_choice, gd_loss
 from lightning_unlearn.models import AdapterConfig
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
-from lightning_unlearn.objectives.unlearning_module import UnlearningModule
+from lightning_unlearn.objectives.unlearning_module import UnlearningModule, nonnegative_weights
 
 
 class GradientDifference(UnlearningModule):
@@ -40,6 +40,7 @@ class GradientDifference(UnlearningModule):
         alpha: float = 1.0,
         token_average: str = "sequence",
     ) -> None:
+        nonnegative_weights(gamma=gamma, alpha=alpha)
         super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
         check_choice("token_average", token_average, TOKEN_AVERAGES)
         self.save_hyperparameters()

@@ -16,7 +16,7 @@ from lightning_unlearn.losses import DPO_SCALES, TOKEN_AVERAGES, check_choice
 from lightning_unlearn.models import AdapterConfig
 from lightning_unlearn.objectives.dpo import preference_loss
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
-from lightning_unlearn.objectives.unlearning_module import UnlearningModule
+from lightning_unlearn.objectives.unlearning_module import UnlearningModule, nonnegative_weights
 
 
 class IdkDPO(UnlearningModule):
@@ -54,6 +54,7 @@ class IdkDPO(UnlearningModule):
         idk_answers: str = "en",
         idk_seed: int = 0,
     ) -> None:
+        nonnegative_weights(gamma=gamma, alpha=alpha)
         super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
         if beta <= 0:
             raise ValueError(f"IdkDPO beta must be positive, got {beta}.")

@@ -15,7 +15,7 @@ from lightning_unlearn.data.idk import IdkAnswers
 from lightning_unlearn.losses import TOKEN_AVERAGES, check_choice, idk_nll_loss, normalized_nll
 from lightning_unlearn.models import AdapterConfig
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
-from lightning_unlearn.objectives.unlearning_module import UnlearningModule
+from lightning_unlearn.objectives.unlearning_module import UnlearningModule, nonnegative_weights
 
 
 class IdkNLL(UnlearningModule):
@@ -47,6 +47,7 @@ class IdkNLL(UnlearningModule):
         idk_seed: int = 0,
         token_average: str = "sequence",
     ) -> None:
+        nonnegative_weights(gamma=gamma, alpha=alpha)
         super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
         check_choice("token_average", token_average, TOKEN_AVERAGES)
         self.save_hyperparameters()

@@ -18,7 +18,7 @@ from typing_extensions import override
 from lightning_unlearn.losses import nll_loss, normalized_nll, npo_loss, sequence_logprobs
 from lightning_unlearn.models import AdapterConfig, eval_mode
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
-from lightning_unlearn.objectives.unlearning_module import UnlearningModule
+from lightning_unlearn.objectives.unlearning_module import UnlearningModule, nonnegative_weights
 
 
 class NPO(UnlearningModule):
@@ -53,6 +53,7 @@ class NPO(UnlearningModule):
             raise ValueError(f"NPO reference={reference!r} is not one of 'model', 'precomputed'.")
         # Read by UnlearningModule.__init__ before the model exists: precomputed log-probs need no frozen copy.
         self.needs_reference = reference == "model"
+        nonnegative_weights(retain_weight=retain_weight)
         super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
         self.save_hyperparameters()
         if beta <= 0:

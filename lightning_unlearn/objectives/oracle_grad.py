@@ -29,7 +29,7 @@ from lightning_unlearn.losses import gd_loss
 from lightning_unlearn.masks import canonical_name, group_mask, groups_in_mask, load_masks, validate_masks
 from lightning_unlearn.models import AdapterConfig, load_causal_lm, unwrap_peft
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
-from lightning_unlearn.objectives.unlearning_module import UnlearningModule
+from lightning_unlearn.objectives.unlearning_module import UnlearningModule, nonnegative_weights
 
 FORGET_GROUPS = (0, 1, 2)
 
@@ -61,6 +61,7 @@ class OracleGrad(UnlearningModule):
         gamma: float = 5.0,
         alpha: float = 1.0,
     ) -> None:
+        nonnegative_weights(gamma=gamma, alpha=alpha)
         super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
         self.save_hyperparameters()
         self.gamma, self.alpha = gamma, alpha

@@ -29,7 +29,7 @@ from lightning_unlearn.losses import (
 )
 from lightning_unlearn.models import AdapterConfig, block_index_pattern, block_output
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
-from lightning_unlearn.objectives.unlearning_module import UnlearningModule
+from lightning_unlearn.objectives.unlearning_module import UnlearningModule, nonnegative_weights
 
 log = logging.getLogger("lightning_unlearn")
 
@@ -90,6 +90,7 @@ class RMU(UnlearningModule):
         token_average: str = "sequence",
         positions: str = "answer",
     ) -> None:
+        nonnegative_weights(alpha=alpha, gamma=gamma)
         super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
         self.save_hyperparameters()
         check_choice("token_average", token_average, TOKEN_AVERAGES)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import os
 import warnings
 from pathlib import Path
@@ -54,6 +55,21 @@ def shard_transformer(model: nn.Module, mesh) -> None:
             for block in module:
                 fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
+
+
+def nonnegative_weights(**weights: float) -> None:
+    """Refuse a loss-term weight that is negative or not finite (one line naming it): a negative weight turns its
+    term's descent into ascent (a retain term that forgets) without a word.
+
+    Raises:
+        ValueError: a weight below 0, NaN or infinite.
+    """
+    for name, value in weights.items():
+        if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+            raise ValueError(
+                f"{name}={value} must be a finite weight >= 0 (a negative one turns its term's descent into ascent); "
+                f"e.g. {name}: 1.0, or 0 to turn the term off."
+            )
 
 
 class UnlearningModule(RestoresRNG, LightningModule):

@@ -196,6 +196,119 @@ CASES = {
         {"afile": "x"},
         r"fit: error: File exists: 'afile'; that path is a file, not a directory: choose a directory",
     ),
+    # A second look: mistakes no earlier list named.
+    "an empty forget file": (
+        lambda tb: [*_fit(tb), "--data.init_args.forget_path", "f.jsonl"],
+        {"f.jsonl": ""},
+        r"the forget set 'f\.jsonl' holds no record; give at least one",
+    ),
+    "the retain file given as the forget file": (
+        lambda tb: [*_fit(tb), "--data.init_args.forget_path", tb.retain],
+        {},
+        r"the forget set \(.*retain\.jsonl\) and the retain set \(.*retain\.jsonl\) hold the same \d+ pairs: "
+        r"unlearning would push each answer down and up at once",
+    ),
+    "batch size 0": (
+        lambda tb: [*_fit(tb), "--data.init_args.batch_size", "0"],
+        {},
+        r"batch_size must be positive, got 0",
+    ),
+    "a checkpoint path that is a directory": (
+        lambda tb: [*_fit(tb), "--ckpt_path", "d"],
+        {"d/x": ""},
+        r"--ckpt_path d is a directory but not a sharded checkpoint \(no meta\.pt in it\); give a saved \*\.ckpt",
+    ),
+    "ckpt_path last in a new directory": (
+        lambda tb: [*_fit(tb), "--ckpt_path", "last"],
+        {},
+        r"--ckpt_path last, but 'run' holds no checkpoint to resume",
+    ),
+    "a sweep grid key with no values": (
+        lambda tb: (_fit(tb), [*CLI, "sweep", "s.yaml"])[1],
+        {"s.yaml": lambda tb: _sweep(tb, "sw", "model.init_args.beta").replace("[0.1, 0.2]", "[]")},
+        r"grid\.model\.init_args\.beta must be a non-empty list of values",
+    ),
+    "a model path holding no model": (
+        lambda tb: [*_fit(tb), "--model.init_args.model_path", "tok"],
+        {"tok/readme.txt": "x"},
+        r"tokenizer path .tok. holds no tokenizer \(none of tokenizer\.json, tokenizer_config\.json, …\); point at",
+    ),
+    "a learning rate of zero": (
+        lambda tb: [*_fit(tb), "--model.init_args.optim.lr", "0"],
+        {},
+        r"optim\.lr must be a positive finite number, got 0",
+    ),
+    "records without a prompt": (
+        lambda tb: [*_fit(tb), "--data.init_args.forget_path", "f.jsonl"],
+        {"f.jsonl": '{"answer": "Alice"}\n'},
+        r"record 0 of 'f\.jsonl' lacks column\(s\) \['prompt'\]; it has \['answer'\]\. Name the columns with "
+        r"prompt_key",
+    ),
+    "a seed that is text": (
+        lambda tb: [*_fit(tb), "--seed_everything", "abc"],
+        {},
+        r"--seed_everything: 'abc' is none of bool, int",
+    ),
+    "LoRA rank 0": (
+        lambda tb: [*_fit(tb), "--model.init_args.adapter.r", "0"],
+        {},
+        r"adapter\.r must be positive, got 0",
+    ),
+    "negative max_steps other than -1": (
+        lambda tb: [*_fit(tb), "--trainer.max_steps", "-5"],
+        {},
+        r"`max_steps` must be a non-negative integer or -1",
+    ),
+    "a forget file that does not exist": (
+        lambda tb: [*_fit(tb), "--data.init_args.forget_path", "nowhere.jsonl"],
+        {},
+        r"forget set 'nowhere\.jsonl' does not exist; give a JSONL, JSON, CSV or Parquet file or a datasets folder",
+    ),
+    "a config file that does not exist": (
+        lambda tb: [*_fit(tb), "-c", "nowhere.yaml"],
+        {},
+        r"Parser key \"config\": File does not exist: '.*nowhere\.yaml'",
+    ),
+    "a YAML config that is a list": (
+        lambda tb: [*_fit(tb), "-c", "l.yaml"],
+        {"l.yaml": "- a\n- b\n"},
+        r"l\.yaml holds a YAML list; a config is a mapping of keys \(trainer:, model:, data:",
+    ),
+    "a JSON array of strings as records": (
+        lambda tb: [*_fit(tb), "--data.init_args.forget_path", "f.json"],
+        {"f.json": '["Alice", "Bob"]'},
+        r"forget set record 0 of 'f\.json' is a str, not an object with columns",
+    ),
+    "a CSV without an answer column": (
+        lambda tb: [*_fit(tb), "--data.init_args.forget_path", "f.csv"],
+        {"f.csv": "prompt,reply\nWho?,Alice\n"},
+        r"lacks column\(s\) \['answer'\]; it has \['prompt', 'reply'\]",
+    ),
+    "an unknown adapter kind": (
+        lambda tb: [*_fit(tb), "--model.init_args.adapter.kind", "qlora"],
+        {},
+        r"adapter\.kind='qlora' is not one of 'full', 'lora', 'adalora'",
+    ),
+    "an unknown lr schedule": (
+        lambda tb: [*_fit(tb), "--model.init_args.optim.schedule", "cosine_warm"],
+        {},
+        r"optim\.schedule='cosine_warm' is not one of",
+    ),
+    "retain weight that is negative": (
+        lambda tb: [*_fit(tb), "--model.init_args.retain_weight", "-1"],
+        {},
+        r"retain_weight=-1\.0 must be a finite weight >= 0 \(a negative one turns its term's descent into ascent\)",
+    ),
+    "evaluate on a folder that is not a run": (
+        lambda tb: [*CLI, "evaluate", "notarun"],
+        {"notarun/x": ""},
+        r"notarun/config\.yaml not found; LightningCLI saves",
+    ),
+    "report on a folder without rows": (
+        lambda tb: [*CLI, "report", "empty"],
+        {"empty/x": ""},
+        r"no checkpoint_metrics\.jsonl under 'empty'; is it a run",
+    ),
     # Group mismatches of the localization AUC: the testbed's masks hold groups 0-5.
     "mask-auc retain groups the masks lack": (
         lambda tb: [*_mask_auc(tb), "--forget_groups", "[0]", "--retain_groups", "[5, 6, 7]"],
