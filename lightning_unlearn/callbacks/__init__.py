@@ -27,6 +27,7 @@ from lightning_unlearn.callbacks.log_progress import LogProgress
 from lightning_unlearn.callbacks.mask_auc_evaluation import MaskAUCEvaluation
 from lightning_unlearn.callbacks.memorization_evaluation import MemorizationEvaluation
 from lightning_unlearn.callbacks.mia_evaluation import MIAEvaluation
+from lightning_unlearn.callbacks.quantization_attack import QuantizationAttack
 from lightning_unlearn.callbacks.retain_drift_evaluation import RetainDriftEvaluation
 from lightning_unlearn.callbacks.sce_evaluation import SCEEvaluation
 from lightning_unlearn.callbacks.stop_aware_checkpoint import StopAwareCheckpoint
@@ -42,6 +43,7 @@ __all__ = [
     "MaskAUCEvaluation",
     "MemorizationEvaluation",
     "MIAEvaluation",
+    "QuantizationAttack",
     "RetainDriftEvaluation",
     "SCEEvaluation",
     "StopAwareCheckpoint",

@@ -1,0 +1,110 @@
+"""The quantization attack at every checkpoint: the run's own evaluators again, on the weights rounded to int8 / int4.
+
+Zhang et al. (ICLR 2025) find that unlearned models keep some of the forgotten knowledge below the quantization step:
+rounded to 4 bits, they give much of it back. This callback asks that of every checkpoint a run saves (or ``evaluate``
+scores after training): for each bit width it rounds the model's Linear weights
+(:func:`~lightning_unlearn.quantization.quantized`), runs the other evaluation callbacks of the trainer on the rounded
+model, restores the weights, and writes one row of family ``quantization_attack`` holding, per bit width, each
+evaluator's metrics (``{"int4": {"sce": {...}, "memorization": {...}}, ...}``): the same numbers as the evaluators' own
+rows, under the attack. Rows are written once per step and survive a resume like every evaluator's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lightning.pytorch import LightningModule, Trainer
+from typing_extensions import override
+
+from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
+from lightning_unlearn.quantization import quantized
+
+# Families that do not read the model's outputs (the weight change against the masks) or need a base pass the
+# rounding would change; the attack leaves them out.
+_NOT_ATTACKED = ("mask_auc", "quantization_attack")
+
+
+class QuantizationAttack(CheckpointEvaluator):
+    """The trainer's other evaluators on the model rounded to each of ``bits`` (round-to-nearest, symmetric).
+
+    Args:
+        bits: bit widths to attack with (default int8 and int4).
+        group_size: weights of a row sharing one scale for widths below 8 (GPTQ / AWQ's group-wise int4, 128);
+            int8 is per output channel. ``None``: per channel at every width.
+        families: the evaluator families to run under the attack (default: every evaluator of the trainer that reads
+            the model's outputs).
+        name: see :class:`CheckpointEvaluator`.
+        output_dir: see :class:`CheckpointEvaluator`.
+
+    Under the attack, a LoRA run's retain-drift ``kl`` is left out: its reference pass (the adapter disabled) would
+    read the rounded weights minus the adapter, not the base model. CE and ΔCE (against the stored base CE) stay.
+
+    Raises:
+        ValueError: a bit width outside 2–8, or no bit width.
+
+    Example::
+
+        >>> from lightning_unlearn.callbacks import QuantizationAttack
+        >>> QuantizationAttack(bits=[4]).bits  # trainer.callbacks: [..., SCEEvaluation(...), QuantizationAttack()]
+        (4,)
+    """
+
+    family = "quantization_attack"
+
+    def __init__(
+        self,
+        bits: Sequence[int] = (8, 4),
+        group_size: int | None = 128,
+        families: Sequence[str] | None = None,
+        name: str | None = None,
+        output_dir: str | None = None,
+    ) -> None:
+        super().__init__(name=name, output_dir=output_dir)
+        if not bits or any(not 2 <= int(b) <= 8 for b in bits):
+            raise ValueError(f"bits={list(bits)}: give one or more widths from 2 to 8, e.g. [8, 4].")
+        if group_size is not None and group_size < 1:
+            raise ValueError(f"group_size={group_size} must be positive, or null for per-channel scales.")
+        self.bits = tuple(int(b) for b in bits)
+        self.group_size = group_size
+        self.families = None if families is None else tuple(families)
+
+    def _evaluators(self, trainer: Trainer) -> list[CheckpointEvaluator]:
+        found = [
+            cb
+            for cb in trainer.callbacks
+            if isinstance(cb, CheckpointEvaluator) and cb is not self and cb.family not in _NOT_ATTACKED
+        ]
+        if self.families is not None:
+            found = [cb for cb in found if cb.family in self.families or cb.family_name in self.families]
+        if not found:
+            raise ValueError(
+                "QuantizationAttack found no evaluator to run under the attack; add SCEEvaluation, "
+                "MemorizationEvaluation or RetainDriftEvaluation to trainer.callbacks (or fix `families`)."
+            )
+        return found
+
+    @override
+    def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
+        evaluators = self._evaluators(trainer)
+        for evaluator in evaluators:  # base quantities come from the unrounded model
+            evaluator.ensure_base(trainer, pl_module)
+        lora = hasattr(pl_module.model, "disable_adapter")
+        out: dict = {}
+        for bits in self.bits:
+            size = self.group_size if bits < 8 else None
+            row: dict = {}
+            with quantized(pl_module.model, bits, size) as rounded:
+                for evaluator in evaluators:
+                    kept = dict(vars(evaluator))  # its own state (e.g. the answers it writes) stays its own
+                    try:
+                        metrics = evaluator.compute(trainer, pl_module, step)
+                    finally:
+                        vars(evaluator).clear()
+                        vars(evaluator).update(kept)
+                    if lora and evaluator.family == "retain_drift":
+                        metrics = {k: v for k, v in metrics.items() if k != "kl"}
+                    row[evaluator.family_name] = metrics
+            row["weights_rounded"] = rounded
+            row["group_size"] = size
+            out[f"int{bits}"] = row
+        return out
