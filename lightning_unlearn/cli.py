@@ -42,6 +42,10 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
         "lightning_unlearn.workflows.evaluate:main",
         "Evaluate every saved checkpoint of a run with its config's callbacks (or -c eval.yaml's); add missing rows.",
     ),
+    "attack": (
+        "lightning_unlearn.workflows.attack:main",
+        "Attacks on a finished run's checkpoints: quantize (its weights rounded to int8 / int4).",
+    ),
     "mask-auc": (
         "lightning_unlearn.workflows.report:mask_auc_main",
         "Localization AUC of one unlearned model against the forget mask, as JSON.",
@@ -84,6 +88,10 @@ SUBCOMMANDS: dict[str, dict[str, str]] = {
             "resurfacing."
         ),
         "reference": "Export the testbed's retain reference (m^F reset to θ_pre) to <workdir>/reference.",
+    },
+    "attack": {
+        "quantize": "The quantization attack on every saved checkpoint of a run (or ``--steps``); rows added to its "
+        "metrics file.",
     },
     "configs": {
         "list": "Print every shipped config (``group``: only ``lens``, ``lacuna``, ``trainer`` or ``sweeps``).",

@@ -21,6 +21,7 @@ MINIMAL = {
     ("evaluate",): ["runs/npo/trajectory", "-c", "eval.yaml"],
     ("mask-auc",): ["--pre", "pre", "--inj", "inj", "--unl", "unl", "--masks", "masks.safetensors"],
     ("smollm2",): [],
+    ("attack", "quantize"): ["runs/npo/trajectory"],
     ("lens", "baseline"): ["--model", "m", "--narrative", "nato-forced-war", "--language", "en", "--out", "b.jsonl"],
     ("lens", "export"): ["--baseline", "b.jsonl", "--out", "a.csv"],
     ("lens", "import"): ["--baseline", "b.jsonl", "--out", "f.jsonl"],

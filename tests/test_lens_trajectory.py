@@ -518,3 +518,26 @@ def test_rmu_runs_as_a_cell_of_the_lens_sweep_and_evaluate_reproduces_its_rows(t
     rows = _rows(copy / "checkpoint_metrics.jsonl")
     assert sorted((r["step"], r["family"]) for r in rows) == sorted(trained)
     _assert_same_rows(rows, trained)
+
+
+def test_attack_quantize_adds_one_row_per_step_to_a_finished_run_and_nothing_on_a_rerun(trajectory, tmp_path):
+    """`attack quantize` on a copy of the finished LoRA run: the run's SCE and retain-drift evaluators again on the
+    int4 model, one `quantization_attack` row per saved step; the run's own rows unchanged; a re-run adds nothing."""
+    import shutil
+
+    from lightning_unlearn.workflows.attack import main as attack_main
+
+    run = tmp_path / "run"
+    shutil.copytree(trajectory / "npo" / "trajectory", run)
+    before = _rows(run / "checkpoint_metrics.jsonl")
+    attack_main(["quantize", str(run), "--bits", "[4]", "--group_size", "16"])
+    after = _rows(run / "checkpoint_metrics.jsonl")
+    attacked = {r["step"]: r for r in after if r["family"] == "quantization_attack"}
+    assert sorted(attacked) == sorted({r["step"] for r in before})
+    assert [r for r in after if r["family"] != "quantization_attack"] == before
+    for step, row in attacked.items():
+        assert set(row["int4"]) >= {"sce", "retain_drift"}, step
+        plain = next(r for r in before if r["step"] == step and r["family"] == "retain_drift")
+        assert row["int4"]["retain_drift"]["ce"] != plain["ce"]  # the rounding changed the model
+    attack_main(["quantize", str(run), "--bits", "[4]", "--group_size", "16"])
+    assert _rows(run / "checkpoint_metrics.jsonl") == after

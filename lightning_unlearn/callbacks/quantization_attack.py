@@ -67,11 +67,14 @@ class QuantizationAttack(CheckpointEvaluator):
         self.bits = tuple(int(b) for b in bits)
         self.group_size = group_size
         self.families = None if families is None else tuple(families)
+        # evaluators of the run that are not callbacks of this trainer (set by `evaluate`, which leaves out the
+        # families whose rows a step already has): the attack runs them too
+        self.besides: list[CheckpointEvaluator] = []
 
     def _evaluators(self, trainer: Trainer) -> list[CheckpointEvaluator]:
         found = [
             cb
-            for cb in trainer.callbacks
+            for cb in [*trainer.callbacks, *self.besides]
             if isinstance(cb, CheckpointEvaluator) and cb is not self and cb.family not in _NOT_ATTACKED
         ]
         if self.families is not None:

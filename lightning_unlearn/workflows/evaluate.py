@@ -336,24 +336,29 @@ def _validate(
         def before_validate(self) -> None:
             from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
             from lightning_unlearn.callbacks.checkpoint_metrics_file import use_run_output_dir
+            from lightning_unlearn.callbacks.quantization_attack import QuantizationAttack
 
             trainer = self.trainer
             use_run_output_dir(trainer, run_dir)
             if trainer.global_rank == 0:
                 log.info("evaluate: step %d with %s on %d process(es)", saved.step, type(trainer.strategy).__name__,
                          trainer.world_size)  # fmt: skip
-            kept = []
+            kept, dropped = [], []
             for cb in trainer.callbacks:
                 if isinstance(cb, CheckpointEvaluator):
                     self.configured.add(cb.family_name)
-                    if cb.family_name in done:
-                        continue  # this step's row of that family exists: not recomputed
                     cb.base = dict(bases.get(cb.state_key, {}))
+                    if cb.family_name in done:
+                        dropped.append(cb)
+                        continue  # this step's row of that family exists: not recomputed
                     cb.known_epochs = dict(epochs)
                     if saved.kind != "checkpoint":
                         cb.step_override = saved.step
                     self.families.append(cb.family_name)
                 kept.append(cb)
+            for cb in kept:  # an attack runs the run's evaluators under it, those whose own rows exist too
+                if isinstance(cb, QuantizationAttack):
+                    cb.besides = dropped
             if saved.kind == "merged":
                 kept.insert(0, MergedWeights())
             trainer.callbacks = kept
