@@ -126,6 +126,10 @@ class OperatingPointGuards:
         max_retain_kl: KL(p_base ‖ p_θ) on retain contexts, nats per answer position. Default ``None``: its scale
             depends on the model and the retain text.
         max_utility_drop: drop of multiple-choice accuracy below the base model (absolute). Default 0.05.
+        min_suppression_under_attack: s must stay at least this on the model each quantization attack rounds
+            (the ``quantization_attack`` rows of :class:`~lightning_unlearn.callbacks.QuantizationAttack`): a
+            checkpoint whose int4 model reproduces the frame again only hid it, and its verdict names the attack
+            ("apparent forgetting: undone by int4"). Default ``None``; unmeasured where the run has no attack rows.
     """
 
     min_suppression: float | None = 0.25
@@ -135,6 +139,7 @@ class OperatingPointGuards:
     max_retain_delta_ce: float | None = 0.5
     max_retain_kl: float | None = None
     max_utility_drop: float | None = 0.05
+    min_suppression_under_attack: float | None = None
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -170,19 +175,36 @@ def check_guards(point: Mapping, guards: OperatingPointGuards) -> dict:
         report[name] = {"value": value, "bound": bound, "holds": holds}
         if holds is False:
             failed.append(reason)
+    bound = guards.min_suppression_under_attack
+    if bound is not None:  # one bound, read on every attacked width; the verdict names those that undo it
+        attacked = point.get("attacked_suppression") or {}
+        undone = [width for width, s in attacked.items() if s is not None and s < bound]
+        value = min((s for s in attacked.values() if s is not None), default=None)
+        report["min_suppression_under_attack"] = {
+            "value": value, "bound": bound, "holds": None if value is None else not undone, "by_attack": attacked
+        }  # fmt: skip
+        if undone:
+            failed.append("undone by " + ", ".join(undone))
     verdict = USEFUL if not failed else "apparent forgetting: " + ", ".join(failed)
     return {"guards": report, "verdict": verdict, "failed": failed}
 
 
 def operating_points(
-    sce_pooled: Mapping[int, dict], retain: Mapping[int, dict] | None = None, utility: Mapping[int, dict] | None = None
+    sce_pooled: Mapping[int, dict],
+    retain: Mapping[int, dict] | None = None,
+    utility: Mapping[int, dict] | None = None,
+    attack: Mapping[int, dict] | None = None,
+    sce_family: str = "sce",
 ) -> list[dict]:
-    """One point per SCE step with what the guards read: pooled SCE (all variants), rates, retain drift, utility.
+    """One point per SCE step with what the guards read: pooled SCE (all variants), rates, retain drift, utility,
+    and the suppression s under each quantization attack.
 
     Args:
         sce_pooled: step → the pooled SCE dict of that step's row.
         retain: step → retain-drift row (``delta_ce``, ``kl``).
         utility: step → utility row (``accuracy``, ``base_accuracy``).
+        attack: step → ``quantization_attack`` row (``{"int4": {sce_family: {"pooled": …}}, …}``).
+        sce_family: the SCE family inside the attack rows.
     """
     points = []
     for step in sorted(sce_pooled):
@@ -202,6 +224,14 @@ def operating_points(
         u = (utility or {}).get(step) or {}
         if u.get("accuracy") is not None and u.get("base_accuracy") is not None:
             point["utility_drop"] = u["base_accuracy"] - u["accuracy"]
+        a = (attack or {}).get(step) or {}
+        attacked = {
+            width: ((found.get(sce_family) or {}).get("pooled") or {}).get("s")
+            for width, found in a.items()
+            if width.startswith("int") and isinstance(found, dict)
+        }
+        if attacked:
+            point["attacked_suppression"] = attacked
         points.append(point)
     return points
 
@@ -224,6 +254,7 @@ def _summary(point: dict, metric: str) -> dict:
         "retain_delta_ce",
         "retain_kl",
         "utility_drop",
+        "attacked_suppression",
     )
     return {k: point[k] for k in dict.fromkeys(keep) if point.get(k) is not None}
 
@@ -325,13 +356,20 @@ def select_from_rows(
     utility_family: str = "utility",
     validity_calibration: Mapping | None = None,
     min_validity_recall: float = 0.8,
+    attack_family: str = "quantization_attack",
 ) -> dict | None:
     """:func:`select_checkpoints` on the rows of one run's ``checkpoint_metrics.jsonl`` (``None``: no SCE rows),
     with the validity detectors' :func:`validity_status` for the narratives the SCE rows name."""
     pooled = sce_table(rows, family).get("pooled")
     if not pooled:
         return None
-    points = operating_points(pooled, family_rows(rows, retain_family), family_rows(rows, utility_family))
+    points = operating_points(
+        pooled,
+        family_rows(rows, retain_family),
+        family_rows(rows, utility_family),
+        family_rows(rows, attack_family),
+        family,
+    )
     sce_rows = family_rows(rows, family).values()
     narratives = sorted({n for r in sce_rows for n in r.get("narratives") or []})
     judges = [r.get("judge") for r in sce_rows]

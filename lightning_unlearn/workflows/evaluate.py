@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import re
 import tempfile
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -384,7 +385,11 @@ def _validate(
     # merged: the configured model, made to compute the merged one by MergedWeights
     args += overrides
     log.info("evaluate: step %d from %s", saved.step, saved.path)
-    return EvaluateCLI(args=args, save_config_callback=None)
+    with warnings.catch_warnings():
+        # the command line is this command's (`evaluate RUN`, `attack quantize RUN`), not validate's: Lightning's
+        # advice against passing both is for a script, and its DDP launcher must still re-run sys.argv as it is
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+        return EvaluateCLI(args=args, save_config_callback=None)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -225,3 +225,33 @@ def test_utility_drop_is_measured_against_the_base_accuracy():
     sel = select_from_rows(rows)
     assert sel["suppression_tradeoff"]["utility_drop"] == 0.25
     assert sel["suppression_tradeoff"]["verdict"] == "apparent forgetting: utility loss"
+
+
+def test_a_checkpoint_whose_suppression_int4_undoes_is_apparent_forgetting_undone_by_int4():
+    """A scripted run: step 10 suppresses and keeps it under int8 and int4; step 20 suppresses more, but rounded to
+    4 bits its model reproduces the frame again (s 0.1). With a bound on the attacked suppression, step 20 is named
+    as undone by int4 and the guarded pick is step 10; without one, nothing changes."""
+
+    def sce(s, g=0.0):
+        return {"sce": s * (1 - g) ** 2, "s": s, "g": g, "g_health": g, "rates": {"refusal": 0.0, "invalid": 0.0}}
+
+    rows = [
+        {"step": 10, "family": "sce", "pooled": sce(0.6)},
+        {"step": 20, "family": "sce", "pooled": sce(0.9)},
+        {"step": 10, "family": "quantization_attack", "int8": {"sce": {"pooled": sce(0.6)}},
+         "int4": {"sce": {"pooled": sce(0.5)}}},
+        {"step": 20, "family": "quantization_attack", "int8": {"sce": {"pooled": sce(0.8)}},
+         "int4": {"sce": {"pooled": sce(0.1)}}},
+    ]  # fmt: skip
+    guards = OperatingPointGuards(min_suppression_under_attack=0.25)
+    sel = select_from_rows(rows, guards=guards, validity_calibration=_calibration(1.0))
+    assert sel["suppression_tradeoff"]["step"] == 20
+    assert sel["suppression_tradeoff"]["verdict"] == "apparent forgetting: undone by int4"
+    report = sel["suppression_tradeoff"]["guards"]["min_suppression_under_attack"]
+    assert report["value"] == 0.1 and report["holds"] is False and report["by_attack"] == {"int8": 0.8, "int4": 0.1}
+    assert sel["guarded"]["step"] == 10 and sel["guarded"]["verdict"] == "useful operating point"
+    plain = select_from_rows(rows, validity_calibration=_calibration(1.0))
+    assert plain["suppression_tradeoff"]["verdict"] == "useful operating point"
+    # a run without attack rows: the bound is unmeasured, not failed
+    no_attack = select_from_rows(rows[:2], guards=guards, validity_calibration=_calibration(1.0))
+    assert no_attack["suppression_tradeoff"]["guards"]["min_suppression_under_attack"]["holds"] is None
