@@ -137,6 +137,23 @@ def _require_writable(run_dir: Path) -> None:
         raise OSError(err.errno, err.strerror, str(run_dir)) from None
 
 
+def _require_model(run_config: Path, overrides: list[str]) -> None:
+    """The starting model the run's config names must still be there (every checkpoint is evaluated on it); one line
+    naming the config's key and the fix when it is gone, rather than a tokenizer's or a checkpoint's complaint."""
+    from lightning_unlearn.configs.yaml_files import read_yaml
+
+    if any(word.startswith("--model.init_args.model_path") for word in overrides):
+        return
+    config = read_yaml(run_config) or {}
+    path = ((config.get("model") or {}).get("init_args") or {}).get("model_path")
+    if isinstance(path, str) and not Path(path).expanduser().exists():
+        raise FileNotFoundError(
+            f"evaluate: the run's starting model {path!r} (model.init_args.model_path in {run_config}) is gone; "
+            "restore it there, or give its new place with --overrides '[--model.init_args.model_path, DIR, "
+            "--data.init_args.tokenizer_path, DIR]'."
+        )
+
+
 def evaluate_command(
     run_dir: Path,
     *,
@@ -177,6 +194,7 @@ def evaluate_command(
             f"evaluate: {run_config} not found; LightningCLI saves a run's config.yaml in its log directory. Pass "
             "the run's version directory as RUN_DIR, or its config with --run_config."
         )
+    _require_model(run_config, overrides or [])
     from lightning_unlearn.configs import resolve_config
 
     extra = [Path(resolve_config(str(c))).expanduser() for c in eval_config or []]

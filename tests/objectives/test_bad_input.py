@@ -309,6 +309,12 @@ CASES = {
         {"empty/x": ""},
         r"no checkpoint_metrics\.jsonl under 'empty'; is it a run",
     ),
+    "evaluate of a run whose starting model is gone": (
+        lambda tb: [*CLI, "evaluate", "run"],
+        {"run/config.yaml": "model:\n  init_args:\n    model_path: gone_model\n", "run/step=2.ckpt": ""},
+        r"evaluate: the run's starting model 'gone_model' \(model\.init_args\.model_path in .*config\.yaml\) is "
+        r"gone; restore it there, or give its new place with --overrides",
+    ),
     # Group mismatches of the localization AUC: the testbed's masks hold groups 0-5.
     "mask-auc retain groups the masks lack": (
         lambda tb: [*_mask_auc(tb), "--forget_groups", "[0]", "--retain_groups", "[5, 6, 7]"],
