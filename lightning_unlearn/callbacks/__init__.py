@@ -28,6 +28,7 @@ from lightning_unlearn.callbacks.mask_auc_evaluation import MaskAUCEvaluation
 from lightning_unlearn.callbacks.memorization_evaluation import MemorizationEvaluation
 from lightning_unlearn.callbacks.mia_evaluation import MIAEvaluation
 from lightning_unlearn.callbacks.quantization_attack import QuantizationAttack
+from lightning_unlearn.callbacks.relearning_attack import RelearningAttack
 from lightning_unlearn.callbacks.retain_drift_evaluation import RetainDriftEvaluation
 from lightning_unlearn.callbacks.sce_evaluation import SCEEvaluation
 from lightning_unlearn.callbacks.stop_aware_checkpoint import StopAwareCheckpoint
@@ -44,6 +45,7 @@ __all__ = [
     "MemorizationEvaluation",
     "MIAEvaluation",
     "QuantizationAttack",
+    "RelearningAttack",
     "RetainDriftEvaluation",
     "SCEEvaluation",
     "StopAwareCheckpoint",

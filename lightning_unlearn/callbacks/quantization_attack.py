@@ -21,10 +21,59 @@ from lightning_unlearn.quantization import quantized
 
 # Families that do not read the model's outputs (the weight change against the masks) or need a base pass the
 # rounding would change; the attack leaves them out.
-_NOT_ATTACKED = ("mask_auc", "quantization_attack")
+_NOT_ATTACKED = ("mask_auc",)
 
 
-class QuantizationAttack(CheckpointEvaluator):
+class EvaluatorAttack(CheckpointEvaluator):
+    """Base of the attacks: run the trainer's other evaluators on an attacked model, their state left as it was.
+
+    Args:
+        families: the evaluator families to run under the attack (default: every evaluator of the trainer that
+            reads the model's outputs).
+        name: see :class:`CheckpointEvaluator`.
+        output_dir: see :class:`CheckpointEvaluator`.
+    """
+
+    def __init__(self, families: Sequence[str] | None = None, name: str | None = None, output_dir: str | None = None):
+        super().__init__(name=name, output_dir=output_dir)
+        self.families = None if families is None else tuple(families)
+        # evaluators of the run that are not callbacks of this trainer (set by `evaluate`, which leaves out the
+        # families whose rows a step already has): the attack runs them too
+        self.besides: list[CheckpointEvaluator] = []
+
+    def _evaluators(self, trainer: Trainer) -> list[CheckpointEvaluator]:
+        found = [
+            cb
+            for cb in [*trainer.callbacks, *self.besides]
+            if isinstance(cb, CheckpointEvaluator) and not isinstance(cb, EvaluatorAttack)
+            and cb.family not in _NOT_ATTACKED
+        ]  # fmt: skip
+        if self.families is not None:
+            found = [cb for cb in found if cb.family in self.families or cb.family_name in self.families]
+        if not found:
+            raise ValueError(
+                f"{type(self).__name__} found no evaluator to run under the attack; add SCEEvaluation, "
+                "MemorizationEvaluation or RetainDriftEvaluation to trainer.callbacks (or fix `families`)."
+            )
+        return found
+
+    @staticmethod
+    def evaluate_all(
+        evaluators: Sequence[CheckpointEvaluator], trainer: Trainer, pl_module: LightningModule, step: int
+    ) -> dict:
+        """``{family: metrics}`` of each evaluator on the model as it is now; each evaluator's state is kept."""
+        row: dict = {}
+        for evaluator in evaluators:
+            kept = dict(vars(evaluator))  # its own state (e.g. the answers it writes) stays its own
+            try:
+                row[evaluator.family_name] = evaluator.compute(trainer, pl_module, step)
+            finally:
+                vars(evaluator).clear()
+                vars(evaluator).update(kept)
+        return row
+
+
+class QuantizationAttack(EvaluatorAttack):
     """The trainer's other evaluators on the model rounded to each of ``bits`` (round-to-nearest, symmetric).
 
     Args:
@@ -59,32 +108,13 @@ class QuantizationAttack(CheckpointEvaluator):
         name: str | None = None,
         output_dir: str | None = None,
     ) -> None:
-        super().__init__(name=name, output_dir=output_dir)
+        super().__init__(families=families, name=name, output_dir=output_dir)
         if not bits or any(not 2 <= int(b) <= 8 for b in bits):
             raise ValueError(f"bits={list(bits)}: give one or more widths from 2 to 8, e.g. [8, 4].")
         if group_size is not None and group_size < 1:
             raise ValueError(f"group_size={group_size} must be positive, or null for per-channel scales.")
         self.bits = tuple(int(b) for b in bits)
         self.group_size = group_size
-        self.families = None if families is None else tuple(families)
-        # evaluators of the run that are not callbacks of this trainer (set by `evaluate`, which leaves out the
-        # families whose rows a step already has): the attack runs them too
-        self.besides: list[CheckpointEvaluator] = []
-
-    def _evaluators(self, trainer: Trainer) -> list[CheckpointEvaluator]:
-        found = [
-            cb
-            for cb in [*trainer.callbacks, *self.besides]
-            if isinstance(cb, CheckpointEvaluator) and cb is not self and cb.family not in _NOT_ATTACKED
-        ]
-        if self.families is not None:
-            found = [cb for cb in found if cb.family in self.families or cb.family_name in self.families]
-        if not found:
-            raise ValueError(
-                "QuantizationAttack found no evaluator to run under the attack; add SCEEvaluation, "
-                "MemorizationEvaluation or RetainDriftEvaluation to trainer.callbacks (or fix `families`)."
-            )
-        return found
 
     @override
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
@@ -95,18 +125,11 @@ class QuantizationAttack(CheckpointEvaluator):
         out: dict = {}
         for bits in self.bits:
             size = self.group_size if bits < 8 else None
-            row: dict = {}
             with quantized(pl_module.model, bits, size) as rounded:
-                for evaluator in evaluators:
-                    kept = dict(vars(evaluator))  # its own state (e.g. the answers it writes) stays its own
-                    try:
-                        metrics = evaluator.compute(trainer, pl_module, step)
-                    finally:
-                        vars(evaluator).clear()
-                        vars(evaluator).update(kept)
-                    if lora and evaluator.family == "retain_drift":
-                        metrics = {k: v for k, v in metrics.items() if k != "kl"}
-                    row[evaluator.family_name] = metrics
+                row = self.evaluate_all(evaluators, trainer, pl_module, step)
+            for evaluator in evaluators:
+                if lora and evaluator.family == "retain_drift":
+                    row[evaluator.family_name].pop("kl", None)
             row["weights_rounded"] = rounded
             row["group_size"] = size
             out[f"int{bits}"] = row

@@ -126,10 +126,12 @@ class OperatingPointGuards:
         max_retain_kl: KL(p_base ‖ p_θ) on retain contexts, nats per answer position. Default ``None``: its scale
             depends on the model and the retain text.
         max_utility_drop: drop of multiple-choice accuracy below the base model (absolute). Default 0.05.
-        min_suppression_under_attack: s must stay at least this on the model each quantization attack rounds
-            (the ``quantization_attack`` rows of :class:`~lightning_unlearn.callbacks.QuantizationAttack`): a
-            checkpoint whose int4 model reproduces the frame again only hid it, and its verdict names the attack
-            ("apparent forgetting: undone by int4"). Default ``None``; unmeasured where the run has no attack rows.
+        min_suppression_under_attack: s must stay at least this on each attacked model
+            (the rows of :class:`~lightning_unlearn.callbacks.QuantizationAttack` and
+            :class:`~lightning_unlearn.callbacks.RelearningAttack`): a checkpoint whose int4 model, or whose model
+            after 30 relearning steps, reproduces the frame again only hid it, and its verdict names the attack
+            ("apparent forgetting: undone by int4", "… undone by 30 relearning steps"). Default ``None``;
+            unmeasured where the run has no attack rows.
     """
 
     min_suppression: float | None = 0.25
@@ -189,6 +191,11 @@ def check_guards(point: Mapping, guards: OperatingPointGuards) -> dict:
     return {"guards": report, "verdict": verdict, "failed": failed}
 
 
+def _attack_name(key: str) -> str:
+    """How a verdict names an attack: ``int4`` as it is, ``after_30`` as ``30 relearning steps``."""
+    return f"{key.removeprefix('after_')} relearning steps" if key.startswith("after_") else key
+
+
 def operating_points(
     sce_pooled: Mapping[int, dict],
     retain: Mapping[int, dict] | None = None,
@@ -203,7 +210,8 @@ def operating_points(
         sce_pooled: step → the pooled SCE dict of that step's row.
         retain: step → retain-drift row (``delta_ce``, ``kl``).
         utility: step → utility row (``accuracy``, ``base_accuracy``).
-        attack: step → ``quantization_attack`` row (``{"int4": {sce_family: {"pooled": …}}, …}``).
+        attack: step → the attack rows of that step merged (``quantization_attack``'s ``{"int4": {sce_family:
+            {"pooled": …}}, …}`` and ``relearning_attack``'s ``{"after_30": …}``).
         sce_family: the SCE family inside the attack rows.
     """
     points = []
@@ -226,9 +234,9 @@ def operating_points(
             point["utility_drop"] = u["base_accuracy"] - u["accuracy"]
         a = (attack or {}).get(step) or {}
         attacked = {
-            width: ((found.get(sce_family) or {}).get("pooled") or {}).get("s")
-            for width, found in a.items()
-            if width.startswith("int") and isinstance(found, dict)
+            _attack_name(key): ((found.get(sce_family) or {}).get("pooled") or {}).get("s")
+            for key, found in a.items()
+            if key.startswith(("int", "after_")) and isinstance(found, dict)
         }
         if attacked:
             point["attacked_suppression"] = attacked
@@ -367,7 +375,13 @@ def select_from_rows(
         pooled,
         family_rows(rows, retain_family),
         family_rows(rows, utility_family),
-        family_rows(rows, attack_family),
+        {
+            step: {**family_rows(rows, "relearning_attack").get(step, {}), **quantization}
+            for step, quantization in {
+                **{s: {} for s in family_rows(rows, "relearning_attack")},
+                **family_rows(rows, attack_family),
+            }.items()
+        },
         family,
     )
     sce_rows = family_rows(rows, family).values()

@@ -252,6 +252,15 @@ def test_a_checkpoint_whose_suppression_int4_undoes_is_apparent_forgetting_undon
     assert sel["guarded"]["step"] == 10 and sel["guarded"]["verdict"] == "useful operating point"
     plain = select_from_rows(rows, validity_calibration=_calibration(1.0))
     assert plain["suppression_tradeoff"]["verdict"] == "useful operating point"
+    # a relearning curve's points are read the same way, named by their number of steps
+    relearned = [*rows[:2], {"step": 10, "family": "relearning_attack", "after_30": {"sce": {"pooled": sce(0.05)}}}]
+    sel = select_from_rows(relearned, guards=guards, validity_calibration=_calibration(1.0))
+    assert sel["guarded"]["step"] == 20
+    assert (
+        sel["suppression_tradeoff"]["step"] == 20 and sel["suppression_tradeoff"]["verdict"] == "useful operating point"
+    )
+    step10 = check_guards({"s": 0.6, "attacked_suppression": {"30 relearning steps": 0.05}}, guards)
+    assert step10["verdict"] == "apparent forgetting: undone by 30 relearning steps"
     # a run without attack rows: the bound is unmeasured, not failed
     no_attack = select_from_rows(rows[:2], guards=guards, validity_calibration=_calibration(1.0))
     assert no_attack["suppression_tradeoff"]["guards"]["min_suppression_under_attack"]["holds"] is None

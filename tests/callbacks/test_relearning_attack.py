@@ -1,0 +1,76 @@
+"""The relearning attack: a recovery curve at every checkpoint (rows once after a resume), the run's own trajectory
+untouched by it, and relearning the forgotten answers raises their memorization."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from callback_fixtures import TEXTS, TinyCausalLM, qa_loader, qa_records
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_unlearn.callbacks import MemorizationEvaluation, RelearningAttack, RetainDriftEvaluation
+from lightning_unlearn.callbacks.checkpoint_metrics_file import read_rows
+
+
+def _trainer(root, max_steps, callbacks):
+    return Trainer(
+        default_root_dir=root, max_steps=max_steps, accelerator="cpu", devices=1, logger=False,
+        callbacks=[ModelCheckpoint(dirpath=root / "ckpt", filename="{step}", every_n_train_steps=2, save_top_k=-1),
+                   *callbacks],
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+    )  # fmt: skip
+
+
+def _evaluators():
+    return [
+        MemorizationEvaluation({"forget": qa_records()[:2]}, extraction=False),
+        RetainDriftEvaluation(qa_records()[2:], batch_size=2),
+    ]
+
+
+def test_a_recovery_curve_at_every_checkpoint_once_after_a_resume_and_the_run_untouched(tiny_dir, tmp_path):
+    # the mechanism on the tiny model: relearn the measured answers themselves (a real attack relearns held-out data)
+    relearn = [{"prompt": p, "answer": a} for p, a in TEXTS[:2]]
+
+    def attacked(root, max_steps, ckpt=None):
+        module = TinyCausalLM(str(tiny_dir), lora=True, lr=1.0)
+        attack = RelearningAttack(relearn, steps=[3, 1], lr=5e-3, batch_size=2)
+        _trainer(root, max_steps, [*_evaluators(), attack]).fit(module, qa_loader(module.tokenizer), ckpt_path=ckpt)
+
+    torch.manual_seed(0)
+    root = tmp_path / "attacked"
+    attacked(root, 6)  # "crashes" after step 6, resumed from step 4
+    attacked(root, 8, str(root / "ckpt" / "step=4.ckpt"))
+    rows = read_rows(next(root.rglob("checkpoint_metrics.jsonl")))
+    keys = [(r["step"], r["family"]) for r in rows]
+    assert len(keys) == len(set(keys))
+    curve = {r["step"]: r for r in rows if r["family"] == "relearning_attack"}
+    memo = {r["step"]: r for r in rows if r["family"] == "memorization"}
+    assert sorted(curve) == sorted(memo) and len(curve) >= 3
+    for step, row in curve.items():
+        assert set(row) >= {"after_1", "after_3"} and row["records"] == 2
+        # three steps of relearning the answers bring their probability up (a step alone can overshoot)
+        before = memo[step]["forget"]["prob"]
+        assert row["after_3"]["memorization"]["forget"]["prob"] > before, step
+        assert row["after_1"]["memorization"]["forget"]["prob"] != before  # the curve moves at its first point
+        assert "kl" in row["after_3"]["retain_drift"]  # the adapter relearned: its base pass is still the base
+    # the same run without the attack: the same trajectory, row for row (the attack put every weight back)
+    torch.manual_seed(0)
+    plain = tmp_path / "plain"
+    module = TinyCausalLM(str(tiny_dir), lora=True, lr=1.0)
+    _trainer(plain, 6, _evaluators()).fit(module, qa_loader(module.tokenizer))
+    plain_rows = {(r["step"], r["family"]): r for r in read_rows(next(plain.rglob("checkpoint_metrics.jsonl")))}
+    for (step, family), row in plain_rows.items():
+        mine = next(r for r in rows if r["step"] == step and r["family"] == family)
+        if family == "memorization":
+            assert mine["forget"]["prob"] == pytest.approx(row["forget"]["prob"], rel=1e-6)
+        else:
+            assert mine["ce"] == pytest.approx(row["ce"], rel=1e-6) and mine["kl"] == pytest.approx(row["kl"], rel=1e-6)
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="steps=\\[0\\]"):
+        RelearningAttack([{"prompt": "a", "answer": "b"}], steps=[0])
+    with pytest.raises(ValueError, match="lr=0"):
+        RelearningAttack([{"prompt": "a", "answer": "b"}], lr=0)
