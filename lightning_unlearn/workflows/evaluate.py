@@ -355,7 +355,7 @@ def _validate(
         def before_validate(self) -> None:
             from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
             from lightning_unlearn.callbacks.checkpoint_metrics_file import use_run_output_dir
-            from lightning_unlearn.callbacks.quantization_attack import QuantizationAttack
+            from lightning_unlearn.callbacks.quantization_attack import EvaluatorAttack
 
             trainer = self.trainer
             use_run_output_dir(trainer, run_dir)
@@ -376,7 +376,7 @@ def _validate(
                     self.families.append(cb.family_name)
                 kept.append(cb)
             for cb in kept:  # an attack runs the run's evaluators under it, those whose own rows exist too
-                if isinstance(cb, QuantizationAttack):
+                if isinstance(cb, EvaluatorAttack):
                     cb.besides = dropped
             if saved.kind == "merged":
                 kept.insert(0, MergedWeights())
