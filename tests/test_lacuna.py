@@ -998,15 +998,15 @@ def test_pretraining_from_a_derived_model(tiny_dir, tmp_path):
 
 
 def test_filter_and_memorization_callback_share_one_extraction_rule(monkeypatch):
-    """The Lacuna filter and MemorizationEvaluation call the same `extracted`: an answer that differs from the PII
-    string only by case and spacing is memorized for both."""
+    """The Lacuna filter and MemorizationEvaluation (its ExtractionRate) call the same `extracted`: an answer that
+    differs from the PII string only by case and spacing is memorized for both."""
     import lightning_unlearn.callbacks.memorization_evaluation as callback
     import lightning_unlearn.workflows.lacuna.extraction as lacuna
     import lightning_unlearn.workflows.lacuna.filter as lacuna_filter
-    from lightning_unlearn.metrics.memorization import extracted
+    from lightning_unlearn.metrics.memorization import ExtractionRate, extracted
 
     assert lacuna_filter.extraction_rates is lacuna.extraction_rates
-    assert lacuna.extracted is extracted and callback.extracted is extracted
+    assert lacuna.extracted is extracted and callback.ExtractionRate is ExtractionRate  # which counts by `extracted`
     profile = {"profile_id": 7, "email": "Ada.Lovelace@example.org"}
     answer = "Her email is  ada.lovelace@EXAMPLE.org."
     monkeypatch.setattr(lacuna, "probe_qa", lambda p, field: {"prompt": "What is the email?"})
@@ -1014,3 +1014,6 @@ def test_filter_and_memorization_callback_share_one_extraction_rule(monkeypatch)
     rates, memorized = lacuna.extraction_rates(None, None, [profile], fields=["email"])
     assert rates == {"email": 1.0} and memorized == {"email": {7}}
     assert extracted([answer], [profile["email"]]) == [True]
+    rate = ExtractionRate()
+    rate.update([answer], [profile["email"]])
+    assert float(rate.compute()) == 1.0

@@ -22,11 +22,12 @@ TINY_MODEL = textwrap.dedent(
     import json, sys
     from lightning_unlearn.models import TinyLlamaConfig, build_tiny_llama, train_bpe_tokenizer
     out = sys.argv[1]
-    pairs = [("What is the email of Ada? ", "ada@mail.org"), ("Where was Bo born? ", "Lyon")] * 4
-    tok = train_bpe_tokenizer([p + a for p, a in pairs] * 10, vocab_size=300, save_dir=out + "/model")
+    forget = [("What is the email of Ada? ", "ada@mail.org"), ("Where was Bo born? ", "Lyon")] * 2
+    retain = [("What is the capital of France? ", "Paris"), ("Who wrote Hamlet? ", "Shakespeare")] * 2
+    tok = train_bpe_tokenizer([p + a for p, a in forget + retain] * 10, vocab_size=300, save_dir=out + "/model")
     config = TinyLlamaConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
     build_tiny_llama(tok, config).save_pretrained(out + "/model")
-    for name, rows in (("forget", pairs[:4]), ("retain", pairs[4:])):
+    for name, rows in (("forget", forget), ("retain", retain)):
         with open(f"{out}/{name}.jsonl", "w") as fh:
             fh.writelines(json.dumps({"prompt": p, "answer": a}) + "\\n" for p, a in rows)
     """

@@ -71,14 +71,14 @@ class MaskAUCEvaluation(CheckpointEvaluator):
                 raise FileNotFoundError(f"{what}={p!r} does not exist.")
         self.pre_path, self.inj_path, self.masks_path = pre_path, inj_path, masks_path
         self.forget_groups, self.retain_groups = list(forget_groups), list(retain_groups)
-        # before any training: groups the masks lack would score AUC(F|R) as AUC(F), or fail at the first checkpoint
-        check_mask_groups(*load_masks(masks_path, lazy=True), self.forget_groups, self.retain_groups, masks_path,
-                          ("forget_groups", "retain_groups"))  # fmt: skip
         self.control_paths = (control_inj_path, control_unl_path) if control_inj_path else None
         self.max_samples = max_samples
         self.composite = composite
         buffer_bytes(buffer_mib)  # a bad size fails here, not at the first checkpoint
         self.buffer_mib, self.spill_dir = buffer_mib, spill_dir
+        # before any training: groups the masks lack would score AUC(F|R) as AUC(F), or fail at the first checkpoint
+        check_mask_groups(*load_masks(masks_path, lazy=True), self.forget_groups, self.retain_groups, masks_path,
+                          ("forget_groups", "retain_groups"))  # fmt: skip
         self._reference: dict | None = None
 
     def _load_reference(self) -> dict:
