@@ -24,7 +24,7 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
-from lightning_unlearn.configs.parse_errors import parse_error_line
+from lightning_unlearn.configs.parse_errors import exit_in_one_line
 from lightning_unlearn.console import quiet_third_party
 
 # Non-Trainer commands: name -> ("module:function", one-line description). The function takes the remaining argv;
@@ -117,10 +117,7 @@ class _OneLineErrorParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error:
             return super().error(message, ex)
-        parser = getattr(ex, "subcommand_parser", None) or self
-        prog = " ".join(["lightning-unlearn", *parser.prog.replace(" [options]", "").split()[1:]])
-        sys.stderr.write(f"{prog}: error: {parse_error_line(message, parser)} (`{prog} --help` lists the options)\n")
-        raise SystemExit(2)
+        exit_in_one_line(self, message, ex)
 
 
 class UnlearnCLI(LightningCLI):

@@ -7,6 +7,7 @@ import contextlib
 import difflib
 import importlib
 import re
+import sys
 
 from lightning_unlearn.configs import init_parameters
 
@@ -56,3 +57,12 @@ def parse_error_line(message: str, parser) -> str:
         return f"{key} is not an option" + (f"; did you mean {close[0]}?" if close else "")
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     return " ".join(lines[:2])[:400] if lines else message
+
+
+def exit_in_one_line(parser, message: str, ex: Exception | None = None):
+    """What a ``lightning-unlearn`` parser's ``error`` does: one line on stderr (:func:`parse_error_line`, the command
+    named as the user typed it, ``--help`` for the usage) and exit status 2."""
+    parser = getattr(ex, "subcommand_parser", None) or parser
+    prog = " ".join(["lightning-unlearn", *parser.prog.replace(" [options]", "").split()[1:]])
+    sys.stderr.write(f"{prog}: error: {parse_error_line(message, parser)} (`{prog} --help` lists the options)\n")
+    raise SystemExit(2)

@@ -10,13 +10,12 @@ returns with :func:`print_result`. Required parameters are positional unless key
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, get_args, get_origin
 
 from jsonargparse import ArgumentParser
 
-from lightning_unlearn.configs.parse_errors import parse_error_line
+from lightning_unlearn.configs.parse_errors import exit_in_one_line
 from lightning_unlearn.distributed import world
 
 
@@ -36,10 +35,7 @@ class CommandParser(ArgumentParser):
         """One line on stderr naming the key, the value and the fix (``--help`` has the usage), exit status 2."""
         if not self.exit_on_error:
             return super().error(message, ex)
-        parser = getattr(ex, "subcommand_parser", None) or self
-        prog = " ".join(["lightning-unlearn", *parser.prog.replace(" [options]", "").split()[1:]])
-        sys.stderr.write(f"{prog}: error: {parse_error_line(message, parser)} (`{prog} --help` lists the options)\n")
-        raise SystemExit(2)
+        exit_in_one_line(self, message, ex)
 
 
 def print_result(result: Any) -> None:
