@@ -143,3 +143,16 @@ def write_lacuna_weights(tiny_dir, root) -> dict:
         "masks": str(root / "masks.safetensors"),
         "root": root,
     }
+
+
+def checkpointing_trainer(root, max_steps: int, callbacks) -> Trainer:
+    """A CPU Trainer saving ``root/ckpt/step=N.ckpt`` every 2 steps, no logger, bar or validation loop."""
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    return Trainer(
+        default_root_dir=root, max_steps=max_steps, accelerator="cpu", devices=1, logger=False,
+        callbacks=[ModelCheckpoint(dirpath=root / "ckpt", filename="{step}", every_n_train_steps=2, save_top_k=-1),
+                   *callbacks],
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+    )  # fmt: skip

@@ -7,9 +7,8 @@ import copy
 
 import pytest
 import torch
-from callback_fixtures import PROMPTS, StubLabeler, TinyCausalLM, qa_loader, qa_records
+from callback_fixtures import PROMPTS, StubLabeler, TinyCausalLM, checkpointing_trainer, qa_loader, qa_records
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_unlearn.callbacks import QuantizationAttack, RetainDriftEvaluation, SCEEvaluation
 from lightning_unlearn.callbacks.checkpoint_metrics_file import read_rows
@@ -52,15 +51,6 @@ def test_the_lora_merged_weight_is_rounded_and_every_weight_restored(tiny_dir):
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # restored exactly
 
 
-def _trainer(root, max_steps, callbacks):
-    return Trainer(
-        default_root_dir=root, max_steps=max_steps, accelerator="cpu", devices=1, logger=False,
-        callbacks=[ModelCheckpoint(dirpath=root / "ckpt", filename="{step}", every_n_train_steps=2, save_top_k=-1),
-                   *callbacks],
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-    )  # fmt: skip
-
-
 def _callbacks(out=None):
     kw = {} if out is None else {"output_dir": str(out)}
     return [
@@ -74,9 +64,9 @@ def test_attack_rows_at_every_checkpoint_once_after_a_resume_and_again_from_vali
     torch.manual_seed(0)
     root = tmp_path / "run"
     module = TinyCausalLM(str(tiny_dir), lora=True, lr=1.0)
-    _trainer(root, 6, _callbacks()).fit(module, qa_loader(module.tokenizer))  # "crashes" after step 6
+    checkpointing_trainer(root, 6, _callbacks()).fit(module, qa_loader(module.tokenizer))  # "crashes" after step 6
     module2 = TinyCausalLM(str(tiny_dir), lora=True, lr=1.0)
-    _trainer(root, 8, _callbacks()).fit(
+    checkpointing_trainer(root, 8, _callbacks()).fit(
         module2, qa_loader(module2.tokenizer), ckpt_path=str(root / "ckpt" / "step=4.ckpt")
     )
     rows = read_rows(next(root.rglob("checkpoint_metrics.jsonl")))

@@ -5,21 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from callback_fixtures import TEXTS, TinyCausalLM, qa_loader, qa_records
-from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from callback_fixtures import TEXTS, TinyCausalLM, checkpointing_trainer, qa_loader, qa_records
 
 from lightning_unlearn.callbacks import MemorizationEvaluation, RelearningAttack, RetainDriftEvaluation
 from lightning_unlearn.callbacks.checkpoint_metrics_file import read_rows
-
-
-def _trainer(root, max_steps, callbacks):
-    return Trainer(
-        default_root_dir=root, max_steps=max_steps, accelerator="cpu", devices=1, logger=False,
-        callbacks=[ModelCheckpoint(dirpath=root / "ckpt", filename="{step}", every_n_train_steps=2, save_top_k=-1),
-                   *callbacks],
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-    )  # fmt: skip
 
 
 def _evaluators():
@@ -36,7 +25,9 @@ def test_a_recovery_curve_at_every_checkpoint_once_after_a_resume_and_the_run_un
     def attacked(root, max_steps, ckpt=None):
         module = TinyCausalLM(str(tiny_dir), lora=True, lr=1.0)
         attack = RelearningAttack(relearn, steps=[3, 1], lr=5e-3, batch_size=2)
-        _trainer(root, max_steps, [*_evaluators(), attack]).fit(module, qa_loader(module.tokenizer), ckpt_path=ckpt)
+        checkpointing_trainer(root, max_steps, [*_evaluators(), attack]).fit(
+            module, qa_loader(module.tokenizer), ckpt_path=ckpt
+        )
 
     torch.manual_seed(0)
     root = tmp_path / "attacked"
@@ -59,7 +50,7 @@ def test_a_recovery_curve_at_every_checkpoint_once_after_a_resume_and_the_run_un
     torch.manual_seed(0)
     plain = tmp_path / "plain"
     module = TinyCausalLM(str(tiny_dir), lora=True, lr=1.0)
-    _trainer(plain, 6, _evaluators()).fit(module, qa_loader(module.tokenizer))
+    checkpointing_trainer(plain, 6, _evaluators()).fit(module, qa_loader(module.tokenizer))
     plain_rows = {(r["step"], r["family"]): r for r in read_rows(next(plain.rglob("checkpoint_metrics.jsonl")))}
     for (step, family), row in plain_rows.items():
         mine = next(r for r in rows if r["step"] == step and r["family"] == family)
