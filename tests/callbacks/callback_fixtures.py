@@ -145,7 +145,7 @@ def write_lacuna_weights(tiny_dir, root) -> dict:
     }
 
 
-def checkpointing_trainer(root, max_steps: int, callbacks) -> Trainer:
+def checkpointing_trainer(root, max_steps: int, callbacks):
     """A CPU Trainer saving ``root/ckpt/step=N.ckpt`` every 2 steps, no logger, bar or validation loop."""
     from lightning.pytorch import Trainer
     from lightning.pytorch.callbacks import ModelCheckpoint
