@@ -9,6 +9,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One thread per process, subprocesses included (they inherit it): the suite runs one pytest-xdist worker per core, so
+# every process shares its core with others, and a two-thread process then waits for its descheduled thread at each
+# op (measured: the tiny chain's greedy filter 8.3 s with two threads beside one busy process, 0.25 s with one).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
