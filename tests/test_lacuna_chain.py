@@ -316,6 +316,32 @@ def test_a_pretrain_overlay_follows_the_pretraining_config_and_is_recorded(tmp_p
         run_chain(str(tmp_path / "x"), size="tiny", pretrain_configs=[str(tmp_path / "missing.yaml")])
 
 
+def test_the_stages_share_every_core_or_the_callers_omp_num_threads(tmp_path, monkeypatch):
+    """A caller's OMP_NUM_THREADS (a shared machine; this suite's one thread per process) caps the threads the stages
+    share; unset, or not a whole number, they share every core. Side by side on two cores or more either way."""
+    from lightning_unlearn.workflows.lacuna import chain
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def run(self, todo):
+        seen.append((self.parallel, self.threads))
+        raise Stop  # the first stage's budget is what is checked; nothing trains
+
+    monkeypatch.setattr(chain._Stages, "run", run)
+    monkeypatch.setattr(chain.os, "cpu_count", lambda: 8)
+    for i, limit in enumerate(["1", "3", "16", "", "4,2", None]):
+        if limit is None:
+            monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        else:
+            monkeypatch.setenv("OMP_NUM_THREADS", limit)
+        with pytest.raises(Stop):
+            run_chain(str(tmp_path / f"w{i}"), size="tiny", log=[].append)
+    assert seen == [(True, 1), (True, 3), (True, 8), (True, 8), (True, 8), (True, 8)]
+
+
 def test_a_workdir_from_before_instruct_overlays_is_still_reused(tmp_path):
     from lightning_unlearn.workflows.lacuna.chain import _check_provenance
 

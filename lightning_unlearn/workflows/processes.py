@@ -53,6 +53,14 @@ def run(cmd: Sequence[str], **kwargs) -> int:
     return spawn(cmd, **kwargs).wait()
 
 
+def thread_budget() -> int:
+    """The threads this process's stages may use between them: every core, or fewer where the caller set
+    ``OMP_NUM_THREADS`` to a whole number (a machine it shares, a test suite of one process per core)."""
+    cores = os.cpu_count() or 1
+    limit = os.environ.get("OMP_NUM_THREADS", "")
+    return min(cores, int(limit)) if limit.isdigit() and int(limit) > 0 else cores
+
+
 def stage_env(threads: int | None = None) -> dict[str, str]:
     """The environment of a stage subprocess: this process's without :data:`RANK_VARIABLES`; with ``threads``, that
     many OpenMP / MKL threads (stages side by side share the cores); tokenizers without a thread pool of their own;

@@ -197,7 +197,7 @@ class _Stages:
     workdir: Path
     log: Callable[[str], None]
     parallel: bool
-    cores: int
+    threads: int  # what the stages running at a time share (processes.thread_budget)
 
     def note(self, message: str) -> None:
         """A progress line of the chain."""
@@ -237,7 +237,7 @@ class _Stages:
         """
         procs = []
         begun = time.time()
-        threads = max(1, self.cores // max(1, len(stages))) if self.parallel else self.cores
+        threads = max(1, self.threads // max(1, len(stages))) if self.parallel else self.threads
         to_terminal = sys.stdout.isatty()
         for i, (name, cmd, root) in enumerate(stages):
             root.mkdir(parents=True, exist_ok=True)
@@ -459,7 +459,7 @@ def run_chain(
     )
     started = time.time()
     cores = os.cpu_count() or 1
-    stages = _Stages(w, log, cores >= 2 if parallel is None else parallel, cores)
+    stages = _Stages(w, log, cores >= 2 if parallel is None else parallel, processes.thread_budget())
     data_args = [*data_dir, *preset.get("data", [])]
     pre_model = _pretrain(stages, preset, data_args, base, pretrain_overlays)
     _inject(stages, pre_model, data_args, preset["inject"], masked_overlays, overlays, control)

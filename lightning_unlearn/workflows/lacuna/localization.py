@@ -315,7 +315,7 @@ class _Jobs:
 
     def __init__(self, parallel: int, in_process: bool, log: Callable[[str], None]) -> None:
         self.parallel = max(1, parallel)
-        self.threads = max(1, (os.cpu_count() or 1) // self.parallel)
+        self.threads = max(1, processes.thread_budget() // self.parallel)
         self.in_process = in_process
         self.log = log
 
@@ -651,7 +651,8 @@ def run_localization(
         k: sampled continuations per forget prompt in the attack (Lacuna: 200).
         relearn_epochs: epochs of the attack's relearning (the instruction tuning's 10).
         seed: seed of the attack's relearning and sampling.
-        parallel: runs at a time (subprocesses of ``cores / parallel`` threads each).
+        parallel: runs at a time (subprocesses of ``cores / parallel`` threads each; ``OMP_NUM_THREADS``, where set,
+            caps the cores).
         in_process: run everything in this process, one after the other (tests).
         out_dir: where runs and the report go; default ``<workdir>/localization``.
         log: progress lines.
