@@ -33,6 +33,8 @@ def parse_error_line(message: str, parser) -> str:
         typename, value = expected[0][0].rsplit(".", 1)[-1], expected[0][1].strip()
         flag = f"--{keys[0]}" + (".init_args." + ".".join(keys[1:]) if len(keys) > 1 else "")
         article = "an" if typename[0] in "aeiou" else "a"
+        if typename == "float" and value.lower().lstrip("+-") in ("nan", "inf", "infinity"):
+            return f"{flag}: {value!r} is not a finite number; give a finite float there"
         return f"{flag}: {value!r} is not {article} {typename}; give {article} {typename} there"
     union = re.search(r"Subtypes: \[(.*)\][\s\S]*Given value: (.*)", message)
     if union and len(keys) == 1 and "given class_path" not in message:  # a plain value that fits none of its types

@@ -2,9 +2,10 @@
 
 Each case runs ``lightning-unlearn`` in a fresh directory holding only what the case wrote there; afterwards stderr's
 last line must name the problem, no stderr line may start a traceback, and the directory must be byte-for-byte as
-before (no ``run/``, no logger version, no lock). The cases call the command's ``main`` in this process (what the
-interpreter does with the ``SystemExit`` it raises, exit status and message on stderr, is done here as Python does
-it);     one of them also runs as a real subprocess, the command line end to end.
+before (no ``run/``, no logger version, no lock). Each case is its own process (``tests/cli_processes.py``: a child
+forked from one interpreter that imported torch, Lightning and transformers once, running ``python -m
+lightning_unlearn.cli`` as the interpreter does, exit status and stderr included); one of them also runs from a cold
+start, the command line end to end.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 # Imported at collection, not inside a test: Lightning's loggers keep the stderr of the moment they are first
 # imported, and a test's captured stderr is closed when that test ends.
 from lightning_unlearn.cli import main
+from tests.cli_processes import CommandProcesses
 
 CLI = [sys.executable, "-m", "lightning_unlearn.cli"]
 
@@ -400,6 +402,28 @@ CASES = {
         {"f.jsonl": '{"prompt": "Who?", "answer": ["Alice", "Bob"]}\n'},
         r"forget set record 0 of 'f\.jsonl' has 'answer' = \['Alice', 'Bob'\], a list; it must be text",
     ),
+    "a suite file with a level key twice": (
+        lambda tb: [*CLI, "lens", "suite", "check", "us-abandons-taiwan.json"],
+        {"us-abandons-taiwan.json": lambda tb: _suite_with_l0_twice()},
+        r"us-abandons-taiwan\.json:\d+: key 'L0' is given twice in languages\.en\.prompts; JSON would keep only the "
+        r"last value: merge them into one\.",
+    ),
+    "a prompt that is an object": (
+        lambda tb: [*_fit(tb), "--data.init_args.forget_path", "f.jsonl"],
+        {"f.jsonl": '{"prompt": {"text": "Who?"}, "answer": "Alice"}\n'},
+        r"forget set record 0 of 'f\.jsonl' has 'prompt' = \{'text': 'Who\?'\}, a dict; it must be text",
+    ),
+    "max_steps given twice": (
+        lambda tb: [*_fit(tb), "-c", "ms.yaml"],
+        {"ms.yaml": "trainer:\n  max_steps: 2\n  max_steps: 3\n"},
+        r"ms\.yaml:3:3: key 'max_steps' is given twice in one mapping \(first on line 2\); YAML would keep only "
+        r"the last",
+    ),
+    "a nan learning rate on the command line": (
+        lambda tb: [*_fit(tb), "--model.init_args.optim.lr", "nan"],
+        {},
+        r"--model\.init_args\.optim\.lr: 'nan' is not a finite number; give a finite float there",
+    ),
     "a record with a key twice": (
         lambda tb: [*_fit(tb), "--data.init_args.forget_path", "f.jsonl"],
         {"f.jsonl": '{"prompt": "Who?", "answer": "Alice", "answer": "Bob"}\n'},
@@ -408,28 +432,28 @@ CASES = {
 }
 
 
+def _suite_with_l0_twice() -> str:
+    """The shipped Taiwan suite with a second ``"L0"`` list written before the first (JSON keeps only the last)."""
+    from importlib.resources import files
+
+    text = files("lightning_unlearn.data").joinpath("suites/us-abandons-taiwan.json").read_text(encoding="utf-8")
+    return text.replace('"L0": [', '"L0": ["A first block."],\n    "L0": [', 1)
+
+
 def _snapshot(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
             for p in sorted(folder.rglob("*"))}  # fmt: skip
 
 
-def _in_process(argv: list[str], cwd: Path, monkeypatch, capfd) -> subprocess.CompletedProcess:
-    """``argv`` (a command line starting with ``CLI``) through ``main`` in this process, in ``cwd``: the exit status
-    and stderr the interpreter would give (a ``SystemExit`` message is printed to stderr with status 1). Any other
-    exception propagates and fails the test with its traceback."""
-    assert argv[: len(CLI)] == CLI, argv
-    capfd.readouterr()
-    with monkeypatch.context() as patch:
-        patch.chdir(cwd)
-        try:
-            main(argv[len(CLI) :])
-            code = 0
-        except SystemExit as exit_:
-            code = exit_.code
-    out, err = capfd.readouterr()
-    if isinstance(code, str):
-        err, code = f"{err}{code}\n", 1
-    return subprocess.CompletedProcess(argv, 0 if code is None else code, out, err)
+@pytest.fixture(scope="module")
+def cli():
+    """Runs a ``CLI`` command line as its own process (forked from a preloaded interpreter) in a folder."""
+    processes = CommandProcesses(
+        "lightning_unlearn.cli", ["lightning_unlearn.cli", "lightning_unlearn.objectives", "peft"],
+        {"HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"},
+    )  # fmt: skip
+    yield processes.run
+    processes.close()
 
 
 def _as_subprocess(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -456,8 +480,8 @@ def _check_a_mistake(testbed, tmp_path, name, run) -> None:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_a_mistake_is_one_line_and_leaves_nothing(testbed, tmp_path, name, monkeypatch, capfd):
-    _check_a_mistake(testbed, tmp_path, name, lambda argv, cwd: _in_process(argv, cwd, monkeypatch, capfd))
+def test_a_mistake_is_one_line_and_leaves_nothing(testbed, tmp_path, name, cli):
+    _check_a_mistake(testbed, tmp_path, name, cli)
 
 
 def test_a_mistake_from_a_real_command_line_is_one_line_and_leaves_nothing(testbed, tmp_path):
@@ -466,9 +490,9 @@ def test_a_mistake_from_a_real_command_line_is_one_line_and_leaves_nothing(testb
     _check_a_mistake(testbed, tmp_path, "a checkpoint that does not exist", _as_subprocess)
 
 
-def test_configs_copy_into_a_folder_path_creates_the_folder(tmp_path, monkeypatch, capfd):
+def test_configs_copy_into_a_folder_path_creates_the_folder(tmp_path, cli):
     for destination in ("newdir/", "other"):
-        proc = _in_process([*CLI, "configs", "copy", "lens/npo.yaml", destination], tmp_path, monkeypatch, capfd)
+        proc = cli([*CLI, "configs", "copy", "lens/npo.yaml", destination], tmp_path)
         assert proc.returncode == 0, proc.stderr[-2000:]
         folder = tmp_path / destination.rstrip("/")
         assert folder.is_dir() and (folder / "npo.yaml").read_text(encoding="utf-8").startswith("#")
@@ -574,11 +598,11 @@ def _used(folder: Path) -> int:
 
 
 @pytest.mark.skipif(sys.platform != "linux" or os.geteuid() != 0, reason="mounting a small tmpfs needs root on Linux")
-def test_a_full_disk_during_a_checkpoint_is_one_line_and_keeps_the_last_good_checkpoint(testbed, tmp_path, capfd):
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_keeps_the_last_good_checkpoint(testbed, tmp_path, cli):
     """A real small file system (tmpfs), not a mock: torch's writer fails there with a RuntimeError of its zip
     writer ("unexpected pos"), which must reach the user as the disk being full."""
     measure = tmp_path / "measure"
-    main(_fit_argv(testbed, measure, 10))
+    assert cli([*CLI, *_fit_argv(testbed, measure, 10)], tmp_path).returncode == 0
     (ckpt,) = measure.rglob("step=10.ckpt")
     # room for everything the first ten steps write and half the next checkpoint
     size_kib = (_used(measure) + ckpt.stat().st_size // 2) // 1024 + 8
@@ -589,17 +613,15 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_keeps_the_last_good_che
     if mounted.returncode != 0:
         pytest.skip(f"this machine cannot mount a tmpfs ({mounted.stderr.strip()}); the mocked test covers the rest")
     try:
-        capfd.readouterr()
-        with pytest.raises(SystemExit) as failed:
-            main(_fit_argv(testbed, disk / "run", 20))
-        message = str(failed.value.code)
-        assert "No space left on device" in message and "the last complete checkpoint is kept" in message, message
-        assert "\n" not in message and "Traceback" not in capfd.readouterr().err
+        failed = cli([*CLI, *_fit_argv(testbed, disk / "run", 20)], tmp_path)
+        last = failed.stderr.strip().splitlines()[-1]
+        assert failed.returncode == 1 and "Traceback" not in failed.stderr, failed.stderr[-3000:]
+        assert "No space left on device" in last and "the last complete checkpoint is kept" in last, last
         (kept,) = (disk / "run").rglob("step=10.ckpt")
         assert torch.load(kept, weights_only=False, map_location="cpu")["global_step"] == 10  # whole and loadable
         assert not list((disk / "run").rglob("*.tmp"))
     finally:
-        subprocess.run(["umount", str(disk)], capture_output=True)
+        subprocess.run(["umount", "--lazy", str(disk)], capture_output=True)
 
 
 @pytest.fixture
@@ -619,11 +641,11 @@ def read_only_disk(tmp_path):
         return disk
 
     yield make
-    subprocess.run(["umount", str(disk)], capture_output=True)
+    subprocess.run(["umount", "--lazy", str(disk)], capture_output=True)
 
 
 @pytest.mark.skipif(sys.platform != "linux" or os.geteuid() != 0, reason="mounting a tmpfs needs root on Linux")
-def test_a_read_only_disk_is_one_line_naming_each_commands_own_option(testbed, tmp_path, read_only_disk, capfd):
+def test_a_read_only_disk_is_one_line_naming_each_commands_own_option(testbed, tmp_path, read_only_disk, cli):
     def setup(disk: Path) -> None:  # a run with its config and a checkpoint file, as evaluate looks for them
         (disk / "run").mkdir()
         (disk / "run" / "config.yaml").write_text("model: {}\n")
@@ -631,15 +653,17 @@ def test_a_read_only_disk_is_one_line_naming_each_commands_own_option(testbed, t
 
     disk = read_only_disk(setup)
     before = _snapshot(disk)
-    with pytest.raises(SystemExit) as evaluated:
-        main(["evaluate", str(disk / "run")])
-    assert str(evaluated.value.code).startswith(f"lightning-unlearn evaluate: error: Read-only file system: '{disk}")
-    assert "another run directory" in str(evaluated.value.code)
+    evaluated = cli([*CLI, "evaluate", str(disk / "run")], tmp_path)
+    assert evaluated.returncode == 1 and "Traceback" not in evaluated.stderr, evaluated.stderr[-3000:]
+    last = evaluated.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"lightning-unlearn evaluate: error: Read-only file system: '{disk}"), last
+    assert "another run directory" in last
     sweep = tmp_path / "s.yaml"
     sweep.write_text(_sweep(testbed, str(disk / "sw"), "model.init_args.beta"))
     _fit(testbed)  # writes the sweep's base config
-    with pytest.raises(SystemExit) as swept:
-        main(["sweep", str(sweep)])
-    assert "Read-only file system" in str(swept.value.code) and "the sweep file's root:" in str(swept.value.code)
-    assert "--trainer.default_root_dir" not in str(swept.value.code)
-    assert "Traceback" not in capfd.readouterr().err and _snapshot(disk) == before
+    swept = cli([*CLI, "sweep", str(sweep)], tmp_path)
+    assert swept.returncode == 1 and "Traceback" not in swept.stderr, swept.stderr[-3000:]
+    last = swept.stderr.strip().splitlines()[-1]
+    assert "Read-only file system" in last and "the sweep file's root:" in last
+    assert "--trainer.default_root_dir" not in last
+    assert _snapshot(disk) == before
