@@ -94,6 +94,8 @@ SUBCOMMANDS: dict[str, dict[str, str]] = {
     "attack": {
         "quantize": "The quantization attack on every saved checkpoint of a run (or ``--steps``); rows added to its "
         "metrics file.",
+        "relearn": "The relearning attack on every saved checkpoint of a run (or ``--steps``); rows added to its "
+        "metrics file.",
     },
     "configs": {
         "list": "Print every shipped config (``group``: only ``lens``, ``lacuna``, ``trainer`` or ``sweeps``).",

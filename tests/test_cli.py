@@ -22,6 +22,7 @@ MINIMAL = {
     ("mask-auc",): ["--pre", "pre", "--inj", "inj", "--unl", "unl", "--masks", "masks.safetensors"],
     ("smollm2",): [],
     ("attack", "quantize"): ["runs/npo/trajectory"],
+    ("attack", "relearn"): ["runs/npo/trajectory"],
     ("lens", "baseline"): ["--model", "m", "--narrative", "nato-forced-war", "--language", "en", "--out", "b.jsonl"],
     ("lens", "export"): ["--baseline", "b.jsonl", "--out", "a.csv"],
     ("lens", "import"): ["--baseline", "b.jsonl", "--out", "f.jsonl"],

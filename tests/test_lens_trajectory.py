@@ -541,3 +541,53 @@ def test_attack_quantize_adds_one_row_per_step_to_a_finished_run_and_nothing_on_
         assert row["int4"]["retain_drift"]["ce"] != plain["ce"]  # the rounding changed the model
     attack_main(["quantize", str(run), "--bits", "[4]", "--group_size", "16"])
     assert _rows(run / "checkpoint_metrics.jsonl") == after
+
+
+def test_attack_relearn_adds_a_recovery_curve_per_step_and_nothing_on_a_rerun(trajectory, tmp_path):
+    """`attack relearn` on a copy of the finished LoRA run (under `evaluate`'s inference mode, where the relearning
+    must still record gradients): one `relearning_attack` row per saved step with the evaluators after 1 and 2 steps;
+    the run's own rows unchanged; a re-run adds nothing."""
+    import shutil
+
+    from lightning_unlearn.workflows.attack import main as attack_main
+
+    run = tmp_path / "run"
+    shutil.copytree(trajectory / "npo" / "trajectory", run)
+    before = _rows(run / "checkpoint_metrics.jsonl")
+    records = tmp_path / "related.jsonl"
+    records.write_text(json.dumps({"prompt": "What is said about the alliance?", "answer": "It forced the war."})
+                       + "\n", encoding="utf-8")  # fmt: skip
+    argv = ["relearn", str(run), "--records", str(records), "--relearn_steps", "[1, 2]", "--lr", "1e-2"]
+    attack_main(argv)
+    after = _rows(run / "checkpoint_metrics.jsonl")
+    curves = {r["step"]: r for r in after if r["family"] == "relearning_attack"}
+    assert sorted(curves) == sorted({r["step"] for r in before})
+    assert [r for r in after if r["family"] != "relearning_attack"] == before
+    for step, row in curves.items():
+        assert set(row) >= {"after_1", "after_2"} and row["records"] == 1
+        plain = next(r for r in before if r["step"] == step and r["family"] == "retain_drift")
+        assert row["after_2"]["retain_drift"]["ce"] != plain["ce"]  # the relearned adapter moved the model
+    attack_main(argv)
+    assert _rows(run / "checkpoint_metrics.jsonl") == after
+
+
+def test_attack_relearn_defaults_to_the_baseline_reproductions_outside_the_forget_sets_levels(tmp_path):
+    from lightning_unlearn.workflows.attack import held_out_records
+
+    baseline = tmp_path / "baseline.jsonl"
+    rows = [("L0", "Reproduced"), ("L1", "Reproduced"), ("L1", "Not-reproduced"), ("L2", "Reproduced")]
+    baseline.write_text("".join(json.dumps({"id": f"{lv}/{i}", "level": lv, "label": label, "prompt": f"q{i}",
+                                            "answer": f"a{i}"}) + "\n" for i, (lv, label) in enumerate(rows)))  # fmt: skip
+    forget = tmp_path / "forget.jsonl"
+    forget.write_text(json.dumps({"prompt": "q0", "answer": "a0"}) + "\n")
+    meta = {"kind": "lens-forget-set", "levels": ["L0"], "baseline": str(baseline)}
+    (tmp_path / "forget.meta.json").write_text(json.dumps(meta))
+    config = tmp_path / "config.yaml"
+    config.write_text(f"data:\n  init_args:\n    forget_path: {forget}\n")
+    assert [r["id"] for r in held_out_records(config)] == ["L1/1", "L2/3"]  # reproductions, not at L0
+    (tmp_path / "forget.meta.json").write_text(json.dumps({**meta, "levels": ["L0", "L1", "L2"]}))
+    with pytest.raises(ValueError, match="no reproduction outside the forget set's levels"):
+        held_out_records(config)
+    (tmp_path / "forget.meta.json").unlink()
+    with pytest.raises(ValueError, match="not a LENS forget set with a baseline.*give --records FILE"):
+        held_out_records(config)

@@ -107,7 +107,9 @@ class RelearningAttack(EvaluatorAttack):
         done, loss = 0, None
         try:
             for target in self.steps:
-                with torch.enable_grad():
+                # `evaluate` and `validate` run the callbacks under inference mode, where enable_grad alone records
+                # nothing
+                with torch.inference_mode(False), torch.enable_grad():
                     while done < target:
                         encoded = encode_batch(pl_module.tokenizer, next(batches), self.max_length, self.chat_template)
                         batch = {k: v.to(device) for k, v in encoded.items()}
