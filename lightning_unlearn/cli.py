@@ -46,7 +46,8 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "attack": (
         "lightning_unlearn.workflows.attack:main",
-        "Attacks on a finished run's checkpoints: quantize (its weights rounded to int8 / int4).",
+        "Attacks on a finished run's checkpoints: quantize (its weights rounded to int8 / int4), relearn (a few "
+        "fine-tuning steps on related text).",
     ),
     "mask-auc": (
         "lightning_unlearn.workflows.report:mask_auc_main",

@@ -576,8 +576,9 @@ def test_attack_relearn_defaults_to_the_baseline_reproductions_outside_the_forge
 
     baseline = tmp_path / "baseline.jsonl"
     rows = [("L0", "Reproduced"), ("L1", "Reproduced"), ("L1", "Not-reproduced"), ("L2", "Reproduced")]
-    baseline.write_text("".join(json.dumps({"id": f"{lv}/{i}", "level": lv, "label": label, "prompt": f"q{i}",
-                                            "answer": f"a{i}"}) + "\n" for i, (lv, label) in enumerate(rows)))  # fmt: skip
+    records = [{"id": f"{lv}/{i}", "level": lv, "label": label, "prompt": f"q{i}", "answer": f"a{i}"}
+               for i, (lv, label) in enumerate(rows)]  # fmt: skip
+    baseline.write_text("".join(json.dumps(r) + "\n" for r in records))
     forget = tmp_path / "forget.jsonl"
     forget.write_text(json.dumps({"prompt": "q0", "answer": "a0"}) + "\n")
     meta = {"kind": "lens-forget-set", "levels": ["L0"], "baseline": str(baseline)}
