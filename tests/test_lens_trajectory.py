@@ -569,6 +569,19 @@ def test_attack_relearn_adds_a_recovery_curve_per_step_and_nothing_on_a_rerun(tr
         assert row["after_2"]["retain_drift"]["ce"] != plain["ce"]  # the relearned adapter moved the model
     attack_main(argv)
     assert _rows(run / "checkpoint_metrics.jsonl") == after
+    # the report draws before / after the attack and tabulates it at the selected checkpoint
+    from lightning_unlearn.workflows.report import report_command
+
+    report_command([str(run)], out=str(tmp_path / "report"))
+    assert (tmp_path / "report" / "attacks.png").stat().st_size > 0
+    table = (tmp_path / "report" / "attacks.md").read_text(encoding="utf-8")
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text(encoding="utf-8"))
+    (selected,) = [s["suppression_tradeoff"]["step"] for s in summary.values()]
+    assert f"step {selected} (the selected checkpoint)" in table
+    lines = [line for line in table.splitlines() if line.startswith(("| full precision", "| relearn"))]
+    assert [line.split(" | ")[0] for line in lines] == ["| full precision", "| relearn 1", "| relearn 2"]
+    sce = next(r for r in before if r["step"] == selected and r["family"] == "sce")["pooled"]["sce"]
+    assert lines[0].split(" | ")[1] == f"{sce:.3f}"
 
 
 def test_attack_relearn_defaults_to_the_baseline_reproductions_outside_the_forget_sets_levels(tmp_path):

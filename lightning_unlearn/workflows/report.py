@@ -7,6 +7,9 @@ panels = narrative × language, as in LENS Fig. 3; one ``sce_heatmap-<panel>.png
 ``sce_heatmap.png`` (or one per panel), ``summary.json``, ``summary.md``, ``rows.csv`` (every (run, step,
 family) row, flattened) and ``answers.md`` (each run's L0 answers at its selected checkpoint next to the base
 answers, with their classes, so no number is read without the text behind it) to ``--out`` and prints the table.
+Runs with attack rows (``attack quantize`` / ``attack relearn``, or the attack callbacks) also get ``attacks.png``
+(SCE and the reproduced share at each checkpoint, as trained and under each attack) and ``attacks.md`` (the same at
+the selected checkpoint, before and after each attack).
 
     lightning-unlearn report runs/ga runs/npo --out reports/nato-en --collapse_boundary 0.5
     lightning-unlearn report runs/sweeps/lens_smollm2 --out reports/sweep
@@ -28,6 +31,7 @@ from typing import Literal
 from lightning_unlearn.atomic import write_text_atomically
 from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, read_rows, row_key
 from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_figure, write_json
+from lightning_unlearn.metrics.attacks import attack_table
 from lightning_unlearn.metrics.selection import sce_table, select_from_rows
 from lightning_unlearn.workflows.command import dispatch
 
@@ -204,8 +208,66 @@ def report_command(
     table = markdown_table(summary)
     write_text_atomically(folder / "summary.md", table + "\n")
     write_text_atomically(folder / "answers.md", answers_markdown(summary))
+    attacks = {key: attack_table(run_rows(s["run_dir"]), family) for key, s in summary.items()}
+    attacks = {key: t for key, t in attacks.items() if t}
+    if attacks:
+        fig = attacks_figure(attacks)
+        save_figure(fig, folder / "attacks.png")
+        plt.close(fig)
+        write_text_atomically(folder / "attacks.md", attacks_markdown(attacks, summary))
+        log.info("wrote attacks.png and attacks.md (before / after the attacks of %d run(s))", len(attacks))
     log.info("wrote the heatmap(s), summary.json, summary.md, rows.csv and answers.md to %s", folder)
     return table
+
+
+def _share(reading: Mapping) -> float | None:
+    n, k = reading.get("N"), reading.get("reproduced")
+    return None if not n or k is None else k / n
+
+
+def attacks_figure(attacks: Mapping[str, Mapping[int, Mapping[str, dict]]]):
+    """One row per run: SCE (left) and the share of answers reproducing the narrative (right) at each attacked
+    checkpoint, one line per condition (full precision, each bit width, each number of relearning steps)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(attacks), 2, figsize=(9, 2.6 * len(attacks) + 0.4), squeeze=False)
+    for (name, table), (left, right) in zip(attacks.items(), axes):
+        conditions = list(dict.fromkeys(c for readings in table.values() for c in readings))
+        for condition in conditions:
+            steps = [s for s in table if condition in table[s]]
+            style = dict(marker="o", label=condition, linestyle="-" if condition == "full precision" else "--")
+            left.plot(steps, [table[s][condition]["sce"] for s in steps], **style)
+            right.plot(steps, [_share(table[s][condition]) for s in steps], **style)
+        left.set_title(f"{name}: SCE", fontsize=9)
+        right.set_title(f"{name}: answers reproducing the narrative", fontsize=9)
+        for ax in (left, right):
+            ax.set_xlabel("checkpoint step")
+            ax.set_ylim(-0.02, 1.02)
+        right.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def attacks_markdown(attacks: Mapping[str, Mapping[int, Mapping[str, dict]]], summary: Mapping[str, dict]) -> str:
+    """Each run's readings at its selected (suppression-tradeoff) checkpoint, before and after each attack; the
+    first attacked step where the run's selected one was not attacked."""
+    fmt = lambda v: "–" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
+    parts = []
+    for name, table in attacks.items():
+        selected = (summary[name].get("suppression_tradeoff") or {}).get("step")
+        step = selected if selected in table else next(iter(table))
+        note = "the selected checkpoint" if step == selected else f"not the selected step {selected}: not attacked"
+        parts += [f"## {name}: step {step} ({note})\n", "| weights | SCE | s | g | reproducing | D | retain ΔCE |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for condition, r in table[step].items():
+            reproducing = "–" if r["reproduced"] is None else f"{r['reproduced']}/{r['N']}"
+            cells = (condition, r["sce"], r["s"], r["g"], reproducing, r["D"], r["retain_delta_ce"])
+            parts.append("| " + " | ".join(fmt(v) for v in cells) + " |")
+        parts.append("")
+    return "\n".join(parts)
 
 
 def mask_auc_command(
