@@ -23,20 +23,11 @@ import torch
 from torch import nn
 
 from lightning_unlearn.atomic import write_file_atomically
+from lightning_unlearn.parameter_names import canonical_name
 
 MAX_GROUPS = 32
 NEUTRAL_GROUP = -1
-# peft wraps names as base_model.model.<name> and moves a wrapped Linear's weight to <module>.base_layer.weight.
-_PEFT_PREFIX = re.compile(r"^(base_model\.model\.)")
-_FSDP_WRAPPERS = re.compile(r"(_fsdp_wrapped_module\.|_checkpoint_wrapped_module\.|_orig_mod\.|module\.)")
 _BLOCK = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.(\d+)\.")
-
-
-def canonical_name(name: str) -> str:
-    """A parameter name with peft / FSDP / compile wrapper prefixes removed, so masks match any wrapping."""
-    name = _PEFT_PREFIX.sub("", name)
-    name = _FSDP_WRAPPERS.sub("", name)
-    return name.replace(".base_layer.", ".")
 
 
 def group_bits(groups: int | Iterable[int]) -> int:

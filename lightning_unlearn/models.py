@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lightning_unlearn.masks import canonical_name
+from lightning_unlearn.parameter_names import canonical_name
 
 SPECIAL_TOKENS = {"bos": "<|bos|>", "eos": "<|eos|>", "pad": "<|pad|>", "unk": "<|unk|>"}
 

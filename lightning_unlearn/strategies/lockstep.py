@@ -15,11 +15,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from lightning_unlearn.distributed import local_view
-from lightning_unlearn.masks import MAX_GROUPS, NEUTRAL_GROUP
-from lightning_unlearn.strategies.masked_gradients import decode
+from lightning_unlearn.masks import NEUTRAL_GROUP
+from lightning_unlearn.strategies.masked_gradients import decode, groups_present
 
 
 def select_samples(batch: Any, idx: torch.Tensor, batch_size: int) -> Any:
@@ -34,21 +33,6 @@ def select_samples(batch: Any, idx: torch.Tensor, batch_size: int) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(select_samples(v, idx, batch_size) for v in batch)
     return batch
-
-
-def groups_present(group_ids: torch.Tensor, process_group: Any = None) -> list[int]:
-    """Group ids (−1 first, then ascending) present in ``group_ids`` on any rank of ``process_group``."""
-    present = torch.zeros(MAX_GROUPS + 1, dtype=torch.int64)
-    ids = torch.as_tensor(group_ids).reshape(-1).cpu().long()
-    if ids.numel() and (int(ids.min()) < NEUTRAL_GROUP or int(ids.max()) >= MAX_GROUPS):
-        raise ValueError(f"group_ids must lie in -1..{MAX_GROUPS - 1}, got {sorted(set(ids.tolist()))}.")
-    present[ids + 1] = 1
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1:
-        nccl = dist.get_backend(process_group) == "nccl"
-        buf = present.to(torch.device("cuda", torch.cuda.current_device())) if nccl else present
-        dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=process_group)
-        present = buf.cpu()
-    return [g - 1 for g in range(MAX_GROUPS + 1) if present[g]]
 
 
 def lockstep_masked_backward(

@@ -34,8 +34,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -87,6 +89,21 @@ def decode_union(packed: torch.Tensor, groups: Iterable[int]) -> torch.Tensor:
     bits = sum(1 << g for g in set(groups))
     bits32 = torch.tensor(bits - (1 << 32) * (bits >= 1 << 31), dtype=torch.int32, device=packed.device)
     return (packed.view(torch.int32) & bits32) != 0
+
+
+def groups_present(group_ids: torch.Tensor, process_group: Any = None) -> list[int]:
+    """Group ids (−1 first, then ascending) present in ``group_ids`` on any rank of ``process_group``."""
+    present = torch.zeros(MAX_GROUPS + 1, dtype=torch.int64)
+    ids = torch.as_tensor(group_ids).reshape(-1).cpu().long()
+    if ids.numel() and (int(ids.min()) < NEUTRAL_GROUP or int(ids.max()) >= MAX_GROUPS):
+        raise ValueError(f"group_ids must lie in -1..{MAX_GROUPS - 1}, got {sorted(set(ids.tolist()))}.")
+    present[ids + 1] = 1
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1:
+        nccl = dist.get_backend(process_group) == "nccl"
+        buf = present.to(torch.device("cuda", torch.cuda.current_device())) if nccl else present
+        dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=process_group)
+        present = buf.cpu()
+    return [g - 1 for g in range(MAX_GROUPS + 1) if present[g]]
 
 
 @dataclass
@@ -538,8 +555,6 @@ class MaskedGradients:
             return
         groups = SampleGroups.from_group_ids(group_ids)
         if self.sharded:
-            from lightning_unlearn.strategies.lockstep import groups_present
-
             present = frozenset(groups_present(group_ids, self._group)) - {NEUTRAL_GROUP}
         else:
             present = frozenset(g for g, _ in groups.groups)

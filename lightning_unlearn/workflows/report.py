@@ -22,35 +22,20 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
 from lightning_unlearn.atomic import write_text_atomically
-from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, read_rows, row_key
+from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE
 from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_figure, write_json
 from lightning_unlearn.metrics.attacks import attack_table
 from lightning_unlearn.metrics.selection import sce_table, select_from_rows
 from lightning_unlearn.workflows.command import dispatch
+from lightning_unlearn.workflows.run_directory import run_rows, selected_answers
 
 log = logging.getLogger("lightning_unlearn")
-
-
-def run_rows(run_dir: str | os.PathLike) -> list[dict]:
-    """All metric rows of one run directory (files found recursively, merged by (step, family))."""
-    run_dir = Path(run_dir)
-    if not run_dir.exists():
-        raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist.")
-    files = sorted(run_dir.rglob(METRICS_FILE), key=lambda p: p.stat().st_mtime)
-    if not files:
-        raise FileNotFoundError(f"no {METRICS_FILE} under {str(run_dir)!r}; is it a run directory?")
-    merged = {}
-    for f in files:
-        for r in read_rows(f):
-            merged[row_key(r)] = r
-    return [merged[k] for k in sorted(merged)]
 
 
 def expand_runs(run_dirs: Sequence[str], names: Sequence[str] | None) -> list[tuple[str, str, Path]]:
@@ -190,8 +175,6 @@ def report_command(
     tables, summary = summarize(run_dirs, family, collapse_boundary, names, metric)
     if not any(t for panel in tables.values() for t in panel.values()):
         raise ValueError(f"no {family!r} rows in {run_dirs}; were the runs evaluated with SCEEvaluation?")
-    from lightning_unlearn.workflows.lens.summary import selected_answers  # it imports this module
-
     for s in summary.values():
         step = (s.get("suppression_tradeoff") or {}).get("step")
         s["answers"] = [] if step is None else selected_answers(s["run_dir"], step)

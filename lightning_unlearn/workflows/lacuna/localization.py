@@ -50,6 +50,7 @@ from lightning_unlearn.data.testbed_data import data_forget_retain_groups
 from lightning_unlearn.workflows import processes, recipes
 from lightning_unlearn.workflows.lacuna.chain import CONFIG_DIR, require_separable
 from lightning_unlearn.workflows.lacuna.resurface import K, format_sanity, resurfacing_sanity
+from lightning_unlearn.workflows.lacuna.testbed_layout import testbed_paths
 
 logger = logging.getLogger("lightning_unlearn")
 
@@ -84,38 +85,6 @@ FAMILIES = ("raw", "qtile", "layernorm", "signrev", "reversal", "dirreversal", "
             "composite")  # fmt: skip
 EVAL_SPLITS = ("forget", "forget_paraphrase", "retain", "retain_paraphrase")
 UTILITY_RECORDS = 48  # neutral windows scored for utility
-
-
-def testbed_paths(workdir: str | os.PathLike) -> dict[str, Path | None]:
-    """The artifacts of a testbed work directory; raises naming what is missing and how to make it."""
-    w = Path(workdir)
-    paths: dict[str, Path | None] = {
-        "pre": w / "inject" / "export" / "pre",
-        "masks": w / "inject" / "export" / "masks.safetensors",
-        "data": w / "data",
-    }
-    for key, path in paths.items():
-        if not path.exists():
-            raise FileNotFoundError(
-                f"testbed {key} {str(path)!r} does not exist; build the testbed first "
-                f"(`lightning-unlearn lacuna run --workdir {w}`)."
-            )
-    # Unlearning starts from the instruction-tuned model; a testbed without that stage starts from θ_inj (the
-    # instruction LoRA lives in the last two blocks, outside θ_mask, so the scored weights are the same).
-    paths["start"] = _first(w / "instruct" / "export" / "model", w / "inject" / "export" / "inj")
-    paths["control_start"] = _first(
-        w / "instruct_unmasked" / "export" / "model", w / "inject_unmasked" / "export" / "inj", required=False
-    )
-    return paths
-
-
-def _first(*candidates: Path, required: bool = True) -> Path | None:
-    for c in candidates:
-        if c.exists():
-            return c
-    if required:
-        raise FileNotFoundError(f"none of {[str(c) for c in candidates]} exists; build the testbed first.")
-    return None
 
 
 def ensure_splits(workdir: str | os.PathLike, field: str, seed: int = 0) -> tuple[Path, bool]:

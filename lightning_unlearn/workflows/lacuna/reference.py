@@ -25,6 +25,7 @@ from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.data.testbed_data import data_forget_retain_groups
 from lightning_unlearn.workflows.lacuna.chain import require_separable
 from lightning_unlearn.workflows.lacuna.separability import FORGET_GROUPS, _Reset
+from lightning_unlearn.workflows.lacuna.testbed_layout import testbed_paths
 
 logger = logging.getLogger("lightning_unlearn")
 
@@ -66,8 +67,6 @@ def export_reference(
 def ensure_reference(workdir: str | os.PathLike, allow_inseparable: bool = False) -> Path:
     """``<workdir>/reference``, exported from the testbed's start model when missing or older than it; refuses a
     testbed without a met separability verdict unless ``allow_inseparable``."""
-    from lightning_unlearn.workflows.lacuna.localization import testbed_paths
-
     w = Path(workdir)
     separable = require_separable(
         w,

@@ -18,44 +18,9 @@ from pathlib import Path
 from lightning_unlearn.callbacks.sce_heatmap import write_json
 from lightning_unlearn.labelers.calibration import load_validity_calibration
 from lightning_unlearn.metrics.selection import sce_table, select_from_rows
-from lightning_unlearn.workflows.report import run_rows
+from lightning_unlearn.workflows.run_directory import run_rows, selected_answers
 
 SUMMARY_FILE = "trajectory_summary.json"
-ANSWER_LEVELS = ("L0",)
-
-
-def outcome_of(row: dict) -> str:
-    """One class per generation row, for reading a number with the text behind it: ``reproduced``, ``degraded``
-    (health), ``refusal``, ``echo``, ``non-answer`` / ``wrong language`` / ``invalid`` (with the evidence), ``clean
-    suppression``, or ``not reproduced`` (the base answer did not reproduce either)."""
-    if row["reproduced"]:
-        return "reproduced"
-    if row["degraded"]:
-        flags = [k for k, v in row["health"].items() if v is True]
-        return "degraded (" + ", ".join(flags or ["loop score"]) + ")"
-    for flag, name in (("refusal", "refusal"), ("echo", "echo"), ("non_answer", "non-answer"),
-                       ("wrong_language", "wrong language")):  # fmt: skip
-        if row.get(flag):
-            why = row.get("validity_evidence", {}).get(flag)
-            return f"{name}: {why}" if isinstance(why, str) else name
-    if row.get("invalid"):
-        return "invalid (labeler)"
-    return "clean suppression" if row["clean_suppression"] else "not reproduced"
-
-
-def selected_answers(run_dir: str | os.PathLike, step: int, levels=ANSWER_LEVELS) -> list[dict]:
-    """The answers of checkpoint ``step`` at ``levels`` next to the base answers, with their classes
-    (:func:`outcome_of`), from the run's ``sce_generations/step=N.jsonl`` (empty when the run wrote none)."""
-    files = sorted(Path(run_dir).rglob(f"sce_generations/step={step}.jsonl"))
-    if not files:
-        return []
-    rows = [json.loads(line) for line in files[0].read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [
-        {"id": r["id"], "base_answer": r.get("base_answer"), "base_reproduced": r["base_reproduced"],
-         "answer": r["answer"], "outcome": outcome_of(r)}
-        for r in rows
-        if r["level"] in levels
-    ]  # fmt: skip
 
 
 LEVEL_ORDER = ("L0", "L1", "L2", "pooled", "L3", "L3-special")
