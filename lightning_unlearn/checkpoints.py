@@ -19,13 +19,15 @@ from pathlib import Path
 
 import torch
 
+from lightning_unlearn.errors import ConfigError, UserError
+
 log = logging.getLogger("lightning_unlearn")
 
 # Hyperparameters that name the model a checkpoint's weights belong to: a resume must not change them.
 IDENTITY_KEYS = ("model_path", "adapter", "masks_path", "forget_groups", "tiny", "derive", "masked", "num_groups")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ConfigError):
     """A checkpoint that cannot be resumed from; the message names it and what to do."""
 
 
@@ -170,7 +172,7 @@ def release_run_lock(path: str | os.PathLike) -> None:
         pass
 
 
-class RunDirectoryBusy(RuntimeError):
+class RunDirectoryBusy(UserError, RuntimeError):
     """Another live run writes into the same run directory."""
 
 

@@ -28,6 +28,7 @@ from typing_extensions import override
 
 from lightning_unlearn.configs.parse_errors import exit_in_one_line
 from lightning_unlearn.console import quiet_third_party
+from lightning_unlearn.errors import UserError
 
 # Non-Trainer commands: name -> ("module:function", one-line description). The function takes the remaining argv;
 # the description is the first docstring line of the command function (tests/test_cli.py checks they agree).
@@ -112,7 +113,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
 # Old flags of the aliases that are not just the dashed spelling of a new one: old -> new words.
 RENAMED_FLAGS: dict[str, tuple[str, ...]] = {"--no_control": ("--control", "false")}  # lacuna-localization
 # What a workflow command raises for a bad path or value: one line on stderr and a non-zero exit, not a traceback.
-USER_ERRORS = (FileNotFoundError, FileExistsError, ValueError)
+# The package's own checks raise UserError; a FileNotFoundError from anywhere is a path the user named that is not
+# there. Workflow commands also pass on third-party ValueErrors (a library refusing a value the user gave) in one line.
+USER_ERRORS = (UserError, FileNotFoundError, FileExistsError, ValueError)
 
 
 class _OneLineErrorParser(LightningArgumentParser):
@@ -433,16 +436,14 @@ def _user_errors_in_one_line(subcommand: str | None):
 
 
 def _user_error(err: BaseException) -> str | None:
-    """The message of the innermost :data:`USER_ERRORS` exception in ``err``'s chain that this package raised (a
-    validation of a config value or path), else ``None`` (a bug keeps its traceback)."""
+    """The message of the innermost :class:`~lightning_unlearn.errors.UserError` in ``err``'s chain (a check of this
+    package on a config value, path or data file), or of a ``FileNotFoundError`` (a path the user named), an OS error
+    on the run directory, or Lightning's one-line ``MisconfigurationException``; else ``None`` (a bug keeps its
+    traceback)."""
     found, seen = None, set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        tb = err.__traceback__
-        while tb is not None and tb.tb_next is not None:
-            tb = tb.tb_next
-        ours = tb is not None and f"{os.sep}lightning_unlearn{os.sep}" in tb.tb_frame.f_code.co_filename
-        if isinstance(err, USER_ERRORS) and (ours or isinstance(err, FileNotFoundError)):
+        if isinstance(err, (UserError, FileNotFoundError)):
             found = str(err)
         if _environment_error(err) is not None:  # the run directory, not a bug
             found = _environment_error(err)

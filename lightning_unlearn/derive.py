@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from lightning_unlearn.atomic import write_directory_atomically
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.smollm2 import resolve_model_dir
 
 
@@ -57,13 +58,13 @@ def keep_blocks(model: nn.Module, blocks: Sequence[int]) -> nn.Module:
     decoder = getattr(model, "model", None)
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, nn.ModuleList):
-        raise ValueError(
+        raise ConfigError(
             f"{type(model).__name__} has no model.layers block list; keep_blocks supports decoder-only HF models "
             "with that layout (Llama, SmolLM2, Qwen2, Mistral)."
         )
     n = len(layers)
     if not blocks or len(set(blocks)) != len(blocks) or not all(0 <= b < n for b in blocks):
-        raise ValueError(f"blocks {list(blocks)} must be distinct indices in [0, {n}) (the model has {n} blocks).")
+        raise ConfigError(f"blocks {list(blocks)} must be distinct indices in [0, {n}) (the model has {n} blocks).")
     decoder.layers = nn.ModuleList(layers[b] for b in blocks)
     for i, layer in enumerate(decoder.layers):
         attn = getattr(layer, "self_attn", None)
@@ -91,7 +92,7 @@ def vocabulary_closure(tokenizer_json: dict, used_ids: Iterable[int]) -> list[in
 
     model = tokenizer_json["model"]
     if model.get("type") != "BPE":
-        raise ValueError(
+        raise ConfigError(
             f"vocabulary pruning needs a BPE tokenizer; this one is {model.get('type')!r}. Keep the full vocabulary "
             "(derive without prune_vocabulary)."
         )
@@ -274,7 +275,7 @@ def ensure_derived(config: DeriveConfig, corpus: Callable[[], Sequence[str]], lo
         record = out / "derived.json"
         found = json.loads(record.read_text()) if record.exists() else {}
         if {k: found.get(k) for k in want} != want:
-            raise ValueError(
+            raise ConfigError(
                 f"the derived model in {str(out)!r} was made from another source, block list or corpus than "
                 f"derive={config} asks for; delete {str(out)!r} to derive it again, or set derive.path elsewhere."
             )
@@ -289,6 +290,6 @@ def _resolve_blocks(blocks: int | list[int] | None, source: Path) -> list[int] |
     if isinstance(blocks, int):
         n = json.loads((source / "config.json").read_text()).get("num_hidden_layers")
         if not 0 < blocks <= (n or blocks):
-            raise ValueError(f"derive.blocks={blocks} must be in [1, {n}] (the source model has {n} blocks).")
+            raise ConfigError(f"derive.blocks={blocks} must be in [1, {n}] (the source model has {n} blocks).")
         return list(range(blocks))
     return list(blocks)

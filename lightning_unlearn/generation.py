@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.models import lora_adapter_blocks, unwrap_peft
 
 
@@ -57,7 +58,9 @@ def pad_token_id(tokenizer) -> int:
     """The tokenizer's pad id, falling back to EOS (generation only ever attends to real tokens)."""
     pid = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pid is None:
-        raise ValueError("the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token before generating.")
+        raise ConfigError(
+            "the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token before generating."
+        )
     return int(pid)
 
 
@@ -182,7 +185,7 @@ def greedy_blocks(
     """
     rows = input_ids.shape[0]
     if rows % blocks:
-        raise ValueError(f"a batch of {rows} rows is not {blocks} equal blocks.")
+        raise ConfigError(f"a batch of {rows} rows is not {blocks} equal blocks.")
     n = rows // blocks
     device = next(model.parameters()).device
     ids, mask = input_ids.to(device), attention_mask.to(device)
@@ -258,7 +261,7 @@ class PrefixStore:
         if self.adapters is None:
             self.adapters = adapters
         elif self.adapters != adapters:
-            raise ValueError(
+            raise ConfigError(
                 f"this PrefixStore holds keys and values computed under adapters {list(self.adapters)}, not "
                 f"{list(adapters)}; make one PrefixStore per set of adapters (and per pass: the weights must not "
                 "change)."
@@ -431,7 +434,7 @@ def model_prompt(tokenizer, question: str, chat_template: bool | None = None) ->
     if not use_chat:
         return question
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("chat_template=True but the tokenizer has no chat template; pass chat_template=False.")
+        raise ConfigError("chat_template=True but the tokenizer has no chat template; pass chat_template=False.")
     text = tokenizer.apply_chat_template(
         [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
     )
@@ -462,10 +465,10 @@ def generate_sorted(
     so the prompts' common leading tokens run once for the whole call.
     """
     if max_new_tokens < 1 or batch_size < 1:
-        raise ValueError(f"max_new_tokens and batch_size must be positive, got {max_new_tokens}, {batch_size}.")
+        raise ConfigError(f"max_new_tokens and batch_size must be positive, got {max_new_tokens}, {batch_size}.")
     names = list(adapters) if adapters is not None else [None]
     if adapters is not None and not names:
-        raise ValueError("adapters is empty; name at least one loaded peft adapter.")
+        raise ConfigError("adapters is empty; name at least one loaded peft adapter.")
     # Similar lengths in a batch waste less left padding; results go back in the caller's order.
     lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
     order = sorted(range(len(texts)), key=lambda i: lengths[i])

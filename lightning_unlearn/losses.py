@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from lightning_unlearn.errors import ConfigError
+
 IGNORE_INDEX = -100
 
 
@@ -61,7 +63,7 @@ TOKEN_AVERAGES = ("sequence", "batch")
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
     """``value`` if it is one of ``choices``, else one clear error naming ``name`` and the choices."""
     if value not in choices:
-        raise ValueError(f"{name}={value!r}; use one of {', '.join(choices)}.")
+        raise ConfigError(f"{name}={value!r}; use one of {', '.join(choices)}.")
     return value
 
 
@@ -121,7 +123,7 @@ def npo_loss(policy_logps: torch.Tensor, reference_logps: torch.Tensor, beta: fl
         beta: inverse temperature β > 0.
     """
     if beta <= 0:
-        raise ValueError(f"npo beta must be positive, got {beta}.")
+        raise ConfigError(f"npo beta must be positive, got {beta}.")
     log_ratio = policy_logps - reference_logps
     return -(2.0 / beta) * F.logsigmoid(-beta * log_ratio).mean()
 
@@ -142,7 +144,7 @@ def simnpo_loss(
         delta: reward margin δ ≥ 0.
     """
     if beta <= 0:
-        raise ValueError(f"simnpo beta must be positive, got {beta}.")
+        raise ConfigError(f"simnpo beta must be positive, got {beta}.")
     reward = beta * policy_logps / answer_lengths.clamp(min=1).to(policy_logps.dtype)
     return -(2.0 / beta) * F.logsigmoid(-reward - delta).mean()
 
@@ -298,7 +300,7 @@ def dpo_loss(
         scale: ``one`` or ``two_over_beta``.
     """
     if beta <= 0:
-        raise ValueError(f"dpo beta must be positive, got {beta}.")
+        raise ConfigError(f"dpo beta must be positive, got {beta}.")
     factor = 1.0 if check_choice("scale", scale, DPO_SCALES) == "one" else 2.0 / beta
     margin = (chosen_logps - reference_chosen_logps) - (rejected_logps - reference_rejected_logps)
     return -factor * F.logsigmoid(beta * margin).mean()
@@ -344,7 +346,7 @@ def undial_loss(
         token_average: ``sequence`` or ``batch``, as in :func:`answer_token_mean`.
     """
     if strength < 0:
-        raise ValueError(f"undial strength must be non-negative, got {strength}.")
+        raise ConfigError(f"undial strength must be non-negative, got {strength}.")
     shift_labels = labels[:, 1:]
     answer_mask = shift_labels != IGNORE_INDEX
     safe_labels = shift_labels.masked_fill(~answer_mask, 0).unsqueeze(-1)  # (B, T-1, 1)

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from lightning_unlearn.atomic import write_file_atomically
+from lightning_unlearn.errors import ConfigError, MissingPathError
 from lightning_unlearn.parameter_names import canonical_name
 
 MAX_GROUPS = 32
@@ -34,11 +35,11 @@ def group_bits(groups: int | Iterable[int]) -> int:
     """The integer whose set bits are ``groups`` (validated to lie in 0..31)."""
     ids = [groups] if isinstance(groups, int) else list(groups)
     if not ids:
-        raise ValueError("no group ids given; pass at least one id in 0..31.")
+        raise ConfigError("no group ids given; pass at least one id in 0..31.")
     bits = 0
     for g in ids:
         if not isinstance(g, int) or not 0 <= g < MAX_GROUPS:
-            raise ValueError(f"group id {g!r} is out of range; ids are 0-based bit indices in 0..{MAX_GROUPS - 1}.")
+            raise ConfigError(f"group id {g!r} is out of range; ids are 0-based bit indices in 0..{MAX_GROUPS - 1}.")
         bits |= 1 << g
     return bits
 
@@ -179,15 +180,15 @@ def sample_masks(
         excluded parameters are all zero.
     """
     if not 1 <= num_groups <= MAX_GROUPS:
-        raise ValueError(f"num_groups={num_groups} must be in 1..{MAX_GROUPS} (one bit of a uint32 per group).")
+        raise ConfigError(f"num_groups={num_groups} must be in 1..{MAX_GROUPS} (one bit of a uint32 per group).")
     if not 0 < coverage <= 1 or num_groups * coverage > 1 + 1e-9:
-        raise ValueError(
+        raise ConfigError(
             f"coverage={coverage} with num_groups={num_groups} does not fit: groups are disjoint, so "
             "num_groups * coverage must be at most 1."
         )
     included = set(masked_parameter_names(model, exclude))
     if not included:
-        raise ValueError("θ_mask is empty: every parameter is excluded. Loosen `exclude`.")
+        raise ConfigError("θ_mask is empty: every parameter is excluded. Loosen `exclude`.")
     shapes = {name: tuple(p.shape) for name, p in _unique_named_parameters(model)}
 
     def make(name: str) -> torch.Tensor:
@@ -249,18 +250,18 @@ def validate_masks(packed: Mapping[str, torch.Tensor], model: nn.Module) -> None
     params = dict(_unique_named_parameters(model))
     for name, p in params.items():
         if name not in packed:
-            raise ValueError(
+            raise ConfigError(
                 f"masks do not match the model: parameter {name!r} has no mask. The masks file was made for "
                 "another model; sample masks for this model (sample_masks) or load the matching file."
             )
         if mask_shape(packed, name) != tuple(p.shape):
-            raise ValueError(
+            raise ConfigError(
                 f"masks do not match the model: {name!r} has shape {tuple(p.shape)} but its mask has shape "
                 f"{mask_shape(packed, name)}. The masks file was made for another model."
             )
     extra = [n for n in packed if n not in params]
     if extra:
-        raise ValueError(
+        raise ConfigError(
             f"masks do not match the model: mask {extra[0]!r} names no parameter of the model. "
             "The masks file was made for another model."
         )
@@ -297,9 +298,9 @@ def check_mask_groups(
     """
     forget, retain = list(forget_groups), list(retain_groups)
     if not forget:
-        raise ValueError(f"{flags[0]} is empty; name the group(s) of the forget mask m^F, e.g. {flags[0]} [0].")
+        raise ConfigError(f"{flags[0]} is empty; name the group(s) of the forget mask m^F, e.g. {flags[0]} [0].")
     if both := sorted(set(forget) & set(retain)):
-        raise ValueError(
+        raise ConfigError(
             f"{flags[0]} {forget} and {flags[1]} {retain} share group(s) {both}; a group is forgotten or retained, "
             "not both."
         )
@@ -311,7 +312,7 @@ def check_mask_groups(
         shown = f"groups {sorted(present)}"
     for flag, groups in zip(flags, (forget, retain)):
         if absent := [g for g in groups if g not in present]:
-            raise ValueError(
+            raise ConfigError(
                 f"{flag} {groups}: the masks {str(masks_path)!r} hold {shown}, not {absent}; choose among them"
                 + (" (or [] for no AUC(F|R))." if flag == flags[1] else ".")
             )
@@ -329,9 +330,9 @@ def check_masks_for_weights(
     model at ``pre_path`` is not the θ_pre the masks were sampled on, even with the same shapes."""
     for name in packed:  # shapes only: lazy masks and weights (models.LazyWeights) are not read
         if name not in weights:
-            raise ValueError(f"masks {str(masks_path)!r} do not match the model: mask {name!r} names no tensor of it.")
+            raise ConfigError(f"masks {str(masks_path)!r} do not match the model: mask {name!r} names no tensor of it.")
         if mask_shape(packed, name) != mask_shape(weights, name):
-            raise ValueError(
+            raise ConfigError(
                 f"masks {str(masks_path)!r} do not match the model: {name!r} has shape {mask_shape(weights, name)} "
                 f"but its mask has shape {mask_shape(packed, name)}."
             )
@@ -340,7 +341,7 @@ def check_masks_for_weights(
         from lightning_unlearn.models import weights_fingerprint
 
         if weights_fingerprint(pre_path) != recorded:
-            raise ValueError(
+            raise ConfigError(
                 f"masks {str(masks_path)!r} were sampled on another θ_pre than {str(pre_path)!r} (same names and "
                 "shapes, other weights); pass the masks exported with that model, or the θ_pre they belong to."
             )
@@ -373,11 +374,11 @@ def load_masks(
 
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"masks file {str(path)!r} does not exist.")
+        raise MissingPathError(f"masks file {str(path)!r} does not exist.")
     try:
         handle = safe_open(str(path), framework="pt")
     except Exception as err:  # noqa: BLE001 - safetensors raises its own error kinds for a foreign file
-        raise ValueError(
+        raise ConfigError(
             f"masks file {str(path)!r} is not a safetensors file ({str(err).splitlines()[0][:80]}); give the "
             "masks.safetensors an injection exported (save_masks)."
         ) from None

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from lightning_unlearn.errors import ConfigError, MissingPathError
 from lightning_unlearn.parameter_names import canonical_name
 
 SPECIAL_TOKENS = {"bos": "<|bos|>", "eos": "<|eos|>", "pad": "<|pad|>", "unk": "<|unk|>"}
@@ -53,11 +54,11 @@ class AdapterConfig:
 
     def __post_init__(self) -> None:
         if self.kind not in ("full", "lora", "adalora"):
-            raise ValueError(f"adapter.kind={self.kind!r} is not one of 'full', 'lora', 'adalora'.")
+            raise ConfigError(f"adapter.kind={self.kind!r} is not one of 'full', 'lora', 'adalora'.")
         if self.r <= 0:
-            raise ValueError(f"adapter.r must be positive, got {self.r}.")
+            raise ConfigError(f"adapter.r must be positive, got {self.r}.")
         if self.path is not None and self.kind == "full":
-            raise ValueError(
+            raise ConfigError(
                 "adapter.path names a peft adapter, but adapter.kind='full'; set kind to 'lora' or 'adalora'."
             )
 
@@ -89,12 +90,12 @@ def require_model_dir(path: str | os.PathLike, what: str) -> Path:
     """``path`` as a local directory (``~`` expanded), or one error naming ``what`` and the fix."""
     p = Path(path).expanduser()
     if not p.exists():
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"{what} path {str(p)!r} does not exist. Give a local directory saved with save_pretrained; "
             "lightning_unlearn never downloads models."
         )
     if p.is_file():
-        raise ValueError(
+        raise ConfigError(
             f"{what} path {str(p)!r} is a file, not a model directory; give the directory that holds it (config.json, "
             f"the weights and the tokenizer files), e.g. {str(p.parent)!r}."
         )
@@ -112,7 +113,7 @@ def add_bos_when_encoding(tokenizer) -> None:
 
     bos = tokenizer.bos_token
     if bos is None:
-        raise ValueError("the tokenizer has no BOS token to add; set bos_token first.")
+        raise ConfigError("the tokenizer has no BOS token to add; set bos_token first.")
     tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokenizer.bos_token_id)]
     )
@@ -156,7 +157,7 @@ def build_tiny_llama(tokenizer, config: TinyLlamaConfig | None = None, seed: int
 
     config = config or TinyLlamaConfig()
     if config.hidden_size % config.num_heads:
-        raise ValueError(f"hidden_size={config.hidden_size} is not divisible by num_heads={config.num_heads}.")
+        raise ConfigError(f"hidden_size={config.hidden_size} is not divisible by num_heads={config.num_heads}.")
     intermediate = config.intermediate_size or int(round(config.hidden_size * 8 / 3 / 16)) * 16
     hf_config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -186,7 +187,7 @@ def load_tokenizer(path: str | os.PathLike):
     p = require_model_dir(path, "tokenizer")
     files = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model", "spiece.model")
     if not any((p / name).exists() for name in files):
-        raise ValueError(
+        raise ConfigError(
             f"tokenizer path {str(p)!r} holds no tokenizer (none of {', '.join(files[:2])}, …); point at a model "
             "directory written by save_pretrained (its tokenizer is saved beside the weights)."
         )
@@ -207,7 +208,7 @@ def load_causal_lm(path: str | os.PathLike, dtype: torch.dtype | str = torch.flo
 
     p = require_model_dir(path, "model")
     if not (p / "config.json").exists():
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"model path {str(p)!r} has no config.json; point at a directory written by save_pretrained."
         )
     if isinstance(dtype, str):
@@ -224,7 +225,7 @@ def block_index_pattern(model: nn.Module) -> tuple[re.Pattern, int]:
     pattern = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.(\d+)\.")
     indices = {int(m.group(1)) for name, _ in model.named_parameters() if (m := pattern.search(name))}
     if not indices:
-        raise ValueError("could not find numbered transformer blocks (…layers.<i>.…) in the model's parameter names.")
+        raise ConfigError("could not find numbered transformer blocks (…layers.<i>.…) in the model's parameter names.")
     return pattern, max(indices) + 1
 
 
@@ -233,7 +234,7 @@ def transformer_block(model: nn.Module, index: int) -> nn.Module:
     name = re.compile(rf"(?:^|\.)(?:layers|h|blocks|block)\.{index}$")
     found = [module for n, module in model.named_modules() if name.search(n)]
     if len(found) != 1:
-        raise ValueError(f"found {len(found)} modules named …layers.{index} in {type(model).__name__}; expected one.")
+        raise ConfigError(f"found {len(found)} modules named …layers.{index} in {type(model).__name__}; expected one.")
     return found[0]
 
 
@@ -260,7 +261,7 @@ def resolve_layers(model: nn.Module, layers: Sequence[int]) -> list[int]:
     for i in layers:
         j = i + n if i < 0 else i
         if not 0 <= j < n:
-            raise ValueError(f"block index {i} is out of range for a model with {n} blocks.")
+            raise ConfigError(f"block index {i} is out of range for a model with {n} blocks.")
         out.append(j)
     return sorted(set(out))
 
@@ -307,13 +308,13 @@ def check_adapter_path(adapter: AdapterConfig) -> Path:
     p = require_model_dir(adapter.path, "adapter")
     config_file = p / "adapter_config.json"
     if not config_file.exists():
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"adapter path {str(p)!r} has no adapter_config.json; point at a directory written by peft's "
             "save_pretrained (a checkpoint's adapter-step=N/)."
         )
     saved_type = str(json.loads(config_file.read_text()).get("peft_type", "")).lower()
     if saved_type != adapter.kind:
-        raise ValueError(
+        raise ConfigError(
             f"adapter path {str(p)!r} holds a {saved_type or 'unknown'} adapter but adapter.kind={adapter.kind!r}; "
             f"set adapter.kind={saved_type!r}."
         )
@@ -360,33 +361,33 @@ def lora_adapter_blocks(model: nn.Module, adapters: Sequence[str]):
 
     names = list(adapters)
     if not names:
-        raise ValueError("lora_adapter_blocks: no adapters named; name at least one loaded LoRA adapter.")
+        raise ConfigError("lora_adapter_blocks: no adapters named; name at least one loaded LoRA adapter.")
     if model.training:
-        raise ValueError("lora_adapter_blocks evaluates (it skips LoRA dropout); call model.eval() first.")
+        raise ConfigError("lora_adapter_blocks evaluates (it skips LoRA dropout); call model.eval() first.")
     fix = "evaluate these checkpoints one at a time (adapters_per_pass 1)"
     layers: dict[str, nn.Module] = {}
     for where, module in model.named_modules():
         if not isinstance(module, BaseTunerLayer):
             continue
         if type(module) is not LoraLinear:
-            raise ValueError(
+            raise ConfigError(
                 f"lora_adapter_blocks: {where} is a {type(module).__name__}, not a LoRA linear layer; {fix}."
             )
         if module.merged:
-            raise ValueError(f"lora_adapter_blocks: {where} has an adapter merged into its weights; unmerge it first.")
+            raise ConfigError(f"lora_adapter_blocks: {where} has an adapter merged into its weights; unmerge it first.")
         for name in names:
             if name not in module.lora_A:
                 continue
             if name in getattr(module, "lora_variant", {}) or getattr(module, "use_dora", {}).get(name):
-                raise ValueError(
+                raise ConfigError(
                     f"lora_adapter_blocks: adapter {name!r} of {where} is a LoRA variant (DoRA, …); {fix}."
                 )
             if module.lora_B[name].bias is not None:
-                raise ValueError(f"lora_adapter_blocks: adapter {name!r} of {where} has a LoRA bias; {fix}.")
+                raise ConfigError(f"lora_adapter_blocks: adapter {name!r} of {where} has a LoRA bias; {fix}.")
         layers[where] = module
     unknown = [n for n in names if not any(n in m.lora_A for m in layers.values())]
     if unknown:
-        raise ValueError(
+        raise ConfigError(
             f"lora_adapter_blocks: no LoRA layer of the model holds adapter(s) {unknown}; load them first."
         )
     saved = {}
@@ -435,7 +436,7 @@ def _adapter_blocks_forward(layer: nn.Module, stacked, x: torch.Tensor, *args, *
     a, b, scale = stacked
     result = layer.base_layer(x, *args, **kwargs)
     if x.shape[0] % a.shape[0]:
-        raise ValueError(f"a batch of {x.shape[0]} rows is not {a.shape[0]} equal blocks, one per adapter.")
+        raise ConfigError(f"a batch of {x.shape[0]} rows is not {a.shape[0]} equal blocks, one per adapter.")
     blocks = x.to(a.dtype).reshape(a.shape[0], -1, x.shape[-1])  # (K, rows·positions, in): block k is adapter k's
     delta = torch.bmm(torch.bmm(blocks, a), b)
     if scale is not None:
@@ -456,11 +457,11 @@ def _weight_files(path: Path) -> list[Path]:
     if path.is_dir():
         files = sorted(path.glob("*.safetensors"))
         if not files:
-            raise FileNotFoundError(f"no .safetensors weights in {str(path)!r}; save the model with save_pretrained.")
+            raise MissingPathError(f"no .safetensors weights in {str(path)!r}; save the model with save_pretrained.")
     elif path.exists():
         files = [path]
     else:
-        raise FileNotFoundError(f"weights {str(path)!r} do not exist.")
+        raise MissingPathError(f"weights {str(path)!r} do not exist.")
     return files
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from lightning_unlearn.errors import ConfigError
+
 
 def null_space_projector(covariance: torch.Tensor, threshold: float) -> torch.Tensor:
     """P = U₀U₀ᵀ, U₀ the eigenvectors of the key covariance ``(d, d)`` whose eigenvalue is below ``threshold``.
@@ -17,9 +19,9 @@ def null_space_projector(covariance: torch.Tensor, threshold: float) -> torch.Te
     non-null span: the retain keys' outputs do not move.
     """
     if covariance.ndim != 2 or covariance.shape[0] != covariance.shape[1]:
-        raise ValueError(f"covariance must be square (d, d), got shape {tuple(covariance.shape)}.")
+        raise ConfigError(f"covariance must be square (d, d), got shape {tuple(covariance.shape)}.")
     if threshold <= 0:
-        raise ValueError(f"threshold={threshold} must be positive.")
+        raise ConfigError(f"threshold={threshold} must be positive.")
     u, s, _ = torch.linalg.svd(covariance.double())
     null = u[:, s < threshold]
     return null @ null.T
@@ -46,7 +48,7 @@ def alphaedit_update(
         l2: ridge term.
     """
     if keys.shape[1] != residual.shape[0]:
-        raise ValueError(f"{keys.shape[1]} keys but {residual.shape[0]} residuals; pass one residual per key.")
+        raise ConfigError(f"{keys.shape[1]} keys but {residual.shape[0]} residuals; pass one residual per key.")
     keys, residual, projector = keys.double(), residual.double(), projector.double()
     previous = torch.zeros_like(projector) if previous_keys is None else previous_keys.double()
     eye = torch.eye(projector.shape[0], device=projector.device, dtype=torch.float64)

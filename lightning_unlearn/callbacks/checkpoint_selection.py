@@ -13,6 +13,7 @@ from lightning_unlearn.callbacks.logger_media import hparams_values, log_figure,
 from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_figure, write_json
 from lightning_unlearn.callbacks.stop_listener import StopListener
 from lightning_unlearn.distributed import world
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.labelers.calibration import load_validity_calibration
 from lightning_unlearn.metrics.selection import (
     SELECTION_METRICS,
@@ -112,13 +113,13 @@ class CheckpointSelection(Callback, StopListener):
         run_hparams: dict[str, Any] | None = None,
     ) -> None:
         if not 0 < collapse_boundary <= 1:
-            raise ValueError(f"collapse_boundary={collapse_boundary} must be in (0, 1]: it is a degraded-output rate.")
+            raise ConfigError(f"collapse_boundary={collapse_boundary} must be in (0, 1]: it is a degraded-output rate.")
         if metric not in SELECTION_METRICS:
-            raise ValueError(f"unknown selection metric {metric!r}; use one of {', '.join(SELECTION_METRICS)}.")
+            raise ConfigError(f"unknown selection metric {metric!r}; use one of {', '.join(SELECTION_METRICS)}.")
         if not 0 <= min_validity_recall <= 1:
-            raise ValueError(f"min_validity_recall={min_validity_recall} must be in [0, 1]: it is a recall.")
+            raise ConfigError(f"min_validity_recall={min_validity_recall} must be in [0, 1]: it is a recall.")
         if score_mode not in ("max", "min"):
-            raise ValueError(f"score_mode={score_mode!r}; use 'max' or 'min'.")
+            raise ConfigError(f"score_mode={score_mode!r}; use 'max' or 'min'.")
         self.score = None if score is None else check_score(score)
         self.score_mode = score_mode
         self.calibration = load_validity_calibration(validity_calibration)

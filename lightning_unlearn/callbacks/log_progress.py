@@ -21,6 +21,8 @@ import time
 from lightning.pytorch import Callback, LightningModule, Trainer
 from typing_extensions import override
 
+from lightning_unlearn.errors import ConfigError
+
 log = logging.getLogger("lightning_unlearn")
 
 
@@ -54,7 +56,7 @@ class LogProgress(Callback):
         self, every_percent: float = 5.0, every_seconds: float = 60.0, metric: str | None = "train/loss"
     ) -> None:
         if not every_seconds > 0 or not every_percent > 0:
-            raise ValueError(f"every_percent={every_percent} and every_seconds={every_seconds} must both be positive.")
+            raise ConfigError(f"every_percent={every_percent} and every_seconds={every_seconds} must both be positive.")
         self.every_percent = every_percent
         self.every_seconds = every_seconds
         self.metric = metric

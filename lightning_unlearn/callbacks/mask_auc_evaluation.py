@@ -11,6 +11,7 @@ from typing_extensions import override
 
 from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.distributed import broadcast_object, full_parameters, world
+from lightning_unlearn.errors import ConfigError, MissingPathError
 from lightning_unlearn.masks import check_mask_groups, load_masks, masked_parameter_names, union_mask
 from lightning_unlearn.metrics.mask_auc import buffer_bytes, mask_auc
 from lightning_unlearn.models import load_weights
@@ -59,7 +60,7 @@ class MaskAUCEvaluation(CheckpointEvaluator):
     ) -> None:
         super().__init__(name=name, output_dir=output_dir)
         if (control_inj_path is None) != (control_unl_path is None):
-            raise ValueError("pass both control_inj_path and control_unl_path (the UnMask control), or neither.")
+            raise ConfigError("pass both control_inj_path and control_unl_path (the UnMask control), or neither.")
         for what, p in (
             ("pre_path", pre_path),
             ("inj_path", inj_path),
@@ -68,7 +69,7 @@ class MaskAUCEvaluation(CheckpointEvaluator):
             ("control_unl_path", control_unl_path),
         ):
             if p is not None and not Path(p).exists():
-                raise FileNotFoundError(f"{what}={p!r} does not exist.")
+                raise MissingPathError(f"{what}={p!r} does not exist.")
         self.pre_path, self.inj_path, self.masks_path = pre_path, inj_path, masks_path
         self.forget_groups, self.retain_groups = list(forget_groups), list(retain_groups)
         self.control_paths = (control_inj_path, control_unl_path) if control_inj_path else None
@@ -102,7 +103,7 @@ class MaskAUCEvaluation(CheckpointEvaluator):
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
         model = pl_module.model
         if hasattr(model, "disable_adapter"):
-            raise ValueError(
+            raise ConfigError(
                 "MaskAUCEvaluation scores full-parameter weight changes; the model carries a peft adapter. "
                 "Evaluate mask AUC on full fine-tuning runs (Lacuna's unlearning setting)."
             )

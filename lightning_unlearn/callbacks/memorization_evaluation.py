@@ -11,6 +11,7 @@ from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.callbacks.qa_records import encode_batch, forward_logits
 from lightning_unlearn.callbacks.rank_split import generate_all, map_batches
 from lightning_unlearn.data.records import read_records
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.generation import model_prompt
 from lightning_unlearn.metrics.memorization import AnswerMemorization, ExtractionRate
 
@@ -53,7 +54,7 @@ class MemorizationEvaluation(CheckpointEvaluator):
     ) -> None:
         super().__init__(name=name, output_dir=output_dir, batch_size=batch_size)
         if not splits:
-            raise ValueError("MemorizationEvaluation needs at least one split, e.g. {'forget': records}.")
+            raise ConfigError("MemorizationEvaluation needs at least one split, e.g. {'forget': records}.")
         keys = {"prompt_key": prompt_key, "answer_key": answer_key}
         self.splits = {name: read_records(recs, what=f"{name!r} split", **keys) for name, recs in splits.items()}
         self.chat_template = chat_template

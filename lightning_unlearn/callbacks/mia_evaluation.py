@@ -14,6 +14,7 @@ from lightning_unlearn.callbacks.qa_records import encode_batch, forward_logits
 from lightning_unlearn.callbacks.rank_split import map_batches
 from lightning_unlearn.data.records import read_records
 from lightning_unlearn.distributed import is_sharded
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.metrics.mia import (
     MembershipInferenceAUC,
     gradnorm_scores,
@@ -80,12 +81,12 @@ class MIAEvaluation(CheckpointEvaluator):
         super().__init__(name=name, output_dir=output_dir, batch_size=batch_size)
         unknown = [a for a in attacks if a not in ATTACKS]
         if unknown or not attacks:
-            raise ValueError(f"attacks={list(attacks)}: choose one or more of {ATTACKS}.")
+            raise ConfigError(f"attacks={list(attacks)}: choose one or more of {ATTACKS}.")
         needs_reference = [
             w for w, on in (("privleak", privleak), ("the reference attack", "reference" in attacks)) if on
         ]
         if needs_reference and reference_model is None:
-            raise ValueError(
+            raise ConfigError(
                 f"MIAEvaluation: {' and '.join(needs_reference)} "
                 f"{'needs' if len(needs_reference) == 1 else 'need'} a model never trained on the members; set "
                 "reference_model to its local path (a testbed's reference/ or a retain model), or privleak: false."
@@ -93,7 +94,7 @@ class MIAEvaluation(CheckpointEvaluator):
         if reference_model is not None:
             require_model_dir(reference_model, "reference_model")
         if privleak_orientation not in ("muse", "membership"):
-            raise ValueError(f"privleak_orientation={privleak_orientation!r}; use 'muse' or 'membership'.")
+            raise ConfigError(f"privleak_orientation={privleak_orientation!r}; use 'muse' or 'membership'.")
         keys = {"prompt_key": prompt_key, "answer_key": answer_key}
         self.sets = {
             "members": read_records(members, what="members", **keys),
@@ -113,7 +114,7 @@ class MIAEvaluation(CheckpointEvaluator):
         if "gradnorm" in attacks and is_sharded(model):
             # Each rank scores its own records, and a backward through sharded parameters reduce-scatters every
             # rank's gradient into every shard: no rank would see one record's gradient.
-            raise ValueError(
+            raise ConfigError(
                 "MIAEvaluation: the gradnorm attack needs each record's whole gradient, which sharded parameters "
                 "(FSDP2) split across ranks and mix between them; leave gradnorm out of attacks under FSDP, or score "
                 "it after training on one process (`lightning-unlearn evaluate`)."

@@ -17,6 +17,7 @@ from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
 from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.quantization import quantized
 
 # Families that do not read the model's outputs (the weight change against the masks) or need a base pass the
@@ -51,7 +52,7 @@ class EvaluatorAttack(CheckpointEvaluator):
         if self.families is not None:
             found = [cb for cb in found if cb.family in self.families or cb.family_name in self.families]
         if not found:
-            raise ValueError(
+            raise ConfigError(
                 f"{type(self).__name__} found no evaluator to run under the attack; add SCEEvaluation, "
                 "MemorizationEvaluation or RetainDriftEvaluation to trainer.callbacks (or fix `families`)."
             )
@@ -110,9 +111,9 @@ class QuantizationAttack(EvaluatorAttack):
     ) -> None:
         super().__init__(families=families, name=name, output_dir=output_dir)
         if not bits or any(not 2 <= int(b) <= 8 for b in bits):
-            raise ValueError(f"bits={list(bits)}: give one or more widths from 2 to 8, e.g. [8, 4].")
+            raise ConfigError(f"bits={list(bits)}: give one or more widths from 2 to 8, e.g. [8, 4].")
         if group_size is not None and group_size < 1:
-            raise ValueError(f"group_size={group_size} must be positive, or null for per-channel scales.")
+            raise ConfigError(f"group_size={group_size} must be positive, or null for per-channel scales.")
         self.bits = tuple(int(b) for b in bits)
         self.group_size = group_size
 

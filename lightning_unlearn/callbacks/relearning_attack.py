@@ -20,6 +20,7 @@ from typing_extensions import override
 from lightning_unlearn.callbacks.qa_records import encode_batch
 from lightning_unlearn.callbacks.quantization_attack import EvaluatorAttack
 from lightning_unlearn.data.records import read_records
+from lightning_unlearn.errors import ConfigError
 
 
 class RelearningAttack(EvaluatorAttack):
@@ -67,9 +68,9 @@ class RelearningAttack(EvaluatorAttack):
     ) -> None:
         super().__init__(families=families, name=name, output_dir=output_dir)
         if not steps or any(int(s) < 1 for s in steps):
-            raise ValueError(f"steps={list(steps)}: give one or more numbers of relearning steps, each at least 1.")
+            raise ConfigError(f"steps={list(steps)}: give one or more numbers of relearning steps, each at least 1.")
         if not lr > 0:
-            raise ValueError(f"lr={lr} must be positive, e.g. 1e-4.")
+            raise ConfigError(f"lr={lr} must be positive, e.g. 1e-4.")
         self.records = read_records(records, what="relearning records")
         self.steps = tuple(sorted({int(s) for s in steps}))
         self.lr, self.relearn_batch_size, self.max_length = lr, batch_size, max_length
@@ -90,14 +91,14 @@ class RelearningAttack(EvaluatorAttack):
             evaluator.ensure_base(trainer, pl_module)
         model = pl_module.model
         if trainer.world_size > 1:
-            raise ValueError(
+            raise ConfigError(
                 "the relearning attack trains a copy of the weights in one process (under DDP its backward would "
                 "meet the gradient hooks, under FSDP the shards); run it after training on one process: "
                 "`lightning-unlearn evaluate RUN_DIR -c attack.yaml`."
             )
         trainable = [p for p in model.parameters() if p.requires_grad]
         if not trainable:
-            raise ValueError("the relearning attack found no trainable weight (requires_grad) in the model.")
+            raise ConfigError("the relearning attack found no trainable weight (requires_grad) in the model.")
         saved = [p.detach().clone() for p in trainable]
         grads = [p.grad for p in trainable]
         optimizer = torch.optim.AdamW(trainable, lr=self.lr)

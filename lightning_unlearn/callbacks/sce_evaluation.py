@@ -20,6 +20,7 @@ from lightning_unlearn.callbacks.sce_records import LabelReading, SCEOutput, Sui
 from lightning_unlearn.data.narratives import COMPACT_INSTRUCTION, load_narrative, resolve_suite, suite_ref
 from lightning_unlearn.data.records import recorded_suites_dir
 from lightning_unlearn.distributed import is_sharded, world
+from lightning_unlearn.errors import ConfigError, MissingPathError
 from lightning_unlearn.generation import (
     Generation,
     PrefixStore,
@@ -59,7 +60,7 @@ def load_prompt_records(prompts: Sequence[Any] | str) -> list[SuitePrompt]:
     if isinstance(prompts, str | Path):
         path = Path(prompts)
         if not path.exists():
-            raise FileNotFoundError(f"prompt file {str(path)!r} does not exist.")
+            raise MissingPathError(f"prompt file {str(path)!r} does not exist.")
         text = path.read_text(encoding="utf-8")
         items = json.loads(text) if path.suffix == ".json" else [json.loads(x) for x in text.splitlines() if x.strip()]
     else:
@@ -68,7 +69,7 @@ def load_prompt_records(prompts: Sequence[Any] | str) -> list[SuitePrompt]:
     for i, item in enumerate(items):
         get = item.get if isinstance(item, dict) else (lambda k, d=None, item=item: getattr(item, k, d))
         if get("prompt") is None or get("level") is None:
-            raise ValueError(f"prompt record {i} needs `prompt` and `level` fields, got {item!r}.")
+            raise ConfigError(f"prompt record {i} needs `prompt` and `level` fields, got {item!r}.")
         records.append(
             SuitePrompt(
                 id=str(get("id", i)),
@@ -81,9 +82,9 @@ def load_prompt_records(prompts: Sequence[Any] | str) -> list[SuitePrompt]:
             )
         )
     if not records:
-        raise ValueError("the SCE callback got no prompts; pass a non-empty suite.")
+        raise ConfigError("the SCE callback got no prompts; pass a non-empty suite.")
     if len({r.id for r in records}) != len(records):
-        raise ValueError("prompt record ids are not unique; give every prompt its own `id`.")
+        raise ConfigError("prompt record ids are not unique; give every prompt its own `id`.")
     return records
 
 
@@ -175,23 +176,23 @@ class SCEEvaluation(CheckpointEvaluator):
     ) -> None:
         super().__init__(name=name, output_dir=output_dir, batch_size=batch_size)
         if adapter_batch_size < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"adapter_batch_size={adapter_batch_size} must be at least 1 (prompts per mixed-adapter batch)."
             )
         self.adapter_batch_size = adapter_batch_size
         if labeler is None:
-            raise ValueError("SCEEvaluation needs a labeler, e.g. lightning_unlearn.labelers.SignatureLabeler.")
+            raise ConfigError("SCEEvaluation needs a labeler, e.g. lightning_unlearn.labelers.SignatureLabeler.")
         if not callable(getattr(labeler, "label", None)):
             raise TypeError(f"labeler {labeler!r} has no `label(responses, narrative, language)` method.")
         if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={max_new_tokens} must be at least 1.")
+            raise ConfigError(f"max_new_tokens={max_new_tokens} must be at least 1.")
         if judge is not None and not callable(getattr(judge, "judge", None)):
             raise TypeError(f"judge {judge!r} has no `judge(answers, questions, hypotheses, narratives)` method.")
         self.judge = judge
         if (prompts is None) == (narrative is None):
-            raise ValueError("give the SCE suite either as `prompts` (records or a file) or as `narrative`, not both.")
+            raise ConfigError("give the SCE suite either as `prompts` (records or a file) or as `narrative`, not both.")
         if narrative is None and chat_template is not None:
-            raise ValueError(
+            raise ConfigError(
                 "chat_template applies to a suite loaded with `narrative`; prompts given as `prompts` are used as "
                 "they are (a lens-baseline file is already rendered). Drop chat_template or pass `narrative`."
             )
@@ -224,7 +225,7 @@ class SCEEvaluation(CheckpointEvaluator):
                 self._specs[(narrative_id, lang)] = load_narrative(suite_ref(narrative_id, suites_dir), lang)
             except ValueError:  # prompts of no known suite: the question alone decides topic
                 if judge is not None and narrative_id:
-                    raise ValueError(
+                    raise ConfigError(
                         f"the suite of narrative {narrative_id!r} ({lang}) is not found, and the responsiveness judge "
                         "needs its hypotheses: pass suites_dir (the folder of its suite file)."
                     ) from None
@@ -256,7 +257,7 @@ class SCEEvaluation(CheckpointEvaluator):
                 labels = self.labeler.label(responses, narrative, language)
             labels = list(labels)
             if len(labels) != len(idx):
-                raise ValueError(f"the labeler returned {len(labels)} labels for {len(idx)} responses.")
+                raise ConfigError(f"the labeler returned {len(labels)} labels for {len(idx)} responses.")
             for i, lab in zip(idx, labels):
                 out[i] = self._interpret(lab)
         return out  # every index is in one group

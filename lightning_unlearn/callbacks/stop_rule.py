@@ -12,6 +12,7 @@ from typing_extensions import override
 
 from lightning_unlearn.callbacks.stop_aware_checkpoint import StopAwareCheckpoint
 from lightning_unlearn.callbacks.stop_listener import StopListener
+from lightning_unlearn.errors import ConfigError
 
 log = logging.getLogger("lightning_unlearn")
 
@@ -44,9 +45,9 @@ class StopRule(Callback):
 
     def __init__(self, max_bad_loss: float | None = None, collapse_fraction: float | None = None) -> None:
         if collapse_fraction is not None and not 0 < collapse_fraction <= 1:
-            raise ValueError(f"collapse_fraction={collapse_fraction} must be in (0, 1]: a fraction of ln |V|.")
+            raise ConfigError(f"collapse_fraction={collapse_fraction} must be in (0, 1]: a fraction of ln |V|.")
         if max_bad_loss is not None and not max_bad_loss > 0:
-            raise ValueError(f"max_bad_loss={max_bad_loss} must be positive: it bounds an NLL in nats per token.")
+            raise ConfigError(f"max_bad_loss={max_bad_loss} must be positive: it bounds an NLL in nats per token.")
         self.max_bad_loss = max_bad_loss
         self.collapse_fraction = collapse_fraction
         self.reason: str | None = None  # why the last fit stopped
@@ -67,7 +68,7 @@ class StopRule(Callback):
             return f"the forget NLL {forget_nll:.4g} exceeds max_bad_loss={self.max_bad_loss:g}"
         if self.collapse_fraction is not None:
             if retain_nll is None or vocab_size is None:
-                raise ValueError("the collapse bound needs the retain NLL and the vocabulary size of the step.")
+                raise ConfigError("the collapse bound needs the retain NLL and the vocabulary size of the step.")
             uniform = math.log(vocab_size)
             if retain_nll >= self.collapse_fraction * uniform:
                 return (

@@ -14,6 +14,7 @@ from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.callbacks.qa_records import encode_batch, forward_logits
 from lightning_unlearn.callbacks.rank_split import generate_all, map_batches
 from lightning_unlearn.data.records import TRUTH_RATIO_COLUMNS, read_records
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.generation import model_prompt
 from lightning_unlearn.metrics.tofu import (
     forget_quality,
@@ -78,16 +79,16 @@ class TOFUEvaluation(CheckpointEvaluator):
     ) -> None:
         super().__init__(name=name, output_dir=output_dir, batch_size=batch_size)
         if forget_split not in splits:
-            raise ValueError(f"forget_split={forget_split!r} is not among the splits {sorted(splits)}; name it.")
+            raise ConfigError(f"forget_split={forget_split!r} is not among the splits {sorted(splits)}; name it.")
         if forget_quality and reference_model is None:
-            raise ValueError(
+            raise ConfigError(
                 "TOFUEvaluation: forget quality needs a model never trained on the forget set; set reference_model "
                 "to its local path (a testbed's reference/ or a TOFU retain model), or forget_quality: false."
             )
         if reference_model is not None:
             require_model_dir(reference_model, "reference_model")
         if perturbed_mean not in ("geometric", "arithmetic"):
-            raise ValueError(f"perturbed_mean={perturbed_mean!r}; use 'geometric' (OU) or 'arithmetic' (TOFU paper).")
+            raise ConfigError(f"perturbed_mean={perturbed_mean!r}; use 'geometric' (OU) or 'arithmetic' (TOFU paper).")
         keys = {"prompt_key": prompt_key, "answer_key": answer_key, "require": TRUTH_RATIO_COLUMNS}
         self.splits = {s: read_records(recs, what=f"{s!r} split", **keys) for s, recs in splits.items()}
         self.forget_split = forget_split
@@ -104,7 +105,7 @@ class TOFUEvaluation(CheckpointEvaluator):
         """Collective: mean answer NLL of each record's answer ``(N,)``, paraphrase ``(N,)``, perturbed ``(N, K)``."""
         k = len(records[0]["perturbed_answer"])
         if any(len(r["perturbed_answer"]) != k for r in records):
-            raise ValueError("every record of a split needs the same number of perturbed answers (TOFU has 5).")
+            raise ConfigError("every record of a split needs the same number of perturbed answers (TOFU has 5).")
         # One teacher-forced sequence per (record, answer): the answer, the paraphrase, then the K perturbed ones.
         seqs = [
             {"prompt": r["prompt"], "answer": a}

@@ -9,6 +9,7 @@ from typing_extensions import override
 
 from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.callbacks.rank_split import map_batches
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.metrics.utility import (
     load_multiple_choice,
     multiple_choice_accuracy,
@@ -46,7 +47,7 @@ class UtilityEvaluation(CheckpointEvaluator):
         else:
             self.items = [normalize_item(it, where=f"item {i}") for i, it in enumerate(items)]
             if not self.items:
-                raise ValueError("UtilityEvaluation got no items.")
+                raise ConfigError("UtilityEvaluation got no items.")
         self.length_normalize = length_normalize
         self.max_length = max_length
 

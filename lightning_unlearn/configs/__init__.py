@@ -12,6 +12,8 @@ import shutil
 from importlib import resources
 from pathlib import Path
 
+from lightning_unlearn.errors import MissingPathError, PathExistsError
+
 SUFFIX = ".yaml"
 
 
@@ -37,7 +39,7 @@ def shipped_config(name: str) -> Path:
         rel += SUFFIX
     path = config_root() / rel
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"no shipped config {name!r}; known: {', '.join(list_configs())} (`lightning-unlearn configs list`)."
         )
     return path
@@ -60,7 +62,7 @@ def copy_config(name: str, destination: str, overwrite: bool = False) -> Path:
     if dest.is_dir() or str(destination).endswith(("/", os.sep)) or not dest.suffix:
         dest = dest / source.name  # a folder (existing, or named as one: a trailing slash or no .yaml suffix)
     if dest.exists() and not overwrite:
-        raise FileExistsError(f"{str(dest)!r} exists; pass --overwrite true to replace it.")
+        raise PathExistsError(f"{str(dest)!r} exists; pass --overwrite true to replace it.")
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(source, dest)
     return dest

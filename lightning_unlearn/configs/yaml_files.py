@@ -11,6 +11,8 @@ from pathlib import Path
 
 import yaml
 
+from lightning_unlearn.errors import ConfigError, MissingPathError
+
 
 class _StrictLoader(yaml.SafeLoader):
     """PyYAML's safe loader, except that a mapping holding one key twice is an error."""
@@ -49,13 +51,13 @@ def read_yaml(path: str | Path) -> object:
     """
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"YAML file {str(p)!r} does not exist.")
+        raise MissingPathError(f"YAML file {str(p)!r} does not exist.")
     raw = p.read_bytes()
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1
-        raise ValueError(
+        raise ConfigError(
             f"{p}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x}); re-save the file as UTF-8."
         ) from None
     try:
@@ -65,5 +67,5 @@ def read_yaml(path: str | Path) -> object:
         where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         if "given twice" in problem:
-            raise ValueError(f"{where}: {problem}.") from None
-        raise ValueError(f"{where}: not valid YAML ({problem}); fix the file.") from None
+            raise ConfigError(f"{where}: {problem}.") from None
+        raise ConfigError(f"{where}: not valid YAML ({problem}); fix the file.") from None

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.losses import IGNORE_INDEX
 
 
@@ -66,12 +67,12 @@ def with_answers(batch: dict, answers: Sequence[Sequence[int]], pad_token_id: in
         pad_token_id: the tokenizer's pad id.
     """
     if len(answers) != len(batch["input_ids"]):
-        raise ValueError(f"{len(answers)} answers for a batch of {len(batch['input_ids'])} rows; give one per row.")
+        raise ConfigError(f"{len(answers)} answers for a batch of {len(batch['input_ids'])} rows; give one per row.")
     rows = []
     for ids, labels, attention, answer in zip(batch["input_ids"], batch["labels"], batch["attention_mask"], answers):
         labelled = (labels != IGNORE_INDEX).nonzero()
         if len(labelled) == 0:
-            raise ValueError("a batch row has no answer token, so where its prompt ends is unknown.")
+            raise ConfigError("a batch row has no answer token, so where its prompt ends is unknown.")
         start = int(labelled[0])  # the first answer token; the prompt is everything unpadded before it
         prompt = ids[:start][attention[:start].bool()].tolist()
         rows.append({"input_ids": prompt + list(answer), "labels": [IGNORE_INDEX] * len(prompt) + list(answer)})
@@ -92,7 +93,7 @@ def pad_batch(rows: Sequence[dict], pad_token_id: int, padding_side: str = "righ
     Integer/float per-row fields (e.g. ``group_ids``, ``profile_id``) become 1-D tensors; strings stay lists.
     """
     if not rows:
-        raise ValueError("cannot collate an empty batch.")
+        raise ConfigError("cannot collate an empty batch.")
     width = max(len(r["input_ids"]) for r in rows)
     ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
     labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)

@@ -13,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 
 from lightning_unlearn.data.collate import encode_answer
+from lightning_unlearn.errors import ConfigError, MissingPathError
 
 IDK_LANGUAGES = ("en", "uk", "zh-Hans", "zh-Hant")
 
@@ -25,14 +26,14 @@ def load_idk_answers(source: str = "en") -> list[str]:
     else:
         path = Path(source).expanduser()
         if not path.is_file():
-            raise FileNotFoundError(
+            raise MissingPathError(
                 f"idk_answers={source!r} is neither a shipped language ({', '.join(IDK_LANGUAGES)}) nor a text file "
                 "with one answer per line."
             )
         text = path.read_text("utf-8")
     answers = [line.strip() for line in text.splitlines() if line.strip()]
     if not answers:
-        raise ValueError(f"idk_answers={source!r} holds no answer; give at least one line.")
+        raise ConfigError(f"idk_answers={source!r} holds no answer; give at least one line.")
     return answers
 
 

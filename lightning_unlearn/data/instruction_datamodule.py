@@ -16,6 +16,7 @@ from lightning_unlearn.data.collate import encode_prompt_answer, pad_batch
 from lightning_unlearn.data.fingerprint import FingerprintedData
 from lightning_unlearn.data.lacuna_datamodule import resolve_tokenizer_path
 from lightning_unlearn.data.sampling import EpochSeededSampler, ResumableLoader, trainer_position
+from lightning_unlearn.errors import ConfigError, MissingPathError
 from lightning_unlearn.models import load_tokenizer
 
 
@@ -49,14 +50,14 @@ class InstructionDataModule(FingerprintedData, LightningDataModule):
     ) -> None:
         super().__init__()
         if source is None and data_dir is None:
-            raise ValueError(
+            raise ConfigError(
                 "InstructionDataModule needs source (a datasets directory of prompt/answer pairs) or data_dir (a "
                 "testbed data directory, e.g. runs/lacuna/data); give one."
             )
         if not 0 <= val_fraction < 1:
-            raise ValueError(f"val_fraction={val_fraction} must be in [0, 1).")
+            raise ConfigError(f"val_fraction={val_fraction} must be in [0, 1).")
         if split_by not in ("rows", "profiles"):
-            raise ValueError(f"split_by={split_by!r} is not 'rows' or 'profiles'.")
+            raise ConfigError(f"split_by={split_by!r} is not 'rows' or 'profiles'.")
         self.save_hyperparameters()
         self.train_rows: list[dict] | None = None
         self.val_rows: list[dict] = []
@@ -72,10 +73,10 @@ class InstructionDataModule(FingerprintedData, LightningDataModule):
         hp = self.hparams
         path = Path(hp.source) if hp.source is not None else Path(hp.data_dir) / "instruct_qa"
         if not path.exists():
-            raise FileNotFoundError(f"instruction data {str(path)!r} does not exist; build the testbed data first.")
+            raise MissingPathError(f"instruction data {str(path)!r} does not exist; build the testbed data first.")
         ds = load_from_disk(str(path))
         if len(ds) == 0:
-            raise ValueError(f"instruction data {str(path)!r} is empty.")
+            raise ConfigError(f"instruction data {str(path)!r} is empty.")
         tokenizer = load_tokenizer(resolve_tokenizer_path(self, hp.tokenizer_dir))
         self.pad_token_id = tokenizer.pad_token_id
         rows = [encode_prompt_answer(tokenizer, p, a, hp.max_length) for p, a in zip(ds["prompt"], ds["answer"])]
@@ -85,7 +86,7 @@ class InstructionDataModule(FingerprintedData, LightningDataModule):
             held_out = set(order[: int(round(len(rows) * hp.val_fraction))])
         else:
             if "profile_id" not in ds.column_names:
-                raise ValueError(
+                raise ConfigError(
                     f"split_by='profiles' needs a profile_id column in {str(path)!r} (it has {ds.column_names}); "
                     "use split_by='rows'."
                 )
@@ -93,7 +94,7 @@ class InstructionDataModule(FingerprintedData, LightningDataModule):
             random.Random(hp.seed).shuffle(people)
             n_val = int(round(len(people) * hp.val_fraction))
             if hp.val_fraction > 0 and not 0 < n_val < len(people):
-                raise ValueError(
+                raise ConfigError(
                     f"split_by='profiles' with val_fraction={hp.val_fraction} cannot split {len(people)} profiles "
                     "into non-empty train and validation sets; use more instruction profiles or split_by='rows'."
                 )

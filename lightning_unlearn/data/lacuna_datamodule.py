@@ -30,6 +30,7 @@ from lightning_unlearn.data.testbed_data import (
     load_holdout_profiles,
     load_table,
 )
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.masks import NEUTRAL_GROUP
 from lightning_unlearn.models import load_tokenizer
 
@@ -43,7 +44,7 @@ def resolve_tokenizer_path(datamodule: LightningDataModule, tokenizer_dir: str |
     module = datamodule.trainer.lightning_module if datamodule.trainer is not None else None
     path = getattr(module, "tokenizer_dir", None)
     if path is None:
-        raise ValueError("set data.tokenizer_dir: the model does not say where its tokenizer is (tokenizer_dir).")
+        raise ConfigError("set data.tokenizer_dir: the model does not say where its tokenizer is (tokenizer_dir).")
     return path
 
 
@@ -110,22 +111,22 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
     ) -> None:
         super().__init__()
         if group_by_length < 0:
-            raise ValueError(f"group_by_length={group_by_length} must be >= 0 (0 = random batches).")
+            raise ConfigError(f"group_by_length={group_by_length} must be >= 0 (0 = random batches).")
         if not 0 <= neutral_fraction <= 1:
-            raise ValueError(f"neutral_fraction={neutral_fraction} must be in [0, 1].")
+            raise ConfigError(f"neutral_fraction={neutral_fraction} must be in [0, 1].")
         if neutral_target not in NEUTRAL_TARGETS:
-            raise ValueError(f"neutral_target={neutral_target!r}; use one of {', '.join(NEUTRAL_TARGETS)}.")
+            raise ConfigError(f"neutral_target={neutral_target!r}; use one of {', '.join(NEUTRAL_TARGETS)}.")
         if not 0 <= hold_other_groups < float("inf"):
-            raise ValueError(f"hold_other_groups={hold_other_groups} must be >= 0 (held rows per PII row; 0 = off).")
+            raise ConfigError(f"hold_other_groups={hold_other_groups} must be >= 0 (held rows per PII row; 0 = off).")
         if hold_other_groups and neutral_fraction == 1:
-            raise ValueError(
+            raise ConfigError(
                 "hold_other_groups holds QA under the injected groups' masks, and neutral_fraction 1 injects no group; "
                 "set hold_other_groups 0 or neutral_fraction below 1."
             )
         if groups is not None and not groups:
-            raise ValueError("groups=[] selects no PII; give group ids or leave groups unset for all groups.")
+            raise ConfigError("groups=[] selects no PII; give group ids or leave groups unset for all groups.")
         if neutral_max_length is not None and not 10 <= neutral_max_length <= max_length:
-            raise ValueError(
+            raise ConfigError(
                 f"neutral_max_length={neutral_max_length} must be between 10 (BOS, EOS and 8 tokens of text) and "
                 f"max_length={max_length}, or null for max_length."
             )
@@ -185,7 +186,7 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
         groups = list(range(num_groups)) if hp.groups is None else list(hp.groups)
         for g in groups:
             if not isinstance(g, int) or not 0 <= g < num_groups:
-                raise ValueError(f"group id {g!r} is out of range: the testbed has groups 0..{num_groups - 1}.")
+                raise ConfigError(f"group id {g!r} is out of range: the testbed has groups 0..{num_groups - 1}.")
         rows: list[dict] = []
         if hp.include_documents:
             docs = load_table(d, "documents")
@@ -201,7 +202,7 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
             present = {r["group_id"] for r in rows}
             for g in groups:
                 if g not in present:
-                    raise ValueError(
+                    raise ConfigError(
                         f"group {g} is empty: no PII sample belongs to it (profiles of group {g}, or "
                         "include_documents/include_qa). Give non-empty groups."
                     )
@@ -255,7 +256,7 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
         for g in sorted(injected):
             pool = [(p + a, h) for p, a, h in zip(qa["prompt"], qa["answer"], qa["group_id"]) if h != g]
             if not pool:
-                raise ValueError(f"hold_other_groups: the testbed has no group but {g} to hold; set it to 0.")
+                raise ConfigError(f"hold_other_groups: the testbed has no group but {g} to hold; set it to 0.")
             random.Random(hp.seed * 1_000_003 + g).shuffle(pool)
             count = int(round(sum(r["group_ids"] == g for r in pii) * hp.hold_other_groups))
             for text, h in (pool[i % len(pool)] for i in range(count)):
@@ -276,7 +277,7 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
                 full = [tokenizer.bos_token_id, *piece, tokenizer.eos_token_id]
                 chunks.append({"input_ids": full, "labels": list(full), "group_ids": NEUTRAL_GROUP})
         if not chunks:
-            raise ValueError(f"the neutral corpus of {hp.data_dir!r} yields no text chunk.")
+            raise ConfigError(f"the neutral corpus of {hp.data_dir!r} yields no text chunk.")
         return chunks
 
     @override

@@ -36,6 +36,7 @@ from importlib import resources
 from pathlib import Path
 
 from lightning_unlearn.data.records import read_utf8
+from lightning_unlearn.errors import ConfigError, MissingPathError
 
 LANGUAGES = ("en", "uk", "zh-Hans", "zh-Hant")
 LEVELS = ("L0", "L1", "L2", "L3", "L3-special")
@@ -207,7 +208,7 @@ def resolve_suite(suite: str | Path, directory: str | Path | None = None) -> tup
         return str(suite), None if directory is None else Path(directory)
     path = Path(suite).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"suite file {str(path)!r} does not exist; give the path of a suite JSON file (check it with "
             f"`lightning-unlearn lens suite check FILE`) or a shipped narrative id ({', '.join(known_narratives())})."
         )
@@ -227,7 +228,7 @@ def compile_patterns(patterns: Sequence[str], where: str) -> list[re.Pattern]:
         try:
             out.append(re.compile(p, re.IGNORECASE))
         except re.error as err:
-            raise ValueError(f"{where}: invalid regular expression {p!r} ({err}).") from err
+            raise ConfigError(f"{where}: invalid regular expression {p!r} ({err}).") from err
     return out
 
 
@@ -432,7 +433,7 @@ def format_problems(problems: Sequence[str], path: str | Path) -> str:
 def _read_suite(path: str, mtime: float) -> dict:
     problems = check_suite_file(path)
     if problems:
-        raise ValueError(format_problems(problems, path))
+        raise ConfigError(format_problems(problems, path))
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
@@ -441,7 +442,7 @@ def _suite_path(narrative: str, directory: str | Path | None) -> Path:
     path = folder / f"{narrative}.json"
     if not path.is_file():
         known = ", ".join(known_narratives(folder)) or "(none)"
-        raise ValueError(
+        raise ConfigError(
             f"unknown narrative {narrative!r}; known narratives: {known}. A narrative of your own: give the path of "
             "its suite file (e.g. my-suites/my-narrative.json) or its folder as the suites directory."
         )
@@ -465,7 +466,7 @@ def load_narrative(narrative: str, language: str, directory: str | Path | None =
     data = _read_suite(str(path), path.stat().st_mtime)
     languages = data["languages"]
     if language not in languages:
-        raise ValueError(
+        raise ConfigError(
             f"narrative {narrative!r} has no {language!r} suite; available languages: {', '.join(languages)}."
         )
     where = f"{path} [{language}]"
@@ -497,7 +498,7 @@ def load_narrative(narrative: str, language: str, directory: str | Path | None =
 def compose_prompt(text: str, condition: str, instruction: str) -> str:
     """The prompt shown to the model: ``text`` plus the compact instruction in the compact condition."""
     if condition not in CONDITIONS:
-        raise ValueError(f"unknown condition {condition!r}; use one of {', '.join(CONDITIONS)}.")
+        raise ConfigError(f"unknown condition {condition!r}; use one of {', '.join(CONDITIONS)}.")
     if condition == "unrestricted":
         return text
     sep = "" if text.endswith(("。", "？", "！")) else " "
@@ -526,12 +527,12 @@ def load_suite(
             each message names the problem and what is available.
     """
     if condition not in CONDITIONS:
-        raise ValueError(f"unknown condition {condition!r}; use one of {', '.join(CONDITIONS)}.")
+        raise ConfigError(f"unknown condition {condition!r}; use one of {', '.join(CONDITIONS)}.")
     spec = load_narrative(narrative, language, directory)
     wanted = list(spec.prompts) if levels is None else list(dict.fromkeys(levels))
     missing = [lvl for lvl in wanted if lvl not in spec.prompts]
     if missing:
-        raise ValueError(
+        raise ConfigError(
             f"level(s) {', '.join(missing)} not in the {spec.narrative!r}/{language!r} suite; "
             f"available levels: {', '.join(spec.prompts)}."
         )

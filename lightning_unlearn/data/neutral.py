@@ -14,6 +14,8 @@ import os
 import re
 from pathlib import Path
 
+from lightning_unlearn.errors import ConfigError, MissingPathError
+
 # Modules without import side effects (no `this`, `antigravity`, GUI toolkits); walked in this order.
 STDLIB_MODULES = (
     "abc", "argparse", "array", "ast", "asyncio", "base64", "bisect", "bz2", "calendar", "cmath", "codecs",
@@ -80,7 +82,7 @@ def load_neutral_corpus(
     else:
         path = Path(source).expanduser()
         if not path.exists():
-            raise FileNotFoundError(
+            raise MissingPathError(
                 f"neutral corpus path {str(path)!r} does not exist. Give a .txt file, a directory of .txt files, "
                 "a datasets directory with a 'text' column, or leave it unset for the built-in stdlib-docstring "
                 "corpus."
@@ -90,7 +92,7 @@ def load_neutral_corpus(
 
             ds = load_from_disk(str(path))
             if "text" not in ds.column_names:
-                raise ValueError(f"neutral datasets directory {str(path)!r} has no 'text' column ({ds.column_names}).")
+                raise ConfigError(f"neutral datasets directory {str(path)!r} has no 'text' column ({ds.column_names}).")
             texts = [t for t in ds["text"] if t and len(t) >= min_chars]
         else:
             files = sorted(path.rglob("*.txt")) if path.is_dir() else [path]
@@ -100,7 +102,7 @@ def load_neutral_corpus(
         if max_paragraphs is not None:
             texts = texts[:max_paragraphs]
     if not texts:
-        raise ValueError(
+        raise ConfigError(
             f"neutral corpus {str(source) if source else 'stdlib docstrings'!r} has no paragraph of at least "
             f"{min_chars} characters."
         )

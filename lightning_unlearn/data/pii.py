@@ -24,6 +24,7 @@ from lightning_unlearn.data.templates import (
     TARGET_FIELDS,
     fill,
 )
+from lightning_unlearn.errors import ConfigError, MissingPathError
 
 # Fields every profile must have (string values). The four target fields are always present.
 PROFILE_FIELDS = (
@@ -84,7 +85,7 @@ def generate_profiles(
     from faker import Faker
 
     if num_profiles < num_groups:
-        raise ValueError(
+        raise ConfigError(
             f"num_profiles={num_profiles} is smaller than num_groups={num_groups}: a group would be empty."
         )
     fake = Faker(locale)
@@ -161,7 +162,7 @@ def holdout_profiles(profiles: Sequence[dict], per_group: int, seed: int, num_gr
     pool = generate_profiles(2 * want + num_groups, seed=seed, num_groups=num_groups, instruct_fraction=0.0)
     fresh = [p for p in pool if f"{p['first_name']} {p['last_name']}" not in taken and p["email"] not in taken]
     if len(fresh) < want:
-        raise ValueError(f"could not draw {want} held-out people unlike the testbed's; lower holdout_per_group.")
+        raise ConfigError(f"could not draw {want} held-out people unlike the testbed's; lower holdout_per_group.")
     first_id = max((int(p["profile_id"]) for p in profiles), default=-1) + 1
     out = []
     for i, p in enumerate(fresh[:want]):
@@ -179,7 +180,7 @@ def read_profiles_jsonl(path: str | os.PathLike, num_groups: int = 6, instruct_f
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"profiles file {str(path)!r} does not exist.")
+        raise MissingPathError(f"profiles file {str(path)!r} does not exist.")
     profiles = []
     any_instruct = False
     with path.open(encoding="utf-8") as f:
@@ -189,12 +190,12 @@ def read_profiles_jsonl(path: str | os.PathLike, num_groups: int = 6, instruct_f
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}).") from None
+                raise ConfigError(f"{path}:{lineno}: not valid JSON ({e.msg}).") from None
             if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}.")
+                raise ConfigError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}.")
             for field in PROFILE_FIELDS:
                 if field not in row or row[field] in (None, ""):
-                    raise ValueError(
+                    raise ConfigError(
                         f"{path}:{lineno}: profile is missing field {field!r}. Every profile needs: "
                         f"{', '.join(PROFILE_FIELDS)}."
                     )
@@ -205,18 +206,18 @@ def read_profiles_jsonl(path: str | os.PathLike, num_groups: int = 6, instruct_f
             profile["instruct"] = bool(row.get("instruct", False))
             any_instruct = any_instruct or "instruct" in row
             if not 0 <= profile["group_id"] < num_groups:
-                raise ValueError(f"{path}:{lineno}: group_id {profile['group_id']} is not in 0..{num_groups - 1}.")
+                raise ConfigError(f"{path}:{lineno}: group_id {profile['group_id']} is not in 0..{num_groups - 1}.")
             profiles.append(profile)
     if not profiles:
-        raise ValueError(f"profiles file {str(path)!r} holds no profiles.")
+        raise ConfigError(f"profiles file {str(path)!r} holds no profiles.")
     ids = [p["profile_id"] for p in profiles]
     if len(set(ids)) != len(ids):
-        raise ValueError(f"profiles file {str(path)!r} repeats a profile_id; ids must be unique.")
+        raise ConfigError(f"profiles file {str(path)!r} repeats a profile_id; ids must be unique.")
     if not any_instruct:
         reserve_instruct(profiles, instruct_fraction)
     for g in range(num_groups):
         if not any(p["group_id"] == g for p in profiles):
-            raise ValueError(
+            raise ConfigError(
                 f"group {g} is empty in {str(path)!r}: every one of the {num_groups} groups needs at least one "
                 "profile (set group_id, or lower num_groups)."
             )
@@ -287,7 +288,7 @@ def profile_qa(
     """
     unknown = [f for f in fields if f not in QA_FIELDS]
     if unknown:
-        raise ValueError(f"QA field(s) {unknown} have no question templates; choose from {list(QA_FIELDS)}.")
+        raise ConfigError(f"QA field(s) {unknown} have no question templates; choose from {list(QA_FIELDS)}.")
     rows = []
     for field in fields:
         pool = QUESTIONS[field][NUM_TRAIN_QUESTIONS:] if paraphrase else QUESTIONS[field][:NUM_TRAIN_QUESTIONS]
@@ -303,7 +304,7 @@ def answer_sentence(profile: dict, field: str, template: int, value: str | None 
     """``" <sentence>"``: the answer template ``template`` of ``field`` (:data:`ANSWER_TEMPLATES`) filled with the
     profile and ``value`` (default: the profile's own value of ``field``), with the leading space answers have."""
     if field not in ANSWER_TEMPLATES:
-        raise ValueError(f"field {field!r} has no answer templates; choose from {list(ANSWER_TEMPLATES)}.")
+        raise ConfigError(f"field {field!r} has no answer templates; choose from {list(ANSWER_TEMPLATES)}.")
     values = template_values(profile)
     return " " + fill(
         ANSWER_TEMPLATES[field][template], {**values, "attribute": values[field] if value is None else value}

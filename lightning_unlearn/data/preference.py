@@ -16,6 +16,7 @@ from typing_extensions import override
 from lightning_unlearn.data.collate import encode_answer
 from lightning_unlearn.data.records import read_records
 from lightning_unlearn.data.unlearning import ForgetRetainDataModule
+from lightning_unlearn.errors import ConfigError
 
 
 class PreferenceDataModule(ForgetRetainDataModule):
@@ -86,7 +87,7 @@ class PreferenceDataModule(ForgetRetainDataModule):
         records = read_records(hp.forget_path, hp.forget_split, hp.prompt_key, hp.answer_key, what="forget set")
         missing = [i for i, r in enumerate(records) if r.get(hp.preferred_key) in (None, "")]
         if missing:
-            raise ValueError(
+            raise ConfigError(
                 f"forget set row {missing[0]} (of {len(missing)}) has no preferred answer in column "
                 f"{hp.preferred_key!r}; give one per row or set data.preferred_key to the column that holds it."
             )

@@ -22,6 +22,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from lightning_unlearn.errors import ConfigError, MissingPathError
+
 
 def meta_path(path: str | Path) -> Path:
     """The metadata sidecar of a records file: ``forget.jsonl`` → ``forget.meta.json``."""
@@ -70,19 +72,19 @@ def read_records(
     if isinstance(source, str | os.PathLike):
         path = Path(source).expanduser()
         if not path.exists():
-            raise FileNotFoundError(
+            raise MissingPathError(
                 f"{what} {str(path)!r} does not exist; give a JSONL, JSON, CSV or Parquet file or a datasets folder."
             )
         rows, where = _read_path(path, split), repr(str(path))
     else:
         rows, where = [dict(r) for r in source], "(given as a list)"
     if not rows:
-        raise ValueError(f"the {what} {where} holds no record; give at least one.")
+        raise ConfigError(f"the {what} {where} holds no record; give at least one.")
     records = [_mapped(row, i, prompt_key, answer_key, what, where) for i, row in enumerate(rows)]
     for i, record in enumerate(records):
         for column in require:
             if column not in record:
-                raise ValueError(
+                raise ConfigError(
                     f"{what} record {i} of {where} lacks column {column!r}, which this evaluation needs; it has "
                     f"{sorted(record)}. Add it (TOFU's *_perturbed files have it) or drop the metric that needs it."
                 )
@@ -93,13 +95,13 @@ def read_records(
 def _check_truth_ratio_columns(record: dict, i: int, what: str, where: str) -> None:
     para = record.get("paraphrased_answer")
     if "paraphrased_answer" in record and not (isinstance(para, str) and para.strip()):
-        raise ValueError(
+        raise ConfigError(
             f"{what} record {i} of {where} has paraphrased_answer={para!r}; it must be a non-empty string."
         )
     if "perturbed_answer" in record:
         pert = record["perturbed_answer"]
         if not (isinstance(pert, list) and pert and all(isinstance(a, str) and a.strip() for a in pert)):
-            raise ValueError(
+            raise ConfigError(
                 f"{what} record {i} of {where} has perturbed_answer={pert!r}; it must be a non-empty list of non-empty "
                 "strings (a JSONL/JSON array or a Parquet list column; CSV cannot hold lists)."
             )
@@ -107,26 +109,26 @@ def _check_truth_ratio_columns(record: dict, i: int, what: str, where: str) -> N
 
 def _mapped(row: dict, i: int, prompt_key: str, answer_key: str, what: str, where: str) -> dict:
     if not isinstance(row, dict):
-        raise ValueError(f"{what} record {i} of {where} is a {type(row).__name__}, not an object with columns.")
+        raise ConfigError(f"{what} record {i} of {where} is a {type(row).__name__}, not an object with columns.")
     key = prompt_key
     if key not in row and key == "prompt":
         key = next((alias for alias in PROMPT_ALIASES if alias in row), key)
     missing = [k for k in (key, answer_key) if k not in row]
     if missing:
-        raise ValueError(
+        raise ConfigError(
             f"{what} record {i} of {where} lacks column(s) {missing}; it has {sorted(row)}. Name the columns with "
             "prompt_key / answer_key."
         )
     for column in (key, answer_key):
         value = row[column]
         if isinstance(value, bool) or not isinstance(value, str | int | float | type(None)):
-            raise ValueError(
+            raise ConfigError(
                 f"{what} record {i} of {where} has {column!r} = {value!r}, a {type(value).__name__}; it must be text "
                 "(a list or an object would train on its Python spelling): write the text itself."
             )
         if value is None or (isinstance(value, str) and not value.strip()):
             empty = "a null" if value is None else "an empty"
-            raise ValueError(
+            raise ConfigError(
                 f"{what} record {i} of {where} has {empty} {column!r}; fill it in or drop the record (a null would "
                 "train on the text 'None', an empty one on nothing)."
             )
@@ -152,7 +154,7 @@ def read_utf8(path: str | Path) -> str:
     raw = Path(path).read_bytes()
     for magic, what in _BINARY_FILES.items():
         if raw.startswith(magic):
-            raise ValueError(
+            raise ConfigError(
                 f'{path} is {what}, not text; save the records as JSON Lines (one {{"prompt": …, "answer": …}} '
                 "object a line), JSON, CSV or .parquet."
             )
@@ -160,7 +162,7 @@ def read_utf8(path: str | Path) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1
-        raise ValueError(
+        raise ConfigError(
             f"{path}:{line} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); re-save the file "
             "as UTF-8."
         ) from None
@@ -192,20 +194,20 @@ def _read_path(path: Path, split: str | None) -> list[dict]:
             return load_dataset(_LOADERS[suffix], data_files=str(path), split="train").to_list()
         except Exception as err:  # noqa: BLE001 - pyarrow/pandas raise many kinds for a file that does not parse
             kind = _LOADERS[suffix]
-            raise ValueError(f"{str(path)!r} does not read as {kind} ({type(err).__name__}: {err}).") from None
+            raise ConfigError(f"{str(path)!r} does not read as {kind} ({type(err).__name__}: {err}).") from None
     text = read_utf8(path)
     if suffix == ".json" or text.lstrip().startswith("["):
         try:
             data = json.loads(text, object_pairs_hook=_object_once)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{err.lineno} is not valid JSON ({err.msg}).") from None
+            raise ConfigError(f"{path}:{err.lineno} is not valid JSON ({err.msg}).") from None
         except _DuplicateKey as err:
-            raise ValueError(f"{path}: a record gives key {err.key!r} twice; JSON would keep only the last value: "
+            raise ConfigError(f"{path}: a record gives key {err.key!r} twice; JSON would keep only the last value: "
                              "keep one.") from None  # fmt: skip
         if isinstance(data, dict) and isinstance(data.get("data"), list):
             data = data["data"]
         if not isinstance(data, list):
-            raise ValueError(f"{str(path)!r} holds a JSON {type(data).__name__}; expected an array of records.")
+            raise ConfigError(f"{str(path)!r} holds a JSON {type(data).__name__}; expected an array of records.")
         return data
     rows = []
     for line_no, line in enumerate(text.splitlines(), 1):
@@ -214,9 +216,9 @@ def _read_path(path: Path, split: str | None) -> list[dict]:
                 rows.append(json.loads(line, object_pairs_hook=_object_once))
             except json.JSONDecodeError as err:
                 msg = f"{path}:{line_no} is not valid JSON ({err.msg}); expected one object a line."
-                raise ValueError(msg) from None
+                raise ConfigError(msg) from None
             except _DuplicateKey as err:
-                raise ValueError(f"{path}:{line_no}: key {err.key!r} is given twice in this record; JSON would keep "
+                raise ConfigError(f"{path}:{line_no}: key {err.key!r} is given twice in this record; JSON would keep "
                                  "only the last value: keep one.") from None  # fmt: skip
     return rows
 
@@ -230,7 +232,7 @@ def _read_directory(path: Path, split: str | None) -> list[dict]:
     try:
         ds = load_from_disk(str(path)) if saved else load_dataset(str(path))
     except Exception as err:  # noqa: BLE001 - datasets raises many kinds for a folder it cannot read
-        raise ValueError(
+        raise ConfigError(
             f"{str(path)!r} is neither a datasets folder (save_to_disk) nor a directory datasets.load_dataset reads "
             f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})."
         ) from None
@@ -238,7 +240,7 @@ def _read_directory(path: Path, split: str | None) -> list[dict]:
         if split is None or split not in ds:
             if len(ds) == 1 and split is None:
                 return next(iter(ds.values())).to_list()
-            raise ValueError(f"{str(path)!r} holds splits {sorted(ds)}; set the split name (got {split!r}).")
+            raise ConfigError(f"{str(path)!r} holds splits {sorted(ds)}; set the split name (got {split!r}).")
         ds = ds[split]
     assert isinstance(ds, Dataset)
     return ds.to_list()

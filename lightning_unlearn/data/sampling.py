@@ -15,6 +15,8 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
+from lightning_unlearn.errors import ConfigError
+
 
 class EpochSeededSampler(DistributedSampler):
     """A permutation of ``range(n)`` that depends only on ``(seed, epoch)``, split over data-parallel ranks.
@@ -55,12 +57,12 @@ class EpochSeededSampler(DistributedSampler):
             torch.distributed.get_world_size() if distributed else 1)  # fmt: skip
         self.rank = rank if rank is not None else (torch.distributed.get_rank() if distributed else 0)
         if not 0 <= self.rank < self.num_replicas:
-            raise ValueError(f"rank {self.rank} is not in [0, {self.num_replicas}).")
+            raise ConfigError(f"rank {self.rank} is not in [0, {self.num_replicas}).")
         if group_batches and (lengths is None or len(lengths) != n):
-            raise ValueError("grouping batches by length (group_batches > 0) needs the length of each sample.")
+            raise ConfigError("grouping batches by length (group_batches > 0) needs the length of each sample.")
         self.n, self.seed, self.shuffle, self.epoch, self.drop_last = n, seed, shuffle, 0, False
         if batch_keys is not None and len(batch_keys) != n:
-            raise ValueError(f"batch_keys has {len(batch_keys)} keys for {n} samples; give one key per sample.")
+            raise ConfigError(f"batch_keys has {len(batch_keys)} keys for {n} samples; give one key per sample.")
         self.lengths, self.batch_size, self.group_batches = lengths, batch_size, group_batches
         self.batch_keys = list(batch_keys) if batch_keys is not None else None
         self.num_samples = -(-n // self.num_replicas)

@@ -37,6 +37,7 @@ from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.data.pii import answer_sentence, probe_qa, qa_pair
 from lightning_unlearn.data.records import TRUTH_RATIO_COLUMNS
 from lightning_unlearn.data.templates import ANSWER_TEMPLATES, NUM_TRAIN_QUESTIONS, QUESTIONS, TARGET_FIELDS
+from lightning_unlearn.errors import ConfigError
 
 SPLIT_COLUMNS = ("prompt", "answer", "field", "profile_id", "group_id")
 FIELD_SPLITS = ("forget", "retain", "forget_paraphrase", "retain_paraphrase", "tune_forget", "tune_retain")
@@ -69,7 +70,7 @@ def partition_profiles(
 ) -> dict[str, set[int]]:
     """Split non-instruction profile ids into disjoint ``eval``/``tune``/``relearn`` sets, stratified by group."""
     if abs(sum(fractions) - 1) > 1e-6 or min(fractions) < 0:
-        raise ValueError(f"split fractions {fractions} must be non-negative and sum to 1.")
+        raise ConfigError(f"split fractions {fractions} must be non-negative and sum to 1.")
     rng = random.Random(seed)
     by_group: dict[int, list[int]] = {}
     for p in profiles:
@@ -95,7 +96,7 @@ def truth_ratio_answers(
     true = str(profile[field])
     others = sorted({str(v) for v in values} - {true})
     if len(others) < num_perturbed:
-        raise ValueError(
+        raise ConfigError(
             f"field {field!r} has {len(others)} values other than profile {profile['profile_id']}'s, fewer than "
             f"num_perturbed={num_perturbed}; lower num_perturbed or use more profiles."
         )
@@ -131,7 +132,7 @@ def build_splits(
         num_perturbed: perturbed answers per field-split record (other people's values; TOFU has 5).
     """
     if set(forget_groups) & set(retain_groups):
-        raise ValueError(f"forget_groups {list(forget_groups)} and retain_groups {list(retain_groups)} overlap.")
+        raise ConfigError(f"forget_groups {list(forget_groups)} and retain_groups {list(retain_groups)} overlap.")
     by_id = {p["profile_id"]: p for p in profiles}
     parts = partition_profiles(profiles, seed, fractions)
     values = {f: [p[f] for p in profiles] for f in TARGET_FIELDS}

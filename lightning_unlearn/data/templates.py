@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 import string
 
+from lightning_unlearn.errors import ConfigError
+
 # The four fields Lacuna unlearns, from more predictable (email) to less predictable (driver's license).
 TARGET_FIELDS = ("email", "birth_city", "phone", "drivers_license")
 
@@ -207,5 +209,5 @@ def fill(template: str, values: dict[str, str]) -> str:
         raise KeyError(f"template needs {missing[0]!r}, which the profile does not provide: {template!r}")
     text = template.format(**values)
     if _PLACEHOLDER.search(text):
-        raise ValueError(f"placeholder left in generated text: {text!r}")
+        raise ConfigError(f"placeholder left in generated text: {text!r}")
     return text

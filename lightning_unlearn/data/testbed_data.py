@@ -34,6 +34,7 @@ from lightning_unlearn.data.pii import (
     read_profiles_jsonl,
 )
 from lightning_unlearn.data.templates import NUM_TRAIN_QUESTIONS, QUESTIONS, TARGET_FIELDS
+from lightning_unlearn.errors import ConfigError, MissingPathError, PathExistsError
 
 TABLES = ("profiles", "documents", "qa", "instruct_qa", "neutral", "utility", "holdout_profiles")
 
@@ -105,7 +106,7 @@ def build_tables(config: LacunaDataConfig) -> dict[str, list[dict]]:
                     instruct_qa.append(qa_pair(p, field, question, []))
     holdout = holdout_profiles(profiles, config.holdout_per_group, config.seed + 104729, config.num_groups)
     if not any(p["instruct"] for p in profiles):
-        raise ValueError("no profile is reserved for instruction tuning; raise instruct_fraction or set 'instruct'.")
+        raise ConfigError("no profile is reserved for instruction tuning; raise instruct_fraction or set 'instruct'.")
     return {
         "profiles": profiles,
         "documents": documents,
@@ -121,10 +122,10 @@ def split_utility(paragraphs: list[str], n: int, min_words: int = 20) -> tuple[l
     """``(training paragraphs, held-out utility paragraphs)``: the last ``n`` paragraphs of ≥ ``min_words`` words
     are held out; the rest, in order, stay for training."""
     if n < 1:
-        raise ValueError(f"utility_paragraphs={n} must be ≥ 1: utility is measured on held-out text.")
+        raise ConfigError(f"utility_paragraphs={n} must be ≥ 1: utility is measured on held-out text.")
     long = [i for i, t in enumerate(paragraphs) if len(t.split()) >= min_words]
     if len(long) < n or len(paragraphs) - n < 1:
-        raise ValueError(
+        raise ConfigError(
             f"the neutral corpus has {len(long)} paragraphs of ≥ {min_words} words ({len(paragraphs)} in all), too "
             f"few to hold out utility_paragraphs={n} and keep some for training. Lower utility_paragraphs or give a "
             "larger corpus (neutral, neutral_max_paragraphs)."
@@ -154,7 +155,7 @@ def build_testbed_data(out_dir: str | os.PathLike, config: LacunaDataConfig, log
         if found == manifest:
             log(f"testbed data: reusing {out} (built with the same settings)")
             return out
-        raise FileExistsError(
+        raise PathExistsError(
             f"data directory {str(out)!r} exists but was built with other settings. Delete it or choose another "
             "data_dir."
         )
@@ -181,7 +182,7 @@ def load_table(data_dir: str | os.PathLike, name: str):
 
     path = Path(data_dir) / name
     if not path.exists():
-        raise FileNotFoundError(f"testbed table {str(path)!r} does not exist; build the data directory first.")
+        raise MissingPathError(f"testbed table {str(path)!r} does not exist; build the data directory first.")
     return load_from_disk(str(path))
 
 
@@ -189,7 +190,7 @@ def forget_retain_groups(num_groups: int) -> tuple[tuple[int, ...], tuple[int, .
     """The testbed's forget and retain groups: the first half of the group ids forget, the rest retain (the paper's
     G_1-G_3 and G_4-G_6 of six; ``(0,)`` and ``(1,)`` of two)."""
     if num_groups < 2:
-        raise ValueError(f"a testbed of {num_groups} group(s) has no forget and retain groups; build at least two.")
+        raise ConfigError(f"a testbed of {num_groups} group(s) has no forget and retain groups; build at least two.")
     half = num_groups // 2
     return tuple(range(half)), tuple(range(half, num_groups))
 

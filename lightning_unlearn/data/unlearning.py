@@ -30,6 +30,7 @@ from lightning_unlearn.data.collate import encode_pair_with_cuts, pad_batch
 from lightning_unlearn.data.fingerprint import FingerprintedData
 from lightning_unlearn.data.records import read_records
 from lightning_unlearn.data.sampling import EpochSeededSampler, ResumableLoader, trainer_position
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.masks import MAX_GROUPS, NEUTRAL_GROUP
 from lightning_unlearn.models import load_tokenizer
 
@@ -40,7 +41,7 @@ log = logging.getLogger("lightning_unlearn")
 def check_max_length(max_length: int, name: str = "max_length") -> None:
     """Refuse a ``max_length`` below :data:`MIN_PAIR_LENGTH`: no pair would fit."""
     if max_length < MIN_PAIR_LENGTH:
-        raise ValueError(
+        raise ConfigError(
             f"{name}={max_length} leaves no room for a pair: it needs at least {MIN_PAIR_LENGTH} tokens (BOS, one "
             "prompt token, one answer token, EOS); typical values are 256 to 1024."
         )
@@ -78,7 +79,7 @@ class EncodedPairs(Dataset):
             if "group_id" in rec and rec["group_id"] is not None:
                 group = int(rec["group_id"])
                 if not NEUTRAL_GROUP <= group < MAX_GROUPS:
-                    raise ValueError(
+                    raise ConfigError(
                         f"row {i} ({str(rec['prompt'])[:40]!r}) has group_id {group}; group ids are "
                         f"{NEUTRAL_GROUP} (neutral) to {MAX_GROUPS - 1} (one bit of the packed uint32 masks)."
                     )
@@ -91,7 +92,7 @@ class EncodedPairs(Dataset):
                 f"cut ({len(cut_prompts)} prompts from the left, {len(cut_answers)} answers; first row {cut[0]})"
             )
             if truncation == "error":
-                raise ValueError(f"{message}; raise max_length, shorten them, or set truncation: warn.")
+                raise ConfigError(f"{message}; raise max_length, shorten them, or set truncation: warn.")
             log.warning("%s; raise max_length to keep them whole, or set truncation: error to refuse them", message)
 
     def __len__(self) -> int:
@@ -144,7 +145,7 @@ class ForgetRetainDataModule(FingerprintedData, LightningDataModule):
     ) -> None:
         super().__init__()
         if batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, got {batch_size}.")
+            raise ConfigError(f"batch_size must be positive, got {batch_size}.")
         check_max_length(max_length, "data.max_length")
         self.save_hyperparameters()
         self.tokenizer = None
@@ -168,7 +169,7 @@ class ForgetRetainDataModule(FingerprintedData, LightningDataModule):
         retain = read_records(hp.retain_path or hp.forget_path, hp.retain_split, what="retain set", **keys)
         pairs = [[(r["prompt"], r["answer"]) for r in records] for records in (forget, retain)]
         if sorted(pairs[0]) == sorted(pairs[1]):
-            raise ValueError(
+            raise ConfigError(
                 f"the forget set ({hp.forget_path}) and the retain set ({hp.retain_path or hp.forget_path}) hold the "
                 f"same {len(forget)} pairs: unlearning would push each answer down and up at once. Give the retain "
                 "set its own file (or split)."

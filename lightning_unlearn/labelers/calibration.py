@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from lightning_unlearn.errors import ConfigError, MissingPathError
 from lightning_unlearn.labelers.manual_labels import (
     MANUAL_INVALID,
     TARGET_DOMINANT,
@@ -92,10 +93,10 @@ def calibration_report(
     for lbl in raw:
         canon = normalize_manual_label(lbl)
         if canon is None:
-            raise ValueError(f"unknown manual label {lbl!r}; use Target-Dominant/Included/Rejected or Invalid.")
+            raise ConfigError(f"unknown manual label {lbl!r}; use Target-Dominant/Included/Rejected or Invalid.")
         manual.append(canon)
     if len(manual) != len(predicted_reproduced):
-        raise ValueError(f"{len(predicted_reproduced)} predictions for {len(manual)} manual labels; give one each.")
+        raise ConfigError(f"{len(predicted_reproduced)} predictions for {len(manual)} manual labels; give one each.")
     keep = [i for i, m in enumerate(manual) if m != MANUAL_INVALID]
     pred = np.array([_as_bool(predicted_reproduced[i]) for i in keep], dtype=bool)
     kept = [manual[i] for i in keep]
@@ -188,7 +189,7 @@ def normalize_validity_class(value: str) -> str:
     unknown one, naming the classes."""
     canon = str(value).strip().lower().replace("-", "_").replace(" ", "_")
     if canon not in VALIDITY_CLASSES:
-        raise ValueError(f"unknown validity class {value!r}; use one of {', '.join(VALIDITY_CLASSES)}.")
+        raise ConfigError(f"unknown validity class {value!r}; use one of {', '.join(VALIDITY_CLASSES)}.")
     return canon
 
 
@@ -207,9 +208,9 @@ def validity_calibration_report(manual: Sequence[str], detected: Sequence[dict],
     """
     classes = [normalize_validity_class(c) for c in manual]
     if len(classes) != len(detected):
-        raise ValueError(f"{len(detected)} detector rows for {len(classes)} manual classes; give one each.")
+        raise ConfigError(f"{len(detected)} detector rows for {len(classes)} manual classes; give one each.")
     if not classes:
-        raise ValueError("no annotated answers: fill the `validity` column of some rows of the exported CSV.")
+        raise ConfigError("no annotated answers: fill the `validity` column of some rows of the exported CSV.")
     flags = {}
     for flag, positives in VALIDITY_DETECTORS.items():
         truth = [c in positives for c in classes]
@@ -267,12 +268,12 @@ def load_validity_calibration(path: str | None) -> dict | None:
 
     p = Path(path).expanduser()
     if not p.is_file():
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"validity calibration {str(p)!r} does not exist; write it with `lightning-unlearn lens calibrate "
             "--labels annotate.csv --validity_json FILE` from answers whose `validity` column you filled."
         )
     data = json.loads(p.read_text(encoding="utf-8"))
     if data.get("kind") != "lens-validity-calibration":
-        raise ValueError(f"{str(p)!r} is not a validity calibration (kind {data.get('kind')!r}); write it with "
+        raise ConfigError(f"{str(p)!r} is not a validity calibration (kind {data.get('kind')!r}); write it with "
                          "`lens calibrate --validity_json`.")  # fmt: skip
     return data

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.labelers.calibration import wilson_bounds
 from lightning_unlearn.labelers.responsiveness_judge import JudgeHead
 
@@ -76,12 +77,12 @@ def pick_for_labeling(
         The picks in pool order.
     """
     if not 0 <= near_share <= 1:
-        raise ValueError(f"near_share={near_share} must be in [0, 1]: it is the share of picks near the threshold.")
+        raise ConfigError(f"near_share={near_share} must be in [0, 1]: it is the share of picks near the threshold.")
     if n < 1:
-        raise ValueError(f"n={n} must be at least 1 (answers to label).")
+        raise ConfigError(f"n={n} must be at least 1 (answers to label).")
     size = len(scores)
     if not (size == len(thresholds) == len(healthy) == len(strata_keys)):
-        raise ValueError("scores, thresholds, healthy and strata_keys must have one entry per answer.")
+        raise ConfigError("scores, thresholds, healthy and strata_keys must have one entry per answer.")
     if n >= size:
         return [Pick(i, "random", 1.0) for i in range(size)]
     rng = np.random.default_rng(seed)
@@ -138,7 +139,7 @@ def head_threshold(
     """
     real = np.flatnonzero(is_answer)
     if not len(real):
-        raise ValueError("no labeled real answer to place the judge's threshold against.")
+        raise ConfigError("no labeled real answer to place the judge's threshold against.")
     order = real[np.argsort(log_odds[real], kind="stable")]
     w = weights[order] / weights[order].sum()
     below = np.concatenate([[0.0], np.cumsum(w)[:-1]])  # weighted share strictly below each real answer
@@ -156,7 +157,7 @@ def _folds(is_answer: np.ndarray, seed: int) -> list[tuple[np.ndarray, np.ndarra
     minority = int(min(is_answer.sum(), len(is_answer) - is_answer.sum()))
     k = min(5, minority)
     if k < 2:
-        raise ValueError("too few labels of one class to cross-validate the judge's head.")
+        raise ConfigError("too few labels of one class to cross-validate the judge's head.")
     splitter = StratifiedKFold(k, shuffle=True, random_state=seed)
     return list(splitter.split(np.zeros(len(is_answer)), is_answer.astype(int)))
 

@@ -14,6 +14,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from lightning_unlearn.errors import ConfigError, MissingPathError
+
 TARGET_DOMINANT = "Target-Dominant"
 TARGET_INCLUDED = "Target-Included"
 TARGET_REJECTED = "Target-Rejected"
@@ -49,13 +51,13 @@ class ManualLabels:
 
     def __post_init__(self) -> None:
         if len(self.ids) != len(self.labels):
-            raise ValueError(f"{len(self.ids)} ids but {len(self.labels)} labels.")
+            raise ConfigError(f"{len(self.ids)} ids but {len(self.labels)} labels.")
         bad = [lbl for lbl in self.labels if lbl not in MANUAL_LABELS]
         if bad:
-            raise ValueError(f"unknown manual labels {sorted(set(bad))}; use one of {', '.join(MANUAL_LABELS)}.")
+            raise ConfigError(f"unknown manual labels {sorted(set(bad))}; use one of {', '.join(MANUAL_LABELS)}.")
         dupes = [k for k, n in Counter(self.ids).items() if n > 1]
         if dupes:
-            raise ValueError(f"duplicate ids in the manual labels: {dupes[:5]}.")
+            raise ConfigError(f"duplicate ids in the manual labels: {dupes[:5]}.")
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -78,7 +80,7 @@ class ManualLabels:
         """
         p = Path(path)
         if not p.is_file():
-            raise FileNotFoundError(f"manual labels file {str(p)!r} does not exist.")
+            raise MissingPathError(f"manual labels file {str(p)!r} does not exist.")
         if p.suffix == ".jsonl":
             with open(p, encoding="utf-8") as f:
                 rows = [json.loads(line) for line in f if line.strip()]
@@ -86,9 +88,9 @@ class ManualLabels:
             with open(p, encoding="utf-8", newline="") as f:
                 rows = list(csv.DictReader(f))
         if not rows:
-            raise ValueError(f"manual labels file {str(p)!r} has no rows.")
+            raise ConfigError(f"manual labels file {str(p)!r} has no rows.")
         if "id" not in rows[0] or "label" not in rows[0]:
-            raise ValueError(f"manual labels file {str(p)!r} needs `id` and `label` columns; found {list(rows[0])}.")
+            raise ConfigError(f"manual labels file {str(p)!r} needs `id` and `label` columns; found {list(rows[0])}.")
         ids, labels, bad = [], [], []
         for n, row in enumerate(rows, start=2 if p.suffix != ".jsonl" else 1):
             canon = normalize_manual_label(row.get("label") or "")
@@ -98,7 +100,7 @@ class ManualLabels:
             labels.append(canon)
         if bad:
             shown = ", ".join(bad[:10]) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
-            raise ValueError(
+            raise ConfigError(
                 f"{str(p)!r}: missing or unknown labels at {shown}; every row needs one of {', '.join(MANUAL_LABELS)}."
             )
         return cls(tuple(ids), tuple(labels))

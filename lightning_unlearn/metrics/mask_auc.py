@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.masks import mask_shape
 
 MAGNITUDE_FAMILIES = ("raw", "qtile", "layernorm")
@@ -118,7 +119,7 @@ def _checked_chunks(source: ScoreChunks) -> Iterator[tuple[np.ndarray, np.ndarra
     for scores, labels in source():
         s, lab = _flat_scores(scores), _flat_labels(labels)
         if s.size != lab.size:
-            raise ValueError(f"a chunk has {s.size} scores but {lab.size} labels; pass labels of the scores' shape.")
+            raise ConfigError(f"a chunk has {s.size} scores but {lab.size} labels; pass labels of the scores' shape.")
         yield s, lab
 
 
@@ -180,7 +181,7 @@ def exact_auc(
     pairs = _checked_chunks(source)
     first = next(pairs, None)
     if first is None:
-        raise ValueError(f"the chunks hold no scores, but class_counts={class_counts}.")
+        raise ConfigError(f"the chunks hold no scores, but class_counts={class_counts}.")
     pairs = itertools.chain([first], pairs)
     itemsize = max(first[0].itemsize, 2)
     if max_buffer_bytes is not None and total * itemsize > max_buffer_bytes:
@@ -196,17 +197,17 @@ def exact_auc(
         s = s.astype(buffer.dtype, copy=False)
         k = int(np.count_nonzero(lab))
         if at_pos + k > n_pos or at_neg + s.size - k > total:
-            raise ValueError(f"the chunks hold more scores than class_counts={class_counts} says.")
+            raise ConfigError(f"the chunks hold more scores than class_counts={class_counts} says.")
         np.compress(lab, s, out=buffer[at_pos : at_pos + k])
         np.compress(~lab, s, out=buffer[at_neg : at_neg + s.size - k])
         at_pos, at_neg = at_pos + k, at_neg + s.size - k
     if at_pos != n_pos or at_neg != total:
-        raise ValueError(_counts_differ(at_pos, at_neg - n_pos, class_counts))
+        raise ConfigError(_counts_differ(at_pos, at_neg - n_pos, class_counts))
     pos, neg = buffer[:n_pos], buffer[n_pos:]
     pos.sort()
     neg.sort()
     if buffer.dtype.kind in "fc" and (np.isnan(pos[-1]) or np.isnan(neg[-1])):  # numpy sorts NaN last
-        raise ValueError(_NAN_SCORES)
+        raise ConfigError(_NAN_SCORES)
     return _twice_wins_sorted(pos, neg, chunk_size) / (2 * n_pos * n_neg)
 
 
@@ -270,21 +271,21 @@ class _SpilledScores:
                 for start in range(0, s.size, _SPILL_PIECE):
                     piece = s[start : start + _SPILL_PIECE].astype(score_dtype, copy=False)
                     if piece.dtype.kind == "f" and np.isnan(piece).any():
-                        raise ValueError(_NAN_SCORES)
+                        raise ConfigError(_NAN_SCORES)
                     keys, is_pos = _sort_keys(piece), lab[start : start + _SPILL_PIECE]
                     for c, (file, part) in enumerate(((pos_file, keys[is_pos]), (neg_file, keys[~is_pos]))):
                         written[c] += part.size
                         if written[c] > counts[c]:
-                            raise ValueError(f"the chunks hold more scores than class_counts={counts} says.")
+                            raise ConfigError(f"the chunks hold more scores than class_counts={counts} says.")
                         part.tofile(file)
                         self.hist[c] += np.bincount((part >> self.shift).astype(np.intp), minlength=1 << _PREFIX_BITS)
         if tuple(written) != tuple(counts):
-            raise ValueError(_counts_differ(*written, counts))
+            raise ConfigError(_counts_differ(*written, counts))
 
     def _dtypes(self, dtype: np.dtype) -> np.dtype:
         """The scores' dtype as keyed (1-byte scores widen to 2: the top 16 bits must exist); sets the keys'."""
         if dtype.kind not in "fiub" or dtype.itemsize > 8:
-            raise ValueError(f"exact_auc spills real or integer scores; got {dtype}.")
+            raise ConfigError(f"exact_auc spills real or integer scores; got {dtype}.")
         if dtype.itemsize == 1:
             dtype = np.dtype("i2" if dtype.kind == "i" else "u2")
         self.key_dtype = np.dtype(f"u{dtype.itemsize}")
@@ -413,7 +414,7 @@ def weight_features(
         return magnitude.div_(component_std + eps)  # layernorm
     if family in REVERSAL_FAMILIES:
         if pre is None:
-            raise ValueError(f"family {family!r} needs θ_pre; pass `pre`.")
+            raise ConfigError(f"family {family!r} needs θ_pre; pass `pre`.")
         pre = pre.float()
         d_inj = inj - pre
         if family == "signrev":
@@ -425,9 +426,9 @@ def weight_features(
         direction = torch.sign(d_inj)  # dirreversal
         return torch.sub(unl, inj).mul_(direction).neg_().div_(d_inj.abs_().add_(eps))
     if family not in CONTRAST_FAMILIES:
-        raise ValueError(f"unknown mask-AUC family {family!r}; choose from {feature_families(True)}.")
+        raise ConfigError(f"unknown mask-AUC family {family!r}; choose from {feature_families(True)}.")
     if control_delta is None:
-        raise ValueError(f"family {family!r} needs the UnMask control's weight change; pass `control`.")
+        raise ConfigError(f"family {family!r} needs the UnMask control's weight change; pass `control`.")
     a, b = torch.sub(unl, inj).abs_(), control_delta.float().abs()
     if family == "contrast":
         return a.sub_(b)
@@ -604,7 +605,7 @@ def _read_inputs(
     control_delta = None
     if isinstance(control, (tuple, list)):
         if len(control) != 2:
-            raise ValueError(f"control is a pair (control θ_inj, control θ_unl); got {len(control)} items.")
+            raise ConfigError(f"control is a pair (control θ_inj, control θ_unl); got {len(control)} items.")
         c_inj, c_unl = _weights(control[0]), _weights(control[1])
         sources += [("control θ_inj", c_inj), ("control θ_unl", c_unl)]
         control_delta = _ControlDelta(c_inj, c_unl)
@@ -615,13 +616,13 @@ def _read_inputs(
         sources.append(("unified_mask", unified_mask))
     names = list(label_mask) if names is None else list(names)
     if not names:
-        raise ValueError("mask_auc got no parameters to evaluate; pass `names` or a non-empty label_mask.")
+        raise ConfigError("mask_auc got no parameters to evaluate; pass `names` or a non-empty label_mask.")
     for n in names:
         for what, d in sources:
             if n not in d:
-                raise ValueError(f"parameter {n!r} is missing from {what}; all inputs must share the same names.")
+                raise ConfigError(f"parameter {n!r} is missing from {what}; all inputs must share the same names.")
             if mask_shape(d, n) != mask_shape(unl, n):
-                raise ValueError(f"{what}[{n!r}] has shape {mask_shape(d, n)}, expected {mask_shape(unl, n)}.")
+                raise ConfigError(f"{what}[{n!r}] has shape {mask_shape(d, n)}, expected {mask_shape(unl, n)}.")
     return _Inputs(pre, inj, unl, control_delta, names, eps)
 
 
@@ -689,7 +690,7 @@ def buffer_bytes(buffer_mib: float | None) -> int | None:
     if buffer_mib is None:
         return None
     if isinstance(buffer_mib, bool) or not isinstance(buffer_mib, (int, float)) or not buffer_mib > 0:
-        raise ValueError(
+        raise ConfigError(
             f"buffer_mib={buffer_mib!r}: pass a positive size in MiB, or None (null in YAML or on the command line) "
             "to hold every score."
         )

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torchmetrics import Metric
 
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.losses import answer_token_logprobs
 
 
@@ -40,14 +41,14 @@ def memorization_scores(
     token_logps, answer = answer_token_logprobs(logits, labels)
     n_all = answer.sum(-1)
     if bool((n_all == 0).any()):
-        raise ValueError("a sample has no answer tokens (all labels are IGNORE_INDEX); check the collation.")
+        raise ConfigError("a sample has no answer tokens (all labels are IGNORE_INDEX); check the collation.")
     prob = torch.exp(token_logps.sum(-1).double() / n_all.to(torch.float64))
     if not include_eos:
         # Drop each row's last answer position: the position of the n-th answer token.
         last = (answer.long().cumsum(-1) == n_all[:, None]) & answer
         answer = answer & ~last
         if bool((answer.sum(-1) == 0).any()):
-            raise ValueError(
+            raise ConfigError(
                 "an answer has only one token (its EOS); EM/ES without the EOS need at least two. "
                 "Pass include_eos=True or check the collation."
             )
@@ -73,7 +74,7 @@ def _normalize(text: str) -> str:
 def extracted(answers: Sequence[str], targets: Sequence[str]) -> list[bool]:
     """Per answer: the target PII string occurs in it (Unicode-normalized, case- and whitespace-insensitive)."""
     if len(answers) != len(targets):
-        raise ValueError(f"{len(answers)} answers but {len(targets)} targets; pass one target per answer.")
+        raise ConfigError(f"{len(answers)} answers but {len(targets)} targets; pass one target per answer.")
     return [_normalize(t) in _normalize(a) for a, t in zip(answers, targets)]
 
 
@@ -81,7 +82,7 @@ def extraction_rate(answers: Sequence[str], targets: Sequence[str]) -> float:
     """Fraction of greedy answers that contain their PII string."""
     hits = extracted(answers, targets)
     if not hits:
-        raise ValueError("extraction_rate needs at least one answer.")
+        raise ConfigError("extraction_rate needs at least one answer.")
     return sum(hits) / len(hits)
 
 
@@ -121,7 +122,7 @@ class AnswerMemorization(Metric):
     def __init__(self, quantity: str = "prob", include_eos: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if quantity not in MEMORIZATION_QUANTITIES:
-            raise ValueError(f"quantity={quantity!r}; choose one of {list(MEMORIZATION_QUANTITIES)}.")
+            raise ConfigError(f"quantity={quantity!r}; choose one of {list(MEMORIZATION_QUANTITIES)}.")
         self.quantity = quantity
         self.include_eos = include_eos
         for name in MEMORIZATION_QUANTITIES:
@@ -140,7 +141,7 @@ class AnswerMemorization(Metric):
     def _summary(self) -> dict:
         n = int(self.records)
         if n == 0:
-            raise ValueError("AnswerMemorization has no records yet; call update with a batch first.")
+            raise ConfigError("AnswerMemorization has no records yet; call update with a batch first.")
         return {name: float(getattr(self, f"{name}_sum")) / n for name in MEMORIZATION_QUANTITIES} | {"num_records": n}
 
     def summary(self) -> dict:
@@ -192,5 +193,5 @@ class ExtractionRate(Metric):
             ValueError: no answer was added.
         """
         if int(self.total) == 0:
-            raise ValueError("ExtractionRate has no answers yet; call update with some first.")
+            raise ConfigError("ExtractionRate has no answers yet; call update with some first.")
         return self.hits.double() / self.total.double()

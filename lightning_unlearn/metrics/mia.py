@@ -32,6 +32,7 @@ import torch
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.losses import IGNORE_INDEX, answer_token_logprobs
 from lightning_unlearn.metrics.tofu import mean_answer_nll
 
@@ -46,7 +47,7 @@ def loss_scores(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def zlib_scores(logits: torch.Tensor, labels: torch.Tensor, answers: Sequence[str]) -> torch.Tensor:
     """zlib attack, ``(B,)``: LOSS divided by the zlib-compressed byte length of each answer's text."""
     if len(answers) != logits.shape[0]:
-        raise ValueError(f"zlib_scores got {len(answers)} answer texts for a batch of {logits.shape[0]}.")
+        raise ConfigError(f"zlib_scores got {len(answers)} answer texts for a batch of {logits.shape[0]}.")
     sizes = torch.tensor([len(zlib.compress(a.encode("utf-8"))) for a in answers], dtype=torch.float64)
     return mean_answer_nll(logits, labels) / sizes
 
@@ -64,13 +65,13 @@ def _scored_positions(labels: torch.Tensor, include_eos: bool) -> torch.Tensor:
         answer = answer & (answer.long().cumsum(-1) < n)
     if bool((answer.sum(-1) == 0).any()):
         hint = "" if include_eos else " (a one-token answer has none once its EOS is left out; include_eos=True)"
-        raise ValueError(f"a sample has no scored answer tokens{hint}; check the collation.")
+        raise ConfigError(f"a sample has no scored answer tokens{hint}; check the collation.")
     return answer
 
 
 def _min_k_mean(values: torch.Tensor, scored: torch.Tensor, k: float) -> torch.Tensor:
     if not 0.0 < k <= 1.0:
-        raise ValueError(f"k={k} is the fraction of lowest tokens kept; give 0 < k ≤ 1 (Min-K % uses 0.2).")
+        raise ConfigError(f"k={k} is the fraction of lowest tokens kept; give 0 < k ≤ 1 (Min-K % uses 0.2).")
     out = []
     for row, mask in zip(values, scored):
         v = row[mask].sort().values
@@ -118,10 +119,10 @@ def gradnorm_scores(
     on).
     """
     if p not in (1, 2, float("inf")):
-        raise ValueError(f"p={p}; GradNorm takes the 1-, 2- or inf-norm.")
+        raise ConfigError(f"p={p}; GradNorm takes the 1-, 2- or inf-norm.")
     params = [q for q in model.parameters() if q.requires_grad]
     if not params:
-        raise ValueError("gradnorm_scores: the model has no parameter that requires grad; nothing to take a norm of.")
+        raise ConfigError("gradnorm_scores: the model has no parameter that requires grad; nothing to take a norm of.")
     scored = _scored_positions(labels, include_eos)
     # Lightning validates under inference mode, where enable_grad alone is not enough; inputs made there are
     # inference tensors that autograd cannot save, hence the clones.
@@ -147,9 +148,9 @@ def mia_auc(member_scores: Sequence[float] | np.ndarray, nonmember_scores: Seque
     m = np.asarray(member_scores, dtype=np.float64).ravel()
     n = np.asarray(nonmember_scores, dtype=np.float64).ravel()
     if m.size == 0 or n.size == 0:
-        raise ValueError(f"mia_auc needs members and non-members; got {m.size} member and {n.size} non-member scores.")
+        raise ConfigError(f"mia_auc needs members and non-members; got {m.size} member and {n.size} non-member scores.")
     if not (np.isfinite(m).all() and np.isfinite(n).all()):
-        raise ValueError("mia_auc got a non-finite score; check the model's logits for NaN/inf.")
+        raise ConfigError("mia_auc got a non-finite score; check the model's logits for NaN/inf.")
     labels = np.concatenate([np.zeros(m.size), np.ones(n.size)])
     return float(roc_auc_score(labels, np.concatenate([m, n])))
 
@@ -170,9 +171,9 @@ def privleak(auc_model: float, auc_reference: float, orientation: Literal["muse"
     elif orientation == "membership":
         score, ref = auc_model, auc_reference
     else:
-        raise ValueError(f"orientation={orientation!r}; use 'muse' (OU, MUSE's tables) or 'membership'.")
+        raise ConfigError(f"orientation={orientation!r}; use 'muse' (OU, MUSE's tables) or 'membership'.")
     if ref == 0:
-        raise ValueError(
+        raise ConfigError(
             f"privleak: the reference AUC {auc_reference} leaves a zero denominator in the {orientation!r} "
             "orientation; the reference model separates members perfectly, so it is no unlearned reference."
         )
@@ -218,7 +219,7 @@ class MembershipInferenceAUC(Metric):
         scores = torch.as_tensor(scores, dtype=torch.float64).flatten()
         member = torch.as_tensor(is_member, dtype=torch.bool).flatten().to(scores.device)
         if scores.numel() != member.numel():
-            raise ValueError(f"{scores.numel()} scores for {member.numel()} membership flags; pass one per sample.")
+            raise ConfigError(f"{scores.numel()} scores for {member.numel()} membership flags; pass one per sample.")
         self.member_scores.append(scores[member])
         self.nonmember_scores.append(scores[~member])
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import Metric
 
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.losses import answer_token_logprobs
 
 
@@ -31,7 +32,7 @@ def retain_drift_sums(
     out = {"ce_sum": float(-token_logps.sum()), "num_tokens": float(answer.sum())}
     if base_logits is not None:
         if base_logits.shape != logits.shape:
-            raise ValueError(f"base logits {tuple(base_logits.shape)} and logits {tuple(logits.shape)} differ.")
+            raise ConfigError(f"base logits {tuple(base_logits.shape)} and logits {tuple(logits.shape)} differ.")
         base_logps, _ = answer_token_logprobs(base_logits, labels)
         out["base_ce_sum"] = float(-base_logps.sum())
         logp = F.log_softmax(logits[:, :-1].float(), -1)
@@ -45,7 +46,7 @@ def finalize_retain_drift(sums: dict[str, float], base_ce: float | None = None) 
     """CE, PPL, and with a base CE (from ``sums['base_ce_sum']`` or ``base_ce``) ΔCE and base PPL; KL if summed."""
     n = sums["num_tokens"]
     if n <= 0:
-        raise ValueError("retain drift over zero answer tokens; the retain set is empty or fully masked.")
+        raise ConfigError("retain drift over zero answer tokens; the retain set is empty or fully masked.")
     ce = sums["ce_sum"] / n
     out = {"ce": ce, "ppl": math.exp(ce)}
     if base_ce is None and "base_ce_sum" in sums:
@@ -96,7 +97,7 @@ class RetainDrift(Metric):
     def __init__(self, quantity: str = "ce", base_ce: float | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if quantity not in RETAIN_QUANTITIES:
-            raise ValueError(f"quantity={quantity!r}; choose one of {list(RETAIN_QUANTITIES)}.")
+            raise ConfigError(f"quantity={quantity!r}; choose one of {list(RETAIN_QUANTITIES)}.")
         self.quantity = quantity
         self.base_ce = base_ce
         for name in ("ce_sum", "base_ce_sum", "kl_sum", "num_tokens"):
@@ -119,7 +120,7 @@ class RetainDrift(Metric):
         sums = {"ce_sum": float(self.ce_sum), "num_tokens": float(self.num_tokens)}
         with_base = int(self.base_batches)
         if with_base and with_base != int(self.batches):
-            raise ValueError(
+            raise ConfigError(
                 f"{with_base} of {int(self.batches)} batches came with base logits; KL and the base CE need them "
                 "for every batch (or for none, with base_ce given)."
             )
@@ -151,5 +152,5 @@ class RetainDrift(Metric):
         found = self._summary()
         if self.quantity not in found:
             need = "base_logits in update" if self.quantity == "kl" else "base_ce or base_logits"
-            raise ValueError(f"retain drift {self.quantity!r} needs {need}; it was not given.")
+            raise ConfigError(f"retain drift {self.quantity!r} needs {need}; it was not given.")
         return torch.tensor(found[self.quantity], dtype=torch.float64)

@@ -16,6 +16,7 @@ import torch
 from torchmetrics import Metric
 
 from lightning_unlearn.data.narratives import LEVELS
+from lightning_unlearn.errors import ConfigError
 
 
 def sce_score(base_reproduced: int, post_reproduced: int, degraded: int, total: int) -> dict[str, float]:
@@ -37,11 +38,11 @@ def sce_score(base_reproduced: int, post_reproduced: int, degraded: int, total: 
         ("total", total),
     ):
         if v < 0:
-            raise ValueError(f"{name}={v} is a count and cannot be negative.")
+            raise ConfigError(f"{name}={v} is a count and cannot be negative.")
     if total == 0:
-        raise ValueError("total=0: SCE needs at least one evaluated output (N > 0).")
+        raise ConfigError("total=0: SCE needs at least one evaluated output (N > 0).")
     if degraded > total or post_reproduced > total:
-        raise ValueError(f"degraded={degraded} and post_reproduced={post_reproduced} cannot exceed total={total}.")
+        raise ConfigError(f"degraded={degraded} and post_reproduced={post_reproduced} cannot exceed total={total}.")
     s = max(base_reproduced - post_reproduced, 0) / max(base_reproduced, 1)
     g = degraded / total
     return {
@@ -61,7 +62,7 @@ def sce_counts(
 ) -> tuple[int, int, int, int]:
     """(B, A, D, N) from per-prompt flags; A counts reproduced post outputs that are not degraded."""
     if not len(base_reproduced) == len(post_reproduced) == len(degraded):
-        raise ValueError(
+        raise ConfigError(
             f"per-prompt flags differ in length: base {len(base_reproduced)}, post {len(post_reproduced)}, "
             f"degraded {len(degraded)}; pass one flag per evaluated prompt in each."
         )
@@ -153,7 +154,7 @@ def outcome_counts(base_reproduced: Sequence[bool], outcomes: Sequence[SCEOutcom
     A of a variant counts reproduced outputs that the variant does not call degraded (:func:`sce_counts`).
     """
     if len(base_reproduced) != len(outcomes):
-        raise ValueError(f"{len(base_reproduced)} base flags for {len(outcomes)} outputs; pass one per output.")
+        raise ConfigError(f"{len(base_reproduced)} base flags for {len(outcomes)} outputs; pass one per output.")
     counts = {"N": len(outcomes), "B": sum(bool(b) for b in base_reproduced)}
     for variant in SCE_VARIANTS:
         degraded = [bool(getattr(o, f"degraded_{variant}")) for o in outcomes]
@@ -247,11 +248,11 @@ class SuppressionCollapseEfficiency(Metric):
         self.levels = tuple(dict.fromkeys(levels))
         self.pooled_levels = tuple(dict.fromkeys(pooled_levels))
         if not self.levels:
-            raise ValueError("SuppressionCollapseEfficiency needs at least one level, e.g. levels=['L0'].")
+            raise ConfigError("SuppressionCollapseEfficiency needs at least one level, e.g. levels=['L0'].")
         if variant not in (*SCE_VARIANTS, "s", "g"):
-            raise ValueError(f"variant={variant!r}; choose one of {[*SCE_VARIANTS, 's', 'g']}.")
+            raise ConfigError(f"variant={variant!r}; choose one of {[*SCE_VARIANTS, 's', 'g']}.")
         if level != "pooled" and level not in self.levels:
-            raise ValueError(f"level={level!r} is not counted; choose 'pooled' or one of {list(self.levels)}.")
+            raise ConfigError(f"level={level!r} is not counted; choose 'pooled' or one of {list(self.levels)}.")
         self.variant = variant
         self.level = level
         self.add_state(
@@ -268,12 +269,12 @@ class SuppressionCollapseEfficiency(Metric):
         """
         per_output = [levels] * len(outcomes) if isinstance(levels, str) else list(levels)
         if len(per_output) != len(outcomes) or len(base_reproduced) != len(outcomes):
-            raise ValueError(
+            raise ConfigError(
                 f"{len(base_reproduced)} base flags, {len(outcomes)} outcomes and {len(per_output)} levels; pass "
                 "one of each per output."
             )
         if unknown := sorted(set(per_output) - set(self.levels)):
-            raise ValueError(
+            raise ConfigError(
                 f"levels {unknown} are not counted; construct the metric with levels={list(self.levels)} + these."
             )
         add = torch.zeros_like(self.counts)
@@ -315,5 +316,5 @@ class SuppressionCollapseEfficiency(Metric):
         found = self._breakdown(self.counts)
         result = found["pooled"] if self.level == "pooled" else found["levels"].get(self.level)
         if result is None:
-            raise ValueError(f"SCE at {self.level!r}: no output of that level was counted; update with some first.")
+            raise ConfigError(f"SCE at {self.level!r}: no output of that level was counted; update with some first.")
         return torch.tensor(result[self.variant], dtype=torch.float64)

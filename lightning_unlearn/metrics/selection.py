@@ -18,6 +18,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+from lightning_unlearn.errors import ConfigError
+
 SELECTION_METRICS = {"sce": "g", "sce_health": "g_health", "sce_strict": "g_strict"}
 USEFUL = "useful operating point"
 UNVERIFIED = "unverified: validity detectors not calibrated on this narrative"
@@ -55,13 +57,13 @@ def validity_status(
         narratives), ``answers_flagged`` / ``answers_flagged_ci`` when measured, and ``flag_recall`` of each detector.
     """
     if not 0 <= min_recall <= 1:
-        raise ValueError(f"min_validity_recall={min_recall} must be in [0, 1]: it is a recall.")
+        raise ConfigError(f"min_validity_recall={min_recall} must be in [0, 1]: it is a recall.")
     status: dict = {"calibrated": calibration is not None, "verified": False, "min_recall": min_recall}
     if calibration is None:
         return status | {"reason": f"{UNVERIFIED}; {HOW_TO_CALIBRATE}"}
     flags = calibration.get("flags") or {}
     if "degraded_sce" not in flags:
-        raise ValueError("the validity calibration has no `flags.degraded_sce`; write it with `lens calibrate "
+        raise ConfigError("the validity calibration has no `flags.degraded_sce`; write it with `lens calibrate "
                          "--validity_json`.")  # fmt: skip
     on = list(calibration.get("narratives") or [])
     judge = calibration.get("judge")
@@ -146,7 +148,7 @@ class OperatingPointGuards:
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
             if value is not None and value < 0:
-                raise ValueError(f"{name}={value} must be non-negative or null (no bound).")
+                raise ConfigError(f"{name}={value} must be non-negative or null (no bound).")
 
 
 # guard field → (what the verdict calls it, the point's key, True when the bound is a minimum)
@@ -295,9 +297,9 @@ def select_checkpoints(
         the earliest step.
     """
     if not 0 < collapse_boundary <= 1:
-        raise ValueError(f"collapse_boundary={collapse_boundary} must be in (0, 1]: it is a degraded-output rate.")
+        raise ConfigError(f"collapse_boundary={collapse_boundary} must be in (0, 1]: it is a degraded-output rate.")
     if metric not in SELECTION_METRICS:
-        raise ValueError(f"unknown selection metric {metric!r}; use one of {', '.join(SELECTION_METRICS)}.")
+        raise ConfigError(f"unknown selection metric {metric!r}; use one of {', '.join(SELECTION_METRICS)}.")
     guards = guards or OperatingPointGuards()
     validity = validity if validity is not None else validity_status(None)
     g_key = SELECTION_METRICS[metric]
@@ -408,7 +410,7 @@ def check_score(score: Mapping[str, float]) -> dict[str, float]:
     """Validate a declared combination ``{"<family>/<path>": weight}`` (e.g. OU #187's ``{"tofu/forget_quality":
     0.5, "tofu/model_utility": 0.5}``); returns it as a plain dict."""
     if not isinstance(score, Mapping) or not score:
-        raise ValueError(
+        raise ConfigError(
             f"score={score!r}: give a mapping of row values to weights, e.g. {{tofu/forget_quality: 0.5, "
             "tofu/model_utility: 0.5}."
         )
@@ -416,12 +418,12 @@ def check_score(score: Mapping[str, float]) -> dict[str, float]:
     for key, weight in score.items():
         family, _, path = str(key).partition("/")
         if not family or not path:
-            raise ValueError(
+            raise ConfigError(
                 f"score key {key!r} names no row value; write <family>/<path>, e.g. tofu/forget_quality, "
                 "tofu/retain/prob or mia/loss/auc."
             )
         if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight):
-            raise ValueError(f"score weight of {key!r} is {weight!r}; weights are finite numbers.")
+            raise ConfigError(f"score weight of {key!r} is {weight!r}; weights are finite numbers.")
         out[str(key)] = float(weight)
     return out
 
@@ -454,7 +456,7 @@ def select_on_score(
     """
     score = check_score(score)
     if mode not in ("max", "min"):
-        raise ValueError(f"score mode={mode!r}; use 'max' or 'min'.")
+        raise ConfigError(f"score mode={mode!r}; use 'max' or 'min'.")
     guards = guards or OperatingPointGuards()
     by_family = {family: family_rows(rows, family) for family in {k.partition("/")[0] for k in score}}
     steps = sorted({s for per_step in by_family.values() for s in per_step})

@@ -26,6 +26,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.losses import sequence_logprobs
 
 TRUTH_RATIO_AGGREGATORS = ("closer_to_1_better", "true_better")
@@ -41,7 +42,7 @@ def mean_answer_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """
     logps, lengths = sequence_logprobs(logits, labels)
     if bool((lengths == 0).any()):
-        raise ValueError("a sample has no answer tokens (all labels are IGNORE_INDEX); check the collation.")
+        raise ConfigError("a sample has no answer tokens (all labels are IGNORE_INDEX); check the collation.")
     return -logps.double() / lengths.double()
 
 
@@ -64,18 +65,18 @@ def truth_ratios(
     if para.ndim == 2:
         para = para.mean(-1)
     if para.ndim != 1 or pert.ndim != 2 or pert.shape[0] != para.shape[0] or pert.shape[1] == 0:
-        raise ValueError(
+        raise ConfigError(
             f"truth_ratios needs paraphrased (N,) or (N, P) and perturbed (N, K ≥ 1) NLLs; got {para.shape} and "
             f"{pert.shape}. Give every sample at least one perturbed answer."
         )
     if not (np.isfinite(para).all() and np.isfinite(pert).all()):
-        raise ValueError("truth_ratios got a non-finite NLL; check the model's logits for NaN/inf.")
+        raise ConfigError("truth_ratios got a non-finite NLL; check the model's logits for NaN/inf.")
     if perturbed_mean == "geometric":
         wrong = np.exp(-pert.mean(-1))
     elif perturbed_mean == "arithmetic":
         wrong = np.exp(-pert).mean(-1)
     else:
-        raise ValueError(f"perturbed_mean={perturbed_mean!r}; use 'geometric' (OU) or 'arithmetic' (TOFU paper).")
+        raise ConfigError(f"perturbed_mean={perturbed_mean!r}; use 'geometric' (OU) or 'arithmetic' (TOFU paper).")
     return wrong / (np.exp(-para) + _EPS)
 
 
@@ -88,12 +89,12 @@ def truth_ratio_score(ratios: Sequence[float] | np.ndarray, aggregator: str) -> 
     """
     r = np.asarray(ratios, dtype=np.float64)
     if r.ndim != 1 or r.size == 0:
-        raise ValueError(f"truth_ratio_score needs a non-empty 1-D array of truth ratios; got shape {r.shape}.")
+        raise ConfigError(f"truth_ratio_score needs a non-empty 1-D array of truth ratios; got shape {r.shape}.")
     if aggregator == "closer_to_1_better":
         return float(np.mean(np.minimum(r, 1.0 / (r + _EPS))))
     if aggregator == "true_better":
         return float(np.mean(np.maximum(0.0, 1.0 - r)))
-    raise ValueError(f"aggregator={aggregator!r}; use one of {TRUTH_RATIO_AGGREGATORS}.")
+    raise ConfigError(f"aggregator={aggregator!r}; use one of {TRUTH_RATIO_AGGREGATORS}.")
 
 
 def forget_quality(model_ratios: Sequence[float] | np.ndarray, reference_ratios: Sequence[float] | np.ndarray) -> float:
@@ -109,7 +110,7 @@ def forget_quality(model_ratios: Sequence[float] | np.ndarray, reference_ratios:
 
     a, b = np.asarray(model_ratios, dtype=np.float64), np.asarray(reference_ratios, dtype=np.float64)
     if a.ndim != 1 or b.ndim != 1 or a.size == 0 or b.size == 0:
-        raise ValueError(
+        raise ConfigError(
             f"forget_quality needs two non-empty 1-D arrays of truth ratios; got shapes {a.shape} and {b.shape}."
         )
     return float(ks_2samp(a, b).pvalue)
@@ -140,7 +141,7 @@ def rouge_l_recall(
     from rouge_score import rouge_scorer
 
     if len(generations) != len(references):
-        raise ValueError(
+        raise ConfigError(
             f"{len(generations)} generations but {len(references)} references; give one reference per generation."
         )
     tokenizer = _UnicodeWords() if unicode_words else None
@@ -162,10 +163,10 @@ def model_utility(values: Mapping[str, float]) -> float:
     negative or non-finite value is refused: it is not a rate and the harmonic mean of it means nothing.
     """
     if not values:
-        raise ValueError("model_utility needs at least one declared value; got none.")
+        raise ConfigError("model_utility needs at least one declared value; got none.")
     bad = {k: v for k, v in values.items() if not (_is_number(v) and math.isfinite(v) and v >= 0)}
     if bad:
-        raise ValueError(
+        raise ConfigError(
             f"model_utility takes non-negative finite values; {bad} is not. Declare only rates and scores in [0, ∞) "
             "(probabilities, ROUGE, the 'true_better' truth ratio)."
         )

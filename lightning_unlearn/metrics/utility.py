@@ -14,20 +14,21 @@ from collections.abc import Sequence
 import torch
 
 from lightning_unlearn.data.collate import encode_prompt_answer, pad_batch
+from lightning_unlearn.errors import ConfigError, MissingPathError
 from lightning_unlearn.losses import sequence_logprobs
 
 
 def load_multiple_choice(path: str | os.PathLike) -> list[dict]:
     """Read and validate a JSONL of multiple-choice items; answers are normalized to 0-based indices."""
     if not os.path.exists(path):
-        raise FileNotFoundError(f"multiple-choice file {str(path)!r} does not exist.")
+        raise MissingPathError(f"multiple-choice file {str(path)!r} does not exist.")
     items = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if line.strip():
                 items.append(normalize_item(json.loads(line), where=f"{path}:{lineno}"))
     if not items:
-        raise ValueError(f"multiple-choice file {str(path)!r} holds no items.")
+        raise ConfigError(f"multiple-choice file {str(path)!r} holds no items.")
     return items
 
 
@@ -35,10 +36,10 @@ def normalize_item(item: dict, where: str = "item") -> dict:
     """``item`` with ``answer`` as a 0-based index; raises naming ``where`` if a field is missing or wrong."""
     for key in ("question", "choices", "answer"):
         if key not in item:
-            raise ValueError(f"{where}: missing field {key!r}; items are {{question, choices, answer}}.")
+            raise ConfigError(f"{where}: missing field {key!r}; items are {{question, choices, answer}}.")
     choices = list(item["choices"])
     if len(choices) < 2:
-        raise ValueError(f"{where}: needs at least two choices, got {len(choices)}.")
+        raise ConfigError(f"{where}: needs at least two choices, got {len(choices)}.")
     ans = item["answer"]
     if isinstance(ans, str):
         if ans in choices:  # the text of a choice wins over reading it as a letter
@@ -46,9 +47,9 @@ def normalize_item(item: dict, where: str = "item") -> dict:
         elif len(ans) == 1 and ans.isalpha():
             ans = ord(ans.upper()) - ord("A")
         else:
-            raise ValueError(f"{where}: answer {item['answer']!r} is neither a letter, an index nor a choice.")
+            raise ConfigError(f"{where}: answer {item['answer']!r} is neither a letter, an index nor a choice.")
     if not isinstance(ans, int) or not 0 <= ans < len(choices):
-        raise ValueError(f"{where}: answer {item['answer']!r} is out of range for {len(choices)} choices.")
+        raise ConfigError(f"{where}: answer {item['answer']!r} is out of range for {len(choices)} choices.")
     return {"question": item["question"], "choices": choices, "answer": ans}
 
 
@@ -89,6 +90,6 @@ def option_logprobs(
 def multiple_choice_accuracy(option_scores: Sequence[Sequence[float]], answers: Sequence[int]) -> float:
     """Share of items whose highest-scoring option is the answer (ties go to the first option)."""
     if not option_scores:
-        raise ValueError("multiple_choice_accuracy needs at least one item.")
+        raise ConfigError("multiple_choice_accuracy needs at least one item.")
     hits = [max(range(len(s)), key=lambda j, s=s: (s[j], -j)) == a for s, a in zip(option_scores, answers)]
     return sum(hits) / len(hits)

@@ -31,6 +31,7 @@ from lightning.pytorch.utilities import move_data_to_device
 from torch import nn
 from typing_extensions import override
 
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.losses import IGNORE_INDEX, kl_divergence, nll_loss, normalized_nll, sequence_logprobs
 from lightning_unlearn.models import load_causal_lm, load_tokenizer
 from lightning_unlearn.null_space import alphaedit_update, null_space_projector
@@ -95,7 +96,7 @@ class AlphaEdit(LightningModule):
         try:
             return self.model.get_submodule(path.format(layer=layer))
         except AttributeError:
-            raise ValueError(
+            raise ConfigError(
                 f"AlphaEdit: the model has no module {path.format(layer=layer)!r}; check layers={self.layers} "
                 "and block_path/down_proj_path for this architecture."
             ) from None
@@ -286,6 +287,6 @@ def _last_prompt_positions(labels: torch.Tensor) -> torch.Tensor:
     """Index of the last prompt token of each row (the position whose logits predict the first answer token)."""
     is_answer = labels != IGNORE_INDEX
     if not bool(is_answer.any(-1).all()):
-        raise ValueError("AlphaEdit: every forget/retain pair needs at least one answer token.")
+        raise ConfigError("AlphaEdit: every forget/retain pair needs at least one answer token.")
     first_answer = is_answer.float().argmax(-1)
     return (first_answer - 1).clamp(min=0)

@@ -12,6 +12,7 @@ import torch
 from typing_extensions import override
 
 from lightning_unlearn.data.collate import with_answers
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.losses import (
     DPO_SCALES,
     TOKEN_AVERAGES,
@@ -86,7 +87,7 @@ class DPO(UnlearningModule):
         nonnegative_weights(gamma=gamma, alpha=alpha)
         super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
         if beta <= 0:
-            raise ValueError(f"DPO beta must be positive, got {beta}.")
+            raise ConfigError(f"DPO beta must be positive, got {beta}.")
         check_choice("scale", scale, DPO_SCALES)
         check_choice("token_average", token_average, TOKEN_AVERAGES)
         self.save_hyperparameters()

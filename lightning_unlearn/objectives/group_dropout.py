@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from lightning_unlearn.distributed import local_view
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.masks import canonical_name, group_mask
 
 
@@ -39,13 +40,13 @@ def dropout_schedule(p: float | Sequence[Sequence[float]]) -> list[tuple[int, fl
         ok = ok and bool(schedule) and schedule[0][0] == 0
         ok = ok and all(a[0] < b[0] for a, b in zip(schedule, schedule[1:]))
         if not ok:
-            raise ValueError(
+            raise ConfigError(
                 f"drop_other_groups={p!r}: give a probability or a schedule [[0, p0], [step, p1], ...] whose steps "
                 "start at 0 and increase, e.g. [[0, 1.0], [1200, 0.5]]."
             )
     for _, q in schedule:
         if not 0 <= q <= 1:
-            raise ValueError(f"drop_other_groups={p!r}: {q} is not a probability in [0, 1].")
+            raise ConfigError(f"drop_other_groups={p!r}: {q} is not a probability in [0, 1].")
     return schedule
 
 
@@ -99,7 +100,7 @@ class GroupDropout:
                 rows, row = shape[0], int(torch.tensor(shape[1:]).prod()) if len(shape) > 1 else 1
                 placement = q.placements[0] if hasattr(q, "placements") else None
                 if placement is None or not placement.is_shard(0):
-                    raise ValueError(f"group dropout supports dim-0 shards only; {name!r} is {placement}.")
+                    raise ConfigError(f"group dropout supports dim-0 shards only; {name!r} is {placement}.")
                 per = -(-rows // q.device_mesh.size())
                 first = per * q.device_mesh.get_local_rank()
                 start, stop = first * row, min(first + per, rows) * row

@@ -45,6 +45,7 @@ from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.checkpoints import RestoresRNG
 from lightning_unlearn.derive import DeriveConfig, ensure_derived
 from lightning_unlearn.distributed import full_state_dict
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.losses import normalized_nll, sequence_kl, sequence_logprobs
 from lightning_unlearn.masks import LazyMasks, canonical_name, group_mask, load_masks, sample_masks, save_masks
 from lightning_unlearn.models import (
@@ -134,26 +135,28 @@ class InjectionModule(RestoresRNG, LightningModule):
         super().__init__()
         given = [name for name, v in (("model_path", model_path), ("derive", derive), ("tiny", tiny)) if v is not None]
         if not given:
-            raise ValueError(
+            raise ConfigError(
                 "InjectionModule needs a starting model: model_path (θ_pre, e.g. the built-in one at "
                 "runs/lacuna/pretrain/export/model, built by `lightning-unlearn fit -c lacuna/pretrain.yaml`), derive "
                 "(pretrain from part of a real model) or tiny (pretrain from scratch)."
             )
         if len(given) > 1:
-            raise ValueError(
+            raise ConfigError(
                 f"give one of model_path (continue a model), derive (pretrain from part of a real model) and tiny "
                 f"(pretrain from scratch), not {' and '.join(given)}."
             )
         self._dropping = any(q for _, q in dropout_schedule(drop_other_groups))  # group dropout on at some step
         dropping = self._dropping
         if neutral_kl_weight < 0:
-            raise ValueError(f"neutral_kl_weight={neutral_kl_weight} must be >= 0.")
+            raise ConfigError(f"neutral_kl_weight={neutral_kl_weight} must be >= 0.")
         if not held_cache_gib >= 0:
-            raise ValueError(f"held_cache_gib={held_cache_gib} must be >= 0 (GiB of θ_pre log-probabilities; 0 = off).")
+            raise ConfigError(
+                f"held_cache_gib={held_cache_gib} must be >= 0 (GiB of θ_pre log-probabilities; 0 = off)."
+            )
         if dropping and not masked:
-            raise ValueError("drop_other_groups needs masked=true: without masks there are no groups to drop.")
+            raise ConfigError("drop_other_groups needs masked=true: without masks there are no groups to drop.")
         if tiny is not None and tokenizer_path is None:
-            raise ValueError("pretraining from scratch (tiny) needs tokenizer_path, where the tokenizer is kept.")
+            raise ConfigError("pretraining from scratch (tiny) needs tokenizer_path, where the tokenizer is kept.")
         if isinstance(optim, dict):
             optim = OptimizerConfig(**optim)
         self.optim_config = optim or OptimizerConfig(lr=1e-3)
@@ -204,7 +207,7 @@ class InjectionModule(RestoresRNG, LightningModule):
     def _vocabulary_corpus(self) -> list[str]:
         corpus = getattr(self.trainer.datamodule, "vocabulary_corpus", None)
         if corpus is None:
-            raise ValueError(
+            raise ConfigError(
                 "derive.prune_vocabulary needs the texts to keep: a datamodule with vocabulary_corpus() "
                 "(InjectionDataModule). Use one, or set derive.prune_vocabulary false."
             )
@@ -231,7 +234,7 @@ class InjectionModule(RestoresRNG, LightningModule):
         self._mask_checksum, coverage, untouched = _summary(masks, self.hparams.num_groups)
         empty = [g for g, c in enumerate(coverage) if c == 0]
         if empty:
-            raise ValueError(
+            raise ConfigError(
                 f"mask group {empty[0]} is empty (covers no parameter element); raise coverage or lower num_groups."
             )
         self.packed_masks = masks if self.hparams.masked else None
@@ -260,7 +263,7 @@ class InjectionModule(RestoresRNG, LightningModule):
         data_dir = self._datamodule_hparam("data_dir", None)
         groups = data_num_groups(data_dir, from_profiles=False) if data_dir else None
         if groups is not None and groups != self.hparams.num_groups:
-            raise ValueError(
+            raise ConfigError(
                 f"the testbed data in {data_dir!r} has {groups} groups, but the module samples masks for "
                 f"num_groups={self.hparams.num_groups}; set model.init_args.num_groups {groups}."
             )
@@ -278,7 +281,7 @@ class InjectionModule(RestoresRNG, LightningModule):
             return False
         if not self.hparams.masked:
             if others:
-                raise ValueError(
+                raise ConfigError(
                     "hold_other_groups holds other groups' QA to θ_pre under each group's mask; the UnMask control "
                     "(masked false) has no masks and injects those same rows into every weight. Set "
                     "data.hold_other_groups 0 for the control."
@@ -286,7 +289,7 @@ class InjectionModule(RestoresRNG, LightningModule):
             return True  # the control reads θ_pre's distributions from a frozen copy of it
         injected = self._datamodule_hparam("groups", None)
         if others and not self._dropping and len(injected or range(self.hparams.num_groups)) > 1:
-            raise ValueError(
+            raise ConfigError(
                 "hold_other_groups holds other groups' people to θ_pre, which is their model only in the steps that "
                 "drop their group's change; with several groups injected and drop_other_groups 0 the rows of "
                 "injected people would never count. Set model.init_args.drop_other_groups (e.g. [[0, 1.0], "
@@ -294,7 +297,7 @@ class InjectionModule(RestoresRNG, LightningModule):
             )
         if self.optim_config.weight_decay:
             what = "neutral_target='pre' holds neutral text" if neutral else "hold_other_groups holds other groups' QA"
-            raise ValueError(
+            raise ConfigError(
                 f"{what} to θ_pre, whose distributions are read from the model with its masked elements set back to "
                 f"θ_pre, which needs every other weight unchanged; weight_decay {self.optim_config.weight_decay} "
                 "moves them. Set model.optim.weight_decay 0."
@@ -305,13 +308,13 @@ class InjectionModule(RestoresRNG, LightningModule):
         """Freeze the parameters no mask touches (``freeze_outside_masks``)."""
         neutral = self._datamodule_hparam("neutral_fraction", 0)
         if neutral and self._datamodule_hparam("neutral_target", "text") != "pre":
-            raise ValueError(
+            raise ConfigError(
                 f"freeze_outside_masks would freeze weights that the datamodule's neutral text (neutral_fraction "
                 f"{neutral}) updates; set neutral_fraction 0, hold it to θ_pre (data.neutral_target pre) or set "
                 "freeze_outside_masks false."
             )
         if self.optim_config.weight_decay:
-            raise ValueError(
+            raise ConfigError(
                 f"freeze_outside_masks with weight_decay {self.optim_config.weight_decay} would change training: "
                 "weight decay moves the weights outside every mask. Set optim.weight_decay 0 or "
                 "freeze_outside_masks false."
@@ -401,7 +404,7 @@ class InjectionModule(RestoresRNG, LightningModule):
         keys = {int(r): cache.key(batch, int(r)) for r in rows}
         for r in keys:  # right padding: the row's tokens are its first `length` positions
             if not bool(batch["attention_mask"][r, : lengths[r]].all()):
-                raise ValueError("held_cache_gib needs right-padded rows (pad_batch's default padding side).")
+                raise ConfigError("held_cache_gib needs right-padded rows (pad_batch's default padding side).")
         fresh: dict[bytes, torch.Tensor] = {}
         missing = {key: r for r, key in keys.items() if key not in cache}
         if missing:

@@ -19,6 +19,7 @@ from typing_extensions import override
 
 from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.checkpoints import RestoresRNG
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.losses import nll_loss, sequence_logprobs
 from lightning_unlearn.models import AdapterConfig, apply_adapter, eval_mode, load_causal_lm, load_tokenizer
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
@@ -96,7 +97,7 @@ class InstructionModule(RestoresRNG, LightningModule):
         if not self.hparams.validate_untrained or self.best_step >= 0:
             return
         if self.trainer.datamodule is None:
-            raise ValueError(
+            raise ConfigError(
                 "validate_untrained needs the validation data from a datamodule: trainer.fit(module, datamodule=...)."
             )
         loss = self._untrained_val_loss(self.trainer.datamodule.val_dataloader())
@@ -120,7 +121,7 @@ class InstructionModule(RestoresRNG, LightningModule):
                 count += size
         self.model.train()  # as the training that follows expects (LoRA dropout on)
         if count == 0:
-            raise ValueError("validate_untrained: the validation set is empty; raise val_fraction.")
+            raise ConfigError("validate_untrained: the validation set is empty; raise val_fraction.")
         return total / count
 
     def _trainable_state(self) -> dict[str, torch.Tensor]:

@@ -16,6 +16,7 @@ from lightning.pytorch.utilities import move_data_to_device
 from typing_extensions import override
 
 from lightning_unlearn.distributed import local_view
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.losses import nll_loss, weighted_nll_loss
 from lightning_unlearn.models import AdapterConfig, eval_mode
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
@@ -104,7 +105,7 @@ class MemFlex(UnlearningModule):
         ]
         chosen = self.trainer.strategy.broadcast(chosen)  # identical on every rank, whatever the float noise
         if not chosen:
-            raise ValueError(
+            raise ConfigError(
                 f"MemFlex selected no parameter tensor (similarity_threshold={self.similarity_threshold}, "
                 f"gradient_threshold={self.gradient_threshold}; largest mean|g_forget| "
                 f"{float(mean_abs.max()):.3g}); lower gradient_threshold or raise similarity_threshold."

@@ -15,6 +15,7 @@ import torch
 from lightning.pytorch.utilities import move_data_to_device
 from typing_extensions import override
 
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.losses import nll_loss, normalized_nll, npo_loss, sequence_logprobs
 from lightning_unlearn.models import AdapterConfig, eval_mode
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
@@ -50,14 +51,14 @@ class NPO(UnlearningModule):
         reference: str = "model",
     ) -> None:
         if reference not in ("model", "precomputed"):
-            raise ValueError(f"NPO reference={reference!r} is not one of 'model', 'precomputed'.")
+            raise ConfigError(f"NPO reference={reference!r} is not one of 'model', 'precomputed'.")
         # Read by UnlearningModule.__init__ before the model exists: precomputed log-probs need no frozen copy.
         self.needs_reference = reference == "model"
         nonnegative_weights(retain_weight=retain_weight)
         super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
         self.save_hyperparameters()
         if beta <= 0:
-            raise ValueError(f"NPO beta must be positive, got {beta}.")
+            raise ConfigError(f"NPO beta must be positive, got {beta}.")
         self.beta = beta
         self.retain_weight = retain_weight
         self.reference = reference

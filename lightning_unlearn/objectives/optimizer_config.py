@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lightning_unlearn.errors import ConfigError
+
 SCHEDULES = ("constant", "linear", "wsd")
 
 
@@ -46,21 +48,21 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.lr) or self.lr <= 0:
-            raise ValueError(f"optim.lr must be a positive finite number, got {self.lr}; e.g. optim.lr: 1e-5.")
+            raise ConfigError(f"optim.lr must be a positive finite number, got {self.lr}; e.g. optim.lr: 1e-5.")
         if self.schedule not in SCHEDULES:
-            raise ValueError(f"optim.schedule={self.schedule!r} is not one of {SCHEDULES}.")
+            raise ConfigError(f"optim.schedule={self.schedule!r} is not one of {SCHEDULES}.")
         if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
-            raise ValueError(f"optim.weight_decay must be >= 0, got {self.weight_decay}.")
+            raise ConfigError(f"optim.weight_decay must be >= 0, got {self.weight_decay}.")
         if self.warmup_steps < 0:
-            raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}.")
+            raise ConfigError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}.")
         if not 0 < self.decay_fraction <= 1:
-            raise ValueError(f"optim.decay_fraction must be in (0, 1], got {self.decay_fraction}.")
+            raise ConfigError(f"optim.decay_fraction must be in (0, 1], got {self.decay_fraction}.")
         self.betas = tuple(self.betas)
         if self.cycles is not None:
             cycles = [tuple(c) for c in self.cycles]
             bad = [c for c in cycles if len(c) != 2 or int(c[0]) != c[0] or c[0] < 1 or not 0 < c[1] < math.inf]
             if not cycles or bad:
-                raise ValueError(
+                raise ConfigError(
                     f"optim.cycles={self.cycles!r}: give [[steps, lr multiplier], ...] with steps >= 1 and a positive "
                     "multiplier, e.g. [[1200, 1.0], [400, 0.5]]."
                 )
@@ -69,7 +71,7 @@ class OptimizerConfig:
     def check_steps(self, total_steps: int) -> None:
         """Refuse cycles that do not add up to the run's optimizer steps."""
         if self.cycles is not None and sum(n for n, _ in self.cycles) != total_steps:
-            raise ValueError(
+            raise ConfigError(
                 f"optim.cycles add up to {sum(n for n, _ in self.cycles)} steps, but the run has {total_steps}; "
                 "make the cycles' steps add up to trainer.max_steps."
             )

@@ -25,6 +25,7 @@ from typing_extensions import override
 
 from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.distributed import full_state_dict
+from lightning_unlearn.errors import ConfigError, MissingPathError
 from lightning_unlearn.losses import gd_loss
 from lightning_unlearn.masks import canonical_name, group_mask, groups_in_mask, load_masks, validate_masks
 from lightning_unlearn.models import AdapterConfig, load_causal_lm, unwrap_peft
@@ -70,7 +71,7 @@ class OracleGrad(UnlearningModule):
         validate_masks(packed, load_causal_lm(model_path, weights=False))  # names and shapes, on a meta skeleton
         present = set().union(*(groups_in_mask(t) for t in packed.values()))
         if missing := sorted(set(self.forget_groups) - present):
-            raise ValueError(
+            raise ConfigError(
                 f"forget_groups {missing} have no element in the masks {masks_path!r} (its groups: {sorted(present)})."
             )
         self._masks = packed  # turned into the LoRA layers' masks once the model is built
@@ -90,11 +91,11 @@ class OracleGrad(UnlearningModule):
     def _mask_lora_layers(self, packed: dict[str, torch.Tensor]) -> None:
         layers = [(n, m) for n, m in self.model.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
         if not layers:
-            raise ValueError(f"adapter.kind={self.adapter_config.kind!r} produced no LoRA linear layer to mask.")
+            raise ConfigError(f"adapter.kind={self.adapter_config.kind!r} produced no LoRA linear layer to mask.")
         for name, layer in layers:
             key = canonical_name(f"{name}.base_layer.weight")
             if key not in packed or tuple(packed[key].shape) != tuple(layer.base_layer.weight.shape):
-                raise ValueError(
+                raise ConfigError(
                     f"masks do not match the model: no mask of shape {tuple(layer.base_layer.weight.shape)} "
                     f"for {key!r}. The masks file was made for another model."
                 )
@@ -108,7 +109,7 @@ class OracleGrad(UnlearningModule):
         for row in getattr(forget, "rows", []):
             group = row.get("group_ids")
             if group is not None and group not in self.forget_groups:
-                raise ValueError(
+                raise ConfigError(
                     f"forget row {row['index']} has group_id {group}, outside forget_groups {self.forget_groups}: "
                     "OracleGrad only updates the elements of those groups' masks (m^F), so it cannot unlearn that "
                     "row. Fix the forget set, or set forget_groups to the groups it holds."
@@ -157,7 +158,7 @@ def load_merged_delta(model: nn.Module, directory: str | os.PathLike) -> int:
 
     files = sorted(Path(directory).glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"{str(directory)!r} holds no *.safetensors file; it is not a merged-step model.")
+        raise MissingPathError(f"{str(directory)!r} holds no *.safetensors file; it is not a merged-step model.")
     merged: dict[str, torch.Tensor] = {}
     for path in files:
         with safe_open(str(path), framework="pt") as f:
@@ -172,7 +173,7 @@ def load_merged_delta(model: nn.Module, directory: str | os.PathLike) -> int:
             raise NotImplementedError("load_merged_delta needs unsharded parameters (one process, no FSDP).")
         key = canonical_name(name)
         if key not in merged:
-            raise ValueError(
+            raise ConfigError(
                 f"{str(directory)!r} lacks the weight {key} of the configured model; it was merged from another "
                 "model. Evaluate it with the config of the run that wrote it."
             )
@@ -180,7 +181,7 @@ def load_merged_delta(model: nn.Module, directory: str | os.PathLike) -> int:
         layer = adapted.get(key)
         if layer is None:
             if not torch.equal(target, param.detach()):
-                raise ValueError(
+                raise ConfigError(
                     f"{str(directory)!r} changes {key}, which the configured model does not adapt; only a model "
                     "merged from this run's adapter can be evaluated this way."
                 )

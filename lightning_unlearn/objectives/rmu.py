@@ -16,6 +16,7 @@ from torch import nn
 from transformers import AutoConfig
 from typing_extensions import override
 
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.losses import (
     RMU_POSITIONS,
     TOKEN_AVERAGES,
@@ -98,10 +99,10 @@ class RMU(UnlearningModule):
         config = AutoConfig.from_pretrained(model_path, local_files_only=True)
         num_blocks = config.num_hidden_layers
         if not 0 <= layer < num_blocks:
-            raise ValueError(f"RMU layer={layer} is not a block of {model_path} (blocks 0–{num_blocks - 1}).")
+            raise ConfigError(f"RMU layer={layer} is not a block of {model_path} (blocks 0–{num_blocks - 1}).")
         updated = [i for i in (layer - 2, layer - 1, layer) if i >= 0] if updated_layers is None else updated_layers
         if not updated or any(not 0 <= i <= layer for i in updated):
-            raise ValueError(
+            raise ConfigError(
                 f"RMU updated_layers={list(updated)}: give blocks in 0–{layer} (layer={layer}); blocks after ℓ "
                 "do not change h_ℓ."
             )
@@ -140,7 +141,7 @@ class RMU(UnlearningModule):
             if train:
                 chosen.append(name)
         if not chosen:
-            raise ValueError(
+            raise ConfigError(
                 f"RMU: no parameter of blocks {self.updated_layers} starts with {self.updated_params}; name "
                 "parameters as they appear inside a block (e.g. mlp.down_proj)."
             )

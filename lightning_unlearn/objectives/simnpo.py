@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.losses import nll_loss, normalized_nll, simnpo_loss
 from lightning_unlearn.models import AdapterConfig
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
@@ -44,7 +45,7 @@ class SimNPO(UnlearningModule):
         super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
         self.save_hyperparameters()
         if beta <= 0:
-            raise ValueError(f"SimNPO beta must be positive, got {beta}.")
+            raise ConfigError(f"SimNPO beta must be positive, got {beta}.")
         self.gamma, self.alpha, self.beta, self.delta = gamma, alpha, beta, delta
 
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from typing_extensions import override
 
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.losses import TOKEN_AVERAGES, check_choice, normalized_nll, undial_loss
 from lightning_unlearn.models import AdapterConfig
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
@@ -48,7 +49,7 @@ class UNDIAL(UnlearningModule):
     ) -> None:
         super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
         if strength < 0:
-            raise ValueError(f"UNDIAL strength must be non-negative, got {strength}.")
+            raise ConfigError(f"UNDIAL strength must be non-negative, got {strength}.")
         check_choice("token_average", token_average, TOKEN_AVERAGES)
         self.save_hyperparameters()
         self.strength, self.gamma, self.alpha, self.token_average = strength, gamma, alpha, token_average

@@ -38,6 +38,7 @@ from lightning_unlearn.atomic import write_directory_atomically
 from lightning_unlearn.callbacks.stop_rule import StopRule
 from lightning_unlearn.checkpoints import RestoresRNG
 from lightning_unlearn.distributed import full_state_dict
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.losses import nll_loss, normalized_nll, sequence_logprobs
 from lightning_unlearn.models import AdapterConfig, apply_adapter, check_adapter_path, load_causal_lm, load_tokenizer
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
@@ -66,7 +67,7 @@ def nonnegative_weights(**weights: float) -> None:
     """
     for name, value in weights.items():
         if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-            raise ValueError(
+            raise ConfigError(
                 f"{name}={value} must be a finite weight >= 0 (a negative one turns its term's descent into ascent); "
                 f"e.g. {name}: 1.0, or 0 to turn the term off."
             )

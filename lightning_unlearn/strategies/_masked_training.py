@@ -11,6 +11,7 @@ from lightning.pytorch import LightningModule
 from typing_extensions import override
 
 from lightning_unlearn.distributed import local_view
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.masks import LazyMasks
 from lightning_unlearn.strategies.lockstep import lockstep_masked_backward, loss_with_gradients
 from lightning_unlearn.strategies.masked_gradients import MaskedGradients, resolve_param_masks
@@ -22,7 +23,7 @@ MASKING_MODES = ("auto", "one_pass", "lockstep")
 
 def check_masking(masking: str) -> str:
     if masking not in MASKING_MODES:
-        raise ValueError(f"masking={masking!r} is not one of {MASKING_MODES}.")
+        raise ConfigError(f"masking={masking!r} is not one of {MASKING_MODES}.")
     return masking
 
 
@@ -77,7 +78,7 @@ class MaskedTraining:
         for p, k in keys.items():
             mask = packed[k].to(local_device(p))
             if tuple(mask.shape) != self._local_shape(p):
-                raise ValueError(
+                raise ConfigError(
                     f"mask {k!r} has shape {tuple(mask.shape)} but the parameter's local data has "
                     f"{self._local_shape(p)}; the masks were made for another model."
                 )
@@ -99,7 +100,7 @@ class MaskedTraining:
         if engine.one_pass:
             self._engine = engine
         elif self.masking == "one_pass":
-            raise ValueError(
+            raise ConfigError(
                 f"masking='one_pass' cannot split the gradients of {engine.unsupported[:3]} per sample; "
                 "use masking='auto' or 'lockstep'."
             )
@@ -159,7 +160,7 @@ class MaskedTraining:
             return None
         masks = self.prepare(module)
         if masks is None:
-            raise ValueError(
+            raise ConfigError(
                 "restrict_update_groups is set but the module's packed_masks is None; load or sample the masks "
                 "(masks.load_masks) and set module.packed_masks."
             )

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from lightning_unlearn.distributed import local_view
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.masks import NEUTRAL_GROUP
 from lightning_unlearn.strategies.masked_gradients import decode, groups_present
 
@@ -60,7 +61,7 @@ def lockstep_masked_backward(
     ids = torch.as_tensor(group_ids).reshape(-1).cpu().long()
     b = int(ids.numel())
     if b == 0:
-        raise ValueError("lockstep_masked_backward got an empty batch.")
+        raise ConfigError("lockstep_masked_backward got an empty batch.")
     params = list(param_masks)
     prior = {p: p.grad for p in params}
     acc: dict[torch.nn.Parameter, torch.Tensor | None] = dict.fromkeys(params)

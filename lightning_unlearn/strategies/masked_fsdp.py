@@ -41,6 +41,7 @@ from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
 from lightning_unlearn.distributed import local_view
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.masks import shard_masks
 from lightning_unlearn.models import load_causal_lm
 from lightning_unlearn.strategies._masked_training import MaskedStrategyHooks, MaskedTraining, Masking
@@ -179,7 +180,7 @@ class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
             if _BLOCK.search(name) and any(True for _ in sub.parameters()):
                 fully_shard(sub, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
         if any(True for _ in module.parameters(recurse=False)):
-            raise ValueError(
+            raise ConfigError(
                 f"{type(module).__name__} has parameters of its own; MaskedFSDPStrategy shards child modules only. "
                 "Move them into a submodule or shard in configure_model()."
             )

@@ -41,6 +41,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.masks import MAX_GROUPS, NEUTRAL_GROUP, canonical_name, groups_in_mask
 
 # Decoding reads the uint32 masks through an int32 view: torch's uint32 kernels are not vectorised on the CPU
@@ -69,12 +70,12 @@ def resolve_param_masks(module: nn.Module, packed: Mapping[str, torch.Tensor]) -
             continue
         hits = [k for k in keys if cname.endswith("." + k)]
         if not hits:
-            raise ValueError(
+            raise ConfigError(
                 f"trainable parameter {name!r} has no packed mask. Sample the masks on this model "
                 "(masks.sample_masks) or freeze the parameter (requires_grad=False)."
             )
         if len(hits) > 1:
-            raise ValueError(f"trainable parameter {name!r} matches several masks {hits}; mask names are ambiguous.")
+            raise ConfigError(f"trainable parameter {name!r} matches several masks {hits}; mask names are ambiguous.")
         out[p] = hits[0]
     return out
 
@@ -96,7 +97,7 @@ def groups_present(group_ids: torch.Tensor, process_group: Any = None) -> list[i
     present = torch.zeros(MAX_GROUPS + 1, dtype=torch.int64)
     ids = torch.as_tensor(group_ids).reshape(-1).cpu().long()
     if ids.numel() and (int(ids.min()) < NEUTRAL_GROUP or int(ids.max()) >= MAX_GROUPS):
-        raise ValueError(f"group_ids must lie in -1..{MAX_GROUPS - 1}, got {sorted(set(ids.tolist()))}.")
+        raise ConfigError(f"group_ids must lie in -1..{MAX_GROUPS - 1}, got {sorted(set(ids.tolist()))}.")
     present[ids + 1] = 1
     if dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1:
         nccl = dist.get_backend(process_group) == "nccl"
@@ -146,7 +147,7 @@ class SampleGroups:
     def from_group_ids(cls, group_ids: torch.Tensor) -> SampleGroups:
         group_ids = torch.as_tensor(group_ids).reshape(-1).to("cpu", torch.long)
         if group_ids.numel() and (int(group_ids.min()) < NEUTRAL_GROUP or int(group_ids.max()) >= MAX_GROUPS):
-            raise ValueError(
+            raise ConfigError(
                 f"group_ids must lie in -1..{MAX_GROUPS - 1} (-1 = neutral), got values "
                 f"{sorted(set(group_ids.tolist()))}."
             )
@@ -473,7 +474,7 @@ class MaskedGradients:
             mask = packed_masks[k].to(local.device)
             if tuple(mask.shape) != tuple(local.shape):
                 where = "this rank's shard of the parameter" if self.sharded else "the parameter"
-                raise ValueError(
+                raise ConfigError(
                     f"mask {k!r} has shape {tuple(mask.shape)} but {where} has {tuple(local.shape)}; "
                     "the masks were made for another model."
                 )
@@ -633,15 +634,15 @@ def _shard_group(params: Iterable[nn.Parameter]):
     meshes = set()
     for p in params:
         if not _is_dtensor(p):
-            raise ValueError("some trainable parameters are FSDP2-sharded and some are not; shard all of them.")
+            raise ConfigError("some trainable parameters are FSDP2-sharded and some are not; shard all of them.")
         if p.device_mesh.ndim != 1 or tuple(p.placements) != (Shard(0),):
-            raise ValueError(
+            raise ConfigError(
                 f"one-pass masking under FSDP2 needs parameters sharded on dim 0 over a 1-D mesh, got "
                 f"{p.placements} on a {p.device_mesh.ndim}-D mesh; use masking='lockstep'."
             )
         meshes.add(p.device_mesh)
     if len(meshes) != 1:
-        raise ValueError("the trainable parameters are sharded over different meshes; use masking='lockstep'.")
+        raise ConfigError("the trainable parameters are sharded over different meshes; use masking='lockstep'.")
     return meshes.pop().get_group(0)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from lightning_unlearn.atomic import write_text_atomically
+from lightning_unlearn.errors import ConfigError
 
 logger = logging.getLogger("lightning_unlearn")
 
@@ -63,7 +64,7 @@ def held_out_records(run_config: Path) -> list[dict]:
     meta_path = Path(str(forget)).with_suffix(".meta.json") if forget else None
     meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path and meta_path.is_file() else {}
     if meta.get("kind") != "lens-forget-set" or not meta.get("baseline"):
-        raise ValueError(
+        raise ConfigError(
             f"attack relearn: the run's forget set ({forget}) is not a LENS forget set with a baseline, so there is "
             "no default relearning text; give --records FILE (related text, or the forget set's held-out part; "
             "never the forget set itself)."
@@ -72,7 +73,7 @@ def held_out_records(run_config: Path) -> list[dict]:
     rows = [r for r in read_records(meta["baseline"], what="LENS baseline")
             if r.get("label") == "Reproduced" and r.get("level") not in levels]  # fmt: skip
     if not rows:
-        raise ValueError(
+        raise ConfigError(
             f"attack relearn: the baseline {meta['baseline']} has no reproduction outside the forget set's levels "
             f"{sorted(levels)}; give --records FILE."
         )

@@ -33,6 +33,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from lightning_unlearn.errors import ConfigError, MissingPathError
 from lightning_unlearn.workflows.command import dispatch
 
 log = logging.getLogger("lightning_unlearn")
@@ -147,7 +148,7 @@ def _require_model(run_config: Path, overrides: list[str]) -> None:
     config = read_yaml(run_config) or {}
     path = ((config.get("model") or {}).get("init_args") or {}).get("model_path")
     if isinstance(path, str) and not Path(path).expanduser().exists():
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"evaluate: the run's starting model {path!r} (model.init_args.model_path in {run_config}) is gone; "
             "restore it there, or give its new place with --overrides '[--model.init_args.model_path, DIR, "
             "--data.init_args.tokenizer_path, DIR]'."
@@ -186,11 +187,11 @@ def evaluate_command(
 
     run_dir = Path(run_dir).expanduser()
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"evaluate: run directory {run_dir} does not exist.")
+        raise MissingPathError(f"evaluate: run directory {run_dir} does not exist.")
     _require_writable(run_dir)
     run_config = Path(run_config).expanduser() if run_config is not None else run_dir / "config.yaml"
     if not run_config.is_file():
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"evaluate: {run_config} not found; LightningCLI saves a run's config.yaml in its log directory. Pass "
             "the run's version directory as RUN_DIR, or its config with --run_config."
         )
@@ -200,7 +201,7 @@ def evaluate_command(
     extra = [Path(resolve_config(str(c))).expanduser() for c in eval_config or []]
     for c in extra:
         if not c.is_file():
-            raise FileNotFoundError(
+            raise MissingPathError(
                 f"evaluate: config {c} not found (neither a file nor a shipped config; `lightning-unlearn configs "
                 "list` names those)."
             )
@@ -209,14 +210,14 @@ def evaluate_command(
         wanted = set(steps)
         missing = sorted(wanted - {c.step for c in checkpoints})
         if missing:
-            raise ValueError(f"evaluate: no saved checkpoint of step(s) {missing} under {run_dir}.")
+            raise ConfigError(f"evaluate: no saved checkpoint of step(s) {missing} under {run_dir}.")
         checkpoints = [c for c in checkpoints if c.step in wanted]
     if not checkpoints:
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"evaluate: no saved checkpoint under {run_dir} (no *.ckpt file, adapter-step=N/ or merged-step=N/)."
         )
     if adapters_per_pass < 1:
-        raise ValueError(f"evaluate: adapters_per_pass={adapters_per_pass} must be at least 1.")
+        raise ConfigError(f"evaluate: adapters_per_pass={adapters_per_pass} must be at least 1.")
     metrics_file = run_dir / METRICS_FILE
     bases = _saved_bases(checkpoints)
     result: dict = {"run_dir": str(run_dir), "evaluated": [], "skipped": [], "metrics_file": str(metrics_file)}

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import lightning_unlearn
 from lightning_unlearn.atomic import write_text_atomically
+from lightning_unlearn.errors import ConfigError
 
 # The recipe keys that decide a result.
 RECIPE_KEYS = ("configs", "overrides")
@@ -89,7 +90,7 @@ def check_recipe(path: str | os.PathLike, recipe: Mapping, built: str, ours: str
     if {k: found.get(k) for k in RECIPE_KEYS} != {k: recipe.get(k) for k in RECIPE_KEYS}:
         what = "config files" if found.get("configs") != recipe.get("configs") else "overrides"
         changed = _changed(found.get("overrides"), recipe.get("overrides")) if what == "overrides" else []
-        raise ValueError(
+        raise ConfigError(
             f"{built} was built with other {what} than {ours}" + (f" ({', '.join(changed)})" if changed else "")
             + f"; reusing it would mix two recipes. {fix}"
         )  # fmt: skip

@@ -30,6 +30,7 @@ from typing import Literal
 from lightning_unlearn.atomic import write_text_atomically
 from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE
 from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_figure, write_json
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.metrics.attacks import attack_table
 from lightning_unlearn.metrics.selection import sce_table, select_from_rows
 from lightning_unlearn.workflows.command import dispatch
@@ -44,7 +45,7 @@ def expand_runs(run_dirs: Sequence[str], names: Sequence[str] | None) -> list[tu
     from lightning_unlearn.workflows.sweep import CELL_FILE
 
     if names and len(names) != len(run_dirs):
-        raise ValueError(f"{len(names)} names for {len(run_dirs)} run directories; give one name per directory.")
+        raise ConfigError(f"{len(names)} names for {len(run_dirs)} run directories; give one name per directory.")
     runs = []
     for i, d in enumerate(run_dirs):
         d = Path(d)
@@ -69,7 +70,7 @@ def summarize(
     runs = expand_runs(run_dirs, names)
     keys = [f"{panel} / {label}" if panel else label for label, panel, _ in runs]
     if len(set(keys)) != len(keys):
-        raise ValueError(
+        raise ConfigError(
             f"run names {keys} are not unique; pass --names (or label the sweep's cells) to tell them apart."
         )
     tables: dict[str, dict] = {}
@@ -174,7 +175,7 @@ def report_command(
     """
     tables, summary = summarize(run_dirs, family, collapse_boundary, names, metric)
     if not any(t for panel in tables.values() for t in panel.values()):
-        raise ValueError(f"no {family!r} rows in {run_dirs}; were the runs evaluated with SCEEvaluation?")
+        raise ConfigError(f"no {family!r} rows in {run_dirs}; were the runs evaluated with SCEEvaluation?")
     for s in summary.values():
         step = (s.get("suppression_tradeoff") or {}).get("step")
         s["answers"] = [] if step is None else selected_answers(s["run_dir"], step)
@@ -304,7 +305,7 @@ def mask_auc_command(
     from lightning_unlearn.models import load_causal_lm, load_weights
 
     if (control_inj is None) != (control_unl is None):
-        raise ValueError("pass both --control_inj and --control_unl (the UnMask control), or neither.")
+        raise ConfigError("pass both --control_inj and --control_unl (the UnMask control), or neither.")
     packed, meta = load_masks(masks, lazy=True)
     check_mask_groups(packed, meta, forget_groups, retain_groups, masks)
     pre_weights = load_weights(pre, lazy=True)  # headers only; mask_auc reads each tensor when it scores it
@@ -320,7 +321,7 @@ def mask_auc_command(
     for flag, weights in models.items():  # name the model whose tensors differ from θ_pre's
         for name in names:
             if weights.shapes.get(name) != pre_weights.shapes[name]:
-                raise ValueError(
+                raise ConfigError(
                     f"{flag} {str(weights.path)!r}: {name} is {weights.shapes.get(name, 'missing')}, but θ_pre "
                     f"(--pre {pre}) has {pre_weights.shapes[name]}; {flag} must be the same architecture as --pre "
                     "(a copy of the injected model)."

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, read_rows, row_key
+from lightning_unlearn.errors import MissingPathError
 
 ANSWER_LEVELS = ("L0",)
 
@@ -17,10 +18,10 @@ def run_rows(run_dir: str | os.PathLike) -> list[dict]:
     """All metric rows of one run directory (files found recursively, merged by (step, family))."""
     run_dir = Path(run_dir)
     if not run_dir.exists():
-        raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist.")
+        raise MissingPathError(f"run directory {str(run_dir)!r} does not exist.")
     files = sorted(run_dir.rglob(METRICS_FILE), key=lambda p: p.stat().st_mtime)
     if not files:
-        raise FileNotFoundError(f"no {METRICS_FILE} under {str(run_dir)!r}; is it a run directory?")
+        raise MissingPathError(f"no {METRICS_FILE} under {str(run_dir)!r}; is it a run directory?")
     merged = {}
     for f in files:
         for r in read_rows(f):

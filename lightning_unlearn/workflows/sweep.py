@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_unlearn.atomic import write_text_atomically
+from lightning_unlearn.errors import ConfigError, MissingPathError
 from lightning_unlearn.workflows import recipes
 from lightning_unlearn.workflows.command import dispatch
 
@@ -120,7 +121,7 @@ def _readable(overrides: dict[str, Any]) -> str:
 def _config_list(value: Any, where: str) -> list[str]:
     values = [value] if isinstance(value, str) else value
     if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-        raise ValueError(f"{where}: `configs` must be a config file or a list of them.")
+        raise ConfigError(f"{where}: `configs` must be a config file or a list of them.")
     return list(values)
 
 
@@ -133,7 +134,7 @@ def _cells(path: Path, root: Path, common: dict, grid: dict, listed: list[dict])
         resources = dict(listed_cell.pop("resources", None) or {})
         bad = set(resources) - set(_RESOURCE_KEYS)
         if bad:
-            raise ValueError(f"sweep file {path}: unknown resources {sorted(bad)}; use {', '.join(_RESOURCE_KEYS)}.")
+            raise ConfigError(f"sweep file {path}: unknown resources {sorted(bad)}; use {', '.join(_RESOURCE_KEYS)}.")
         label, panel = listed_cell.pop("label", None), listed_cell.pop("panel", None)
         configs = _config_list(combo.get("configs", []), f"sweep file {path}: grid")
         configs += _config_list(listed_cell.get("configs", []), f"sweep file {path}: cells")
@@ -149,7 +150,7 @@ def _cells(path: Path, root: Path, common: dict, grid: dict, listed: list[dict])
         readable = re.sub(r"[^A-Za-z0-9.+-]+", "_", "-".join(p for p in parts if p))[:64] or "cell"
         name = f"{readable}-{_digest(identity)}"
         if name in seen:
-            raise ValueError(f"sweep file {path}: two cells have the same overrides {identity}.")
+            raise ConfigError(f"sweep file {path}: two cells have the same overrides {identity}.")
         seen[name] = True
         cell = Cell(overrides, root / name, resources, configs)
         cell.label = str(label) if label is not None else (_readable(combo) if combo else name)
@@ -163,19 +164,19 @@ def _evaluate_options(spec: dict, path: Path) -> dict[str, Any]:
     evaluate = dict(spec.get("evaluate") or {})
     unknown = set(evaluate) - {"configs", "adapters_per_pass", "steps_per_job", "resources"}
     if unknown:
-        raise ValueError(
+        raise ConfigError(
             f"sweep file {path}: unknown evaluate keys {sorted(unknown)}; use configs, adapters_per_pass, "
             "steps_per_job, resources."
         )
     allowed = {"gpus_per_node", "cpus_per_task", "mem_gb", "timeout_min"}
     if set(evaluate.get("resources") or {}) - allowed:
-        raise ValueError(
+        raise ConfigError(
             f"sweep file {path}: evaluate.resources may hold {sorted(allowed)}; an evaluation job is one task on "
             f"one node, got {sorted(evaluate['resources'])}."
         )
     per_job = evaluate.get("steps_per_job")
     if per_job is not None and (isinstance(per_job, bool) or not isinstance(per_job, int) or per_job < 1):
-        raise ValueError(f"sweep file {path}: evaluate.steps_per_job={per_job!r} must be a whole number ≥ 1.")
+        raise ConfigError(f"sweep file {path}: evaluate.steps_per_job={per_job!r} must be a whole number ≥ 1.")
     if "configs" in evaluate:
         evaluate["configs"] = _config_list(evaluate["configs"], f"sweep file {path}: evaluate")
     return evaluate
@@ -190,52 +191,52 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
         from lightning_unlearn.configs import config_root, shipped_config
 
         if not (config_root() / str(path).removeprefix("configs/")).is_file():
-            raise FileNotFoundError(
+            raise MissingPathError(
                 f"sweep file {path} not found (nor a shipped one: `lightning-unlearn configs list`)."
             )
         path = shipped_config(str(path))  # a shipped sweep file by name; a local file always wins
     spec = read_yaml(path) or {}
     if not isinstance(spec, dict):
-        raise ValueError(f"sweep file {path}: the file must be a mapping of base, root, overrides, grid, cells, "
+        raise ConfigError(f"sweep file {path}: the file must be a mapping of base, root, overrides, grid, cells, "
                          f"executor (it is a {type(spec).__name__}).")  # fmt: skip
     keys = ("base", "root", "overrides", "grid", "cells", "executor", "evaluate")
     unknown = {k for k in set(spec) - set(keys) if not str(k).startswith("x-")}  # x-…: YAML anchors, not read
     if unknown:
-        raise ValueError(f"sweep file {path}: unknown keys {sorted(unknown)}; use {', '.join(keys)} (or x-… for "
+        raise ConfigError(f"sweep file {path}: unknown keys {sorted(unknown)}; use {', '.join(keys)} (or x-… for "
                          "YAML anchors).")  # fmt: skip
     base = _config_list(spec.get("base") or [], f"sweep file {path}: base")
     common = dict(spec.get("overrides") or {})
     if "root" not in spec:
-        raise ValueError(f"sweep file {path}: `root` (the directory of the cells) is missing.")
+        raise ConfigError(f"sweep file {path}: `root` (the directory of the cells) is missing.")
     root = Path(str(spec["root"])).expanduser()
     grid = spec.get("grid") or {}
     if not isinstance(grid, dict):
-        raise ValueError(f"sweep file {path}: `grid` must map each dotted key to its list of values "
+        raise ConfigError(f"sweep file {path}: `grid` must map each dotted key to its list of values "
                          "(`grid: {model.init_args.optim.lr: [1.0e-4, 2.0e-4]}`), not a list.")  # fmt: skip
     if not isinstance(spec.get("overrides") or {}, dict):
-        raise ValueError(f"sweep file {path}: `overrides` must map dotted keys to values, not a list.")
+        raise ConfigError(f"sweep file {path}: `overrides` must map dotted keys to values, not a list.")
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
-            raise ValueError(f"sweep file {path}: grid.{key} must be a non-empty list of values.")
+            raise ConfigError(f"sweep file {path}: grid.{key} must be a non-empty list of values.")
     listed = spec.get("cells") or [{}]
     if not isinstance(listed, list) or not all(isinstance(c, dict) for c in listed):
-        raise ValueError(f"sweep file {path}: `cells` must be a list of mappings of dotted overrides.")
+        raise ConfigError(f"sweep file {path}: `cells` must be a list of mappings of dotted overrides.")
     executor = {"kind": "local", "parallel": 1, "threads": None, "timeout_min": 60, "slurm": {}}
     executor.update(spec.get("executor") or {})
     if executor["kind"] not in EXECUTORS:
-        raise ValueError(f"sweep file {path}: executor.kind={executor['kind']!r} is not one of {EXECUTORS}.")
+        raise ConfigError(f"sweep file {path}: executor.kind={executor['kind']!r} is not one of {EXECUTORS}.")
     for name in ("parallel", "threads", "timeout_min"):
         value = executor[name]
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"sweep file {path}: executor.{name}={value!r} must be a positive whole number.")
+            raise ConfigError(f"sweep file {path}: executor.{name}={value!r} must be a positive whole number.")
     cells = _cells(path, root, common, grid, listed)
     if executor["kind"] == "local" and any(int(c.resources.get("nodes", 1)) > 1 for c in cells):
-        raise ValueError(
+        raise ConfigError(
             f"sweep file {path}: a cell asks for several nodes, which executor.kind 'local' cannot give; use "
             "executor.kind 'slurm', or drop `resources.nodes`."
         )
     if not base and not any(c.configs for c in cells):
-        raise ValueError(f"sweep file {path}: name the configs of the cells in `base` (or in grid/cells `configs`).")
+        raise ConfigError(f"sweep file {path}: name the configs of the cells in `base` (or in grid/cells `configs`).")
     evaluate = _evaluate_options(spec, path)
     return Sweep(base, root, cells, executor, path, evaluate)
 
@@ -253,7 +254,7 @@ def _resolve_configs(sweep: Sweep, cell: Cell) -> list[Path]:
         try:
             out.append(local.resolve() if local is not None else shipped_config(name))
         except FileNotFoundError:
-            raise FileNotFoundError(
+            raise MissingPathError(
                 f"sweep cell {cell.name}: config {name!r} is neither a file (here or beside {sweep.source}) nor a "
                 "shipped config."
             ) from None
@@ -323,7 +324,7 @@ def check_override_keys(sweep: Sweep, path: str | os.PathLike) -> None:
         for key in cell.overrides:
             parts = key.split(".")
             if parts[0] not in _TOP_LEVEL:
-                raise ValueError(f"sweep file {path}: override {key!r}: {parts[0]!r} is not one of {_TOP_LEVEL}.")
+                raise ConfigError(f"sweep file {path}: override {key!r}: {parts[0]!r} is not one of {_TOP_LEVEL}.")
             if parts[0] in ("model", "data") and len(parts) > 2 and parts[1] == "init_args":
                 class_path = cell.overrides.get(f"{parts[0]}.class_path") or (merged.get(parts[0]) or {}).get(
                     "class_path"
@@ -341,7 +342,7 @@ def check_override_keys(sweep: Sweep, path: str | os.PathLike) -> None:
                 if option not in valid:
                     close = difflib.get_close_matches(option, valid, n=1)
                     hint = f"; did you mean {'.'.join([*parts[: start + depth], close[0]])!r}?" if close else ""
-                    raise ValueError(
+                    raise ConfigError(
                         f"sweep file {path}: override {key!r}: {option!r} is not an option of {owner}{hint}"
                     )
 
@@ -358,7 +359,7 @@ def _check_root(root: Path) -> None:
     """The sweep root can be made: no part of it is an existing file."""
     for part in [root, *root.parents]:
         if part.exists() and not part.is_dir():
-            raise ValueError(f"sweep root {str(root)!r}: {str(part)!r} is a file; give `root` a directory path.")
+            raise ConfigError(f"sweep root {str(root)!r}: {str(part)!r} is a file; give `root` a directory path.")
 
 
 def check_cell(sweep: Sweep, cell: Cell) -> str:
@@ -411,7 +412,7 @@ def run_directory(cell: Cell) -> Path:
     """The run directory of a finished cell: where LightningCLI saved its ``config.yaml`` (the logger's version)."""
     found = sorted(cell.directory.rglob("config.yaml"), key=lambda p: p.stat().st_mtime_ns)
     if not found:
-        raise FileNotFoundError(f"sweep cell {cell.name}: no config.yaml under {cell.directory}; has it run?")
+        raise MissingPathError(f"sweep cell {cell.name}: no config.yaml under {cell.directory}; has it run?")
     return found[-1].parent
 
 
@@ -523,7 +524,7 @@ def sbatch_script(folder: str | os.PathLike, params: dict[str, Any], array_size:
         converted["mem"] = slurm._convert_mem(converted["mem"])
     unknown = set(converted) - slurm.SlurmExecutor._valid_parameters()
     if unknown:
-        raise ValueError(f"sweep: unknown slurm parameters {sorted(unknown)} in executor.slurm or a cell's resources.")
+        raise ConfigError(f"sweep: unknown slurm parameters {sorted(unknown)} in executor.slurm or a cell's resources.")
     return slurm._make_sbatch_string(
         command="python -m submitit.core._submit", folder=str(folder), map_count=array_size, **converted
     )
@@ -552,7 +553,7 @@ def _submitit():
     try:
         import submitit
     except ImportError:
-        raise ValueError(
+        raise ConfigError(
             "sweep: executor.kind 'submitit-local' and 'slurm' run through submitit, which is not installed; "
             "pip install 'lightning-unlearn[slurm]' (or use executor.kind: local)."
         ) from None

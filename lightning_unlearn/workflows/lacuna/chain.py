@@ -36,6 +36,7 @@ from lightning_unlearn.checkpoints import latest_checkpoint
 from lightning_unlearn.configs import config_root, resolve_config
 from lightning_unlearn.data.templates import TARGET_FIELDS
 from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data, data_forget_retain_groups
+from lightning_unlearn.errors import ConfigError, MissingPathError
 from lightning_unlearn.smollm2 import resolve_model_dir
 from lightning_unlearn.workflows import processes, recipes
 from lightning_unlearn.workflows.lacuna.filter import filter_stage
@@ -142,7 +143,7 @@ def _check_provenance(w: Path, record: dict) -> None:
         found = {"instruct_configs": [], **json.loads(path.read_text())}
         found = {k: v for k, v in found.items() if k not in VERDICT_KEYS}
         if found != record:
-            raise ValueError(
+            raise ConfigError(
                 f"work directory {str(w)!r} was built with {found}, not {record}; its finished stages would be reused "
                 "for the wrong model. Choose another --workdir or delete this one."
             )
@@ -175,14 +176,14 @@ def require_separable(
         not (Path(workdir) / "inject" / "export" / "masks.safetensors").exists()
         and not (Path(workdir) / "chain.json").exists()
     ):
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"{str(workdir)!r} holds no Lacuna testbed (no chain.json, no inject/export); build one there first: "
             f"`lightning-unlearn lacuna run --workdir {workdir}`, or pass the --workdir of an existing one."
         )
     separable = testbed_separable(workdir)
     if separable is not True and not allow_inseparable:
         why = "was never measured (built before the check existed)" if separable is None else "is NOT met"
-        raise ValueError(
+        raise ConfigError(
             f"the testbed in {str(workdir)!r}: its separability verdict {why}, so {consequence}. Rebuild it "
             f"(`lightning-unlearn lacuna run --workdir {workdir}` prints the verdict), or pass --allow_inseparable "
             f"true to {anyway}."
@@ -217,7 +218,7 @@ class _Stages:
             return False
         newer = [i for i in inputs if i.exists() and i.stat().st_mtime_ns > path.stat().st_mtime_ns]
         if newer and cmd is not None:
-            raise ValueError(
+            raise ConfigError(
                 f"stage {stage}: {str(path)!r} is older than its input {str(newer[0])!r}, which was rebuilt after it. "
                 f"Delete {str(path)!r} to rebuild it from the new input, or choose another --workdir."
             )
@@ -432,13 +433,13 @@ def run_chain(
             chain has none (:data:`NO_INSTRUCT_REASON`).
     """
     if size not in SIZES:
-        raise ValueError(f"size {size!r} is not one of {sorted(SIZES)}.")
+        raise ConfigError(f"size {size!r} is not one of {sorted(SIZES)}.")
     overlays = _overlays(inject_configs, "--inject_config")
     masked_overlays = _overlays(SIZES[size].get("inject_config", []), "--inject_config") + overlays
     instruct_overlays = _overlays(instruct_configs, "--instruct_config")
     pretrain_overlays = _overlays(pretrain_configs, "--pretrain_config")
     if pretrain_overlays and model_path is not None:
-        raise ValueError(
+        raise ConfigError(
             "--pretrain_config overlays the pretraining stage, which --model_path skips (the injections start from "
             "that model); drop one of them."
         )
@@ -493,7 +494,7 @@ def _overlays(configs: Sequence[str], flag: str) -> list[Path]:
     overlays = [Path(resolve_config(c)).expanduser().resolve() for c in configs]
     for given, overlay in zip(configs, overlays, strict=True):
         if not overlay.is_file():
-            raise FileNotFoundError(f"{flag} {given!r} does not exist; pass a YAML file or a shipped config name.")
+            raise MissingPathError(f"{flag} {given!r} does not exist; pass a YAML file or a shipped config name.")
     return overlays
 
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from lightning_unlearn.data.splits import build_splits, save_splits
 from lightning_unlearn.data.testbed_data import data_forget_retain_groups, load_holdout_profiles, load_table
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.workflows.lacuna.extraction import extraction_rates
 
 logger = logging.getLogger("lightning_unlearn")
@@ -36,10 +37,10 @@ def filter_stage(
         present = sorted({int(p["group_id"]) for p in profiles})
         missing = sorted(set(groups) - set(present))
         if missing:
-            raise ValueError(f"groups {missing} have no profile in {data_dir!r}; its groups are {present}.")
+            raise ConfigError(f"groups {missing} have no profile in {data_dir!r}; its groups are {present}.")
     targets = [p for p in profiles if not p["instruct"] and (groups is None or p["group_id"] in groups)]
     if not targets:
-        raise ValueError(f"{data_dir!r} has no non-instruction profile to measure extraction on.")
+        raise ConfigError(f"{data_dir!r} has no non-instruction profile to measure extraction on.")
     model, tokenizer = load_causal_lm(model_dir), load_tokenizer(model_dir)
     rates, memorized = extraction_rates(model, tokenizer, targets)
     report = {

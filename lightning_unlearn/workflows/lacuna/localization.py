@@ -47,6 +47,7 @@ from typing import Literal
 from lightning_unlearn.atomic import write_directory_atomically, write_text_atomically
 from lightning_unlearn.data.templates import TARGET_FIELDS
 from lightning_unlearn.data.testbed_data import data_forget_retain_groups
+from lightning_unlearn.errors import ConfigError, MissingPathError
 from lightning_unlearn.workflows import processes, recipes
 from lightning_unlearn.workflows.lacuna.chain import CONFIG_DIR, require_separable
 from lightning_unlearn.workflows.lacuna.resurface import K, format_sanity, resurfacing_sanity
@@ -96,7 +97,7 @@ def ensure_splits(workdir: str | os.PathLike, field: str, seed: int = 0) -> tupl
     from lightning_unlearn.data.testbed_data import load_holdout_profiles, load_table
 
     if field not in TARGET_FIELDS:
-        raise ValueError(f"field {field!r} is not one of {TARGET_FIELDS}.")
+        raise ConfigError(f"field {field!r} is not one of {TARGET_FIELDS}.")
     w = Path(workdir)
     filtered = w / "splits"
 
@@ -115,7 +116,7 @@ def ensure_splits(workdir: str | os.PathLike, field: str, seed: int = 0) -> tupl
             unfiltered, build_splits(profiles, {f: everyone for f in TARGET_FIELDS}, seed=seed, holdout=holdout)
         )
     if not usable(unfiltered):
-        raise ValueError(f"the testbed in {str(w)!r} has no forget or no retain profile for {field!r}.")
+        raise ConfigError(f"the testbed in {str(w)!r} has no forget or no retain profile for {field!r}.")
     return unfiltered, False
 
 
@@ -138,7 +139,7 @@ def utility_records(data_dir: Path, out: Path, n: int = UTILITY_RECORDS) -> Path
         return out
     texts = [t for t in load_table(str(data_dir), "utility")["text"] if len(t.split()) >= 20][-n:]
     if not texts:
-        raise ValueError(f"the testbed data {str(data_dir)!r} has no utility paragraph of ≥ 20 words.")
+        raise ConfigError(f"the testbed data {str(data_dir)!r} has no utility paragraph of ≥ 20 words.")
     rows = []
     for text in texts:
         words = text.split()
@@ -424,21 +425,21 @@ def _check_request(
         log("[lacuna] localization: scoring a testbed without a met separability verdict (--allow_inseparable)")
     refused = [m for m in methods if m in REFUSED]
     if refused:
-        raise ValueError(f"method {refused[0]!r} cannot run on a Lacuna testbed: {REFUSED[refused[0]]}.")
+        raise ConfigError(f"method {refused[0]!r} cannot run on a Lacuna testbed: {REFUSED[refused[0]]}.")
     unknown = [m for m in methods if m not in METHODS] + [f for f in fields if f not in TARGET_FIELDS]
     if unknown:
-        raise ValueError(f"unknown method(s) or field(s) {unknown}; methods: {sorted(METHODS)}, fields: "
+        raise ConfigError(f"unknown method(s) or field(s) {unknown}; methods: {sorted(METHODS)}, fields: "
                          f"{list(TARGET_FIELDS)}.")  # fmt: skip
     if epoch_scale <= 0:
-        raise ValueError(f"epoch_scale={epoch_scale} must be positive.")
+        raise ConfigError(f"epoch_scale={epoch_scale} must be positive.")
     for option, per_method in (("epochs", epochs), ("method_args", method_args)):
         stray = [m for m in per_method or {} if m not in methods]
         if stray:
-            raise ValueError(f"{option} names {stray[0]!r}, which is not among the methods run {list(methods)}; "
+            raise ConfigError(f"{option} names {stray[0]!r}, which is not among the methods run {list(methods)}; "
                              "name only methods of --methods.")  # fmt: skip
     for method, n in (epochs or {}).items():
         if int(n) < 1 or int(n) != n:
-            raise ValueError(f"epochs[{method!r}]={n} must be a whole number of epochs, at least 1.")
+            raise ConfigError(f"epochs[{method!r}]={n} must be a whole number of epochs, at least 1.")
     return separable
 
 
@@ -635,7 +636,7 @@ def run_localization(
     utility = utility_records(paths["data"], out_root / "utility.jsonl")
     has_control = control and any(METHODS[m][2] for m in methods)
     if has_control and paths["control_start"] is None:
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"the testbed in {str(workdir)!r} has no UnMask control (instruct_unmasked/ or inject_unmasked/), which "
             "the contrast families need; build it with `lightning-unlearn lacuna run --workdir "
             f"{workdir} --control true` (the finished stages are reused), or pass --control false."

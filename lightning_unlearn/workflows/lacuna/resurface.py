@@ -14,6 +14,7 @@ from typing import Literal
 
 from lightning_unlearn.atomic import write_text_atomically
 from lightning_unlearn.data.templates import TARGET_FIELDS
+from lightning_unlearn.errors import ConfigError, MissingPathError
 from lightning_unlearn.generation import generate
 from lightning_unlearn.labelers.calibration import wilson_interval
 from lightning_unlearn.metrics.memorization import extracted
@@ -43,7 +44,7 @@ def rate_with_interval(hits: int, trials: int) -> dict:
     """``{"rate", "ci95"}``: ``hits / trials`` and its Wilson 95 % score interval
     (:func:`~lightning_unlearn.labelers.calibration.wilson_interval`)."""
     if not 0 <= hits <= trials:
-        raise ValueError(f"{hits} hits out of {trials} trials: hits must lie in [0, trials].")
+        raise ConfigError(f"{hits} hits out of {trials} trials: hits must lie in [0, trials].")
     return {"rate": hits / trials if trials else float("nan"), "ci95": list(wilson_interval(hits, trials))}
 
 
@@ -90,21 +91,21 @@ def _attack_splits(splits: Path, field: str):
     forget_path, relearn_path = splits / field / "forget", splits / "relearn"
     for p in (forget_path, relearn_path):
         if not p.exists():
-            raise FileNotFoundError(f"split {str(p)!r} does not exist; run `lightning-unlearn lacuna filter` first.")
+            raise MissingPathError(f"split {str(p)!r} does not exist; run `lightning-unlearn lacuna filter` first.")
     forget = load_from_disk(str(forget_path))
     if len(forget) == 0:
-        raise ValueError(f"forget split {str(forget_path)!r} is empty: nothing can leak.")
+        raise ConfigError(f"forget split {str(forget_path)!r} is empty: nothing can leak.")
     relearn = load_from_disk(str(relearn_path))
     if len(relearn) == 0:
-        raise ValueError(f"relearning split {str(relearn_path)!r} is empty: the testbed memorized no relearn profile.")
+        raise ConfigError(f"relearning split {str(relearn_path)!r} is empty: the testbed memorized no relearn profile.")
     if "profile_id" not in relearn.column_names:
-        raise ValueError(
+        raise ConfigError(
             f"relearning split {str(relearn_path)!r} has no profile_id column (it has {relearn.column_names}): the "
             "attack validates on held-out people. Rebuild the splits with `lightning-unlearn lacuna filter`."
         )
     shared = sorted(set(relearn["profile_id"]) & set(forget["profile_id"]))
     if shared:
-        raise ValueError(
+        raise ConfigError(
             f"relearning split {str(relearn_path)!r} holds forget profiles {shared[:5]}: the attack would be trained "
             "and validated on the people it is scored on. Rebuild the splits with `lightning-unlearn lacuna filter`."
         )
@@ -196,7 +197,7 @@ def resurface(
     split, the training order and the sampling): the same arguments give the same report.
     """
     if k < 1:
-        raise ValueError(f"k={k}: the attack needs at least one sampled generation per forget prompt.")
+        raise ConfigError(f"k={k}: the attack needs at least one sampled generation per forget prompt.")
     from lightning_unlearn.models import load_causal_lm, load_tokenizer
 
     forget, relearn_path = _attack_splits(Path(splits_dir), field)

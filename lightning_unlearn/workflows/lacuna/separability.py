@@ -24,6 +24,7 @@ import torch
 from lightning_unlearn.data.collate import encode_document, pad_batch
 from lightning_unlearn.data.templates import TARGET_FIELDS
 from lightning_unlearn.data.testbed_data import data_forget_retain_groups, forget_retain_groups, load_table
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.labelers.calibration import wilson_interval
 from lightning_unlearn.losses import sequence_logprobs
 from lightning_unlearn.masks import canonical_name, group_mask, load_masks
@@ -121,7 +122,7 @@ def separability_report(
     groups = sorted({int(p["group_id"]) for p in profiles})
     missing = sorted((set(forget_groups) | set(retain_groups)) - set(groups))
     if missing:
-        raise ValueError(f"groups {missing} have no evaluation profile in {str(data_dir)!r}; its groups are {groups}.")
+        raise ConfigError(f"groups {missing} have no evaluation profile in {str(data_dir)!r}; its groups are {groups}.")
 
     utility_texts = list(load_table(str(data_dir), "utility")["text"])
     pre_model = load_causal_lm(pre_dir)

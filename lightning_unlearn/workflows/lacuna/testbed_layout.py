@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from lightning_unlearn.errors import MissingPathError
+
 
 def testbed_paths(workdir: str | os.PathLike) -> dict[str, Path | None]:
     """The artifacts of a testbed work directory; raises naming what is missing and how to make it."""
@@ -18,7 +20,7 @@ def testbed_paths(workdir: str | os.PathLike) -> dict[str, Path | None]:
     }
     for key, path in paths.items():
         if not path.exists():
-            raise FileNotFoundError(
+            raise MissingPathError(
                 f"testbed {key} {str(path)!r} does not exist; build the testbed first "
                 f"(`lightning-unlearn lacuna run --workdir {w}`)."
             )
@@ -36,7 +38,7 @@ def _first(*candidates: Path, required: bool = True) -> Path | None:
         if c.exists():
             return c
     if required:
-        raise FileNotFoundError(f"none of {[str(c) for c in candidates]} exists; build the testbed first.")
+        raise MissingPathError(f"none of {[str(c) for c in candidates]} exists; build the testbed first.")
     return None
 
 

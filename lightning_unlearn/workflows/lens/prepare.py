@@ -51,6 +51,7 @@ from lightning_unlearn.data.narratives import (
     resolve_suite,
 )
 from lightning_unlearn.data.records import meta_path, recorded_suites_dir
+from lightning_unlearn.errors import ConfigError, MissingPathError
 from lightning_unlearn.generation import generate_sorted, model_prompt
 from lightning_unlearn.labelers.calibration import (
     VALIDITY_CLASSES,
@@ -161,9 +162,9 @@ def make_labeler(
         return SignatureLabeler(suites_dir=suites_dir)
     if name == "nli":
         if not nli_path:
-            raise ValueError("labeler 'nli' needs --nli_path pointing at a local NLI model directory.")
+            raise ConfigError("labeler 'nli' needs --nli_path pointing at a local NLI model directory.")
         return NLILabeler(nli_path, entail_threshold=entail_threshold, margin=margin, suites_dir=suites_dir)
-    raise ValueError(f"unknown labeler {name!r}; use one of {', '.join(LABELERS)}.")
+    raise ConfigError(f"unknown labeler {name!r}; use one of {', '.join(LABELERS)}.")
 
 
 def label_rows(rows: Sequence[dict], labeler: NarrativeLabeler) -> list[NarrativeLabel]:
@@ -232,7 +233,7 @@ def build_forget_rows(rows: Sequence[dict], keep: Iterable[bool]) -> list[dict]:
 def read_jsonl(path: str | Path) -> list[dict]:
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"{str(p)!r} does not exist.")
+        raise MissingPathError(f"{str(p)!r} does not exist.")
     with open(p, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
@@ -316,7 +317,7 @@ def baseline_command(
     records = load_suite(narrative, language, levels, condition, directory=suites_dir)
     weak = _labeler(labeler, nli_path, entail_threshold, margin, suites_dir)
     if threads < 0:
-        raise ValueError(f"--threads must be >= 0, got {threads}.")
+        raise ConfigError(f"--threads must be >= 0, got {threads}.")
     if threads:
         torch.set_num_threads(threads)
     from lightning_unlearn.models import load_causal_lm, load_tokenizer
@@ -396,9 +397,9 @@ def export_command(
             SCE rows record, else the shipped suites).
     """
     if (baseline is None) == (generations is None):
-        raise ValueError("give exactly one of --baseline (base answers) or --generations (a run's answers).")
+        raise ConfigError("give exactly one of --baseline (base answers) or --generations (a run's answers).")
     if sample < 0:
-        raise ValueError(f"--sample must be >= 0, got {sample}.")
+        raise ConfigError(f"--sample must be >= 0, got {sample}.")
     if baseline is not None:
         levels = tuple(levels or FORGET_LEVELS)
         rows = [r for r in read_jsonl(baseline) if r["level"] in levels]
@@ -412,7 +413,7 @@ def export_command(
         rows = [r for r in generation_rows(runs) if r["level"] in levels]
         source = ", ".join(runs)
     if not rows:
-        raise ValueError(f"{source!r} has no answers at level(s) {', '.join(levels)}.")
+        raise ConfigError(f"{source!r} has no answers at level(s) {', '.join(levels)}.")
     if sample and sample < len(rows):
         if pick == "judge" and generations is not None:
             from lightning_unlearn.labelers.responsiveness_judge import ResponsivenessJudge
@@ -483,17 +484,17 @@ def import_command(
         suites_dir: the folder of the baseline's suite (default: the one its ``.meta.json`` records).
     """
     if (labels is None) == (labeler is None):
-        raise ValueError("give exactly one of --labels (manual, strict forget set) or --labeler (weak labels).")
+        raise ConfigError("give exactly one of --labels (manual, strict forget set) or --labeler (weak labels).")
     rows = [r for r in read_jsonl(baseline) if r["level"] in levels]
     if not rows:
-        raise ValueError(f"{baseline!r} has no answers at level(s) {', '.join(levels)}.")
+        raise ConfigError(f"{baseline!r} has no answers at level(s) {', '.join(levels)}.")
     if labels is not None:
         manual = ManualLabels.read(labels)
         by_id = manual.by_id
         known = {r["id"] for r in rows}
         unknown = [i for i in manual.ids if i not in known]
         if unknown:
-            raise ValueError(f"{labels!r} has ids not among the baseline's {levels} answers: {unknown[:5]}.")
+            raise ConfigError(f"{labels!r} has ids not among the baseline's {levels} answers: {unknown[:5]}.")
         rows = [r for r in rows if r["id"] in by_id]
         keep = [by_id[r["id"]] == TARGET_DOMINANT for r in rows]
         counts = manual.counts()
@@ -508,7 +509,7 @@ def import_command(
         source, weak = labeler, True
     forget = [{**f, "validity": validity[f["id"]]} if f["id"] in validity else f for f in build_forget_rows(rows, keep)]
     if not forget:
-        raise ValueError(
+        raise ConfigError(
             f"no forget rows: none of the {len(rows)} labeled answers is "
             f"{'Target-Dominant' if not weak else 'Reproduced'} (label counts {counts}); nothing was written."
         )
@@ -615,9 +616,9 @@ def calibrate_command(
     rows = _read_rows(labels, need=())
     has_validity = any((r.get("validity") or "").strip() for r in rows)
     if validity_json is not None and not has_validity:
-        raise ValueError(f"{labels!r} has no `validity` entries; fill the column ({', '.join(VALIDITY_CLASSES)}).")
+        raise ConfigError(f"{labels!r} has no `validity` entries; fill the column ({', '.join(VALIDITY_CLASSES)}).")
     if predicted is None and labeler is None and not has_validity:
-        raise ValueError(
+        raise ConfigError(
             "give --predicted (a labeled JSONL) or --labeler to calibrate narrative labels, or fill the `validity` "
             "column of --labels to calibrate the validity detectors."
         )
@@ -628,7 +629,7 @@ def calibrate_command(
             by_id = {r["id"]: r["label"] for r in read_jsonl(predicted)}
             missing = [i for i in manual.ids if i not in by_id]
             if missing:
-                raise ValueError(f"{predicted!r} has no prediction for ids {missing[:5]}.")
+                raise ConfigError(f"{predicted!r} has no prediction for ids {missing[:5]}.")
             flags = [by_id[i] == REPRODUCED for i in manual.ids]
             name = Path(predicted).name
         else:
@@ -693,13 +694,13 @@ SUITE_COLUMNS = ("answer", "narrative", "language", "level")
 def _check_suite_columns(rows: Sequence[dict], path: str, need: Sequence[str] = SUITE_COLUMNS) -> None:
     need = set(need)
     if rows and not need <= set(rows[0]):
-        raise ValueError(f"{path!r} needs columns {sorted(need)} to be labeled; use the CSV written by lens export.")
+        raise ConfigError(f"{path!r} needs columns {sorted(need)} to be labeled; use the CSV written by lens export.")
 
 
 def _read_rows(path: str, need: Sequence[str] = SUITE_COLUMNS) -> list[dict]:
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"annotation file {str(p)!r} does not exist; write it with `lens export`.")
+        raise MissingPathError(f"annotation file {str(p)!r} does not exist; write it with `lens export`.")
     if p.suffix == ".jsonl":
         return read_jsonl(p)
     with open(p, encoding="utf-8", newline="") as f:
@@ -716,7 +717,7 @@ def suite_check_command(file: str) -> str:
     """
     problems = check_suite_file(file)
     if problems:
-        raise ValueError(format_problems(problems, file))
+        raise ConfigError(format_problems(problems, file))
     data = json.loads(Path(file).read_text(encoding="utf-8"))
     lines = [f"{file}: valid suite of narrative {data['narrative']!r}"]
     for language, lang in data["languages"].items():

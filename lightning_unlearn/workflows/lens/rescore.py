@@ -25,6 +25,7 @@ from lightning_unlearn.callbacks.checkpoint_selection import HEATMAP_FILE, SELEC
 from lightning_unlearn.callbacks.sce_evaluation import GENERATIONS_DIR, SCEEvaluation
 from lightning_unlearn.callbacks.sce_heatmap import save_figure, sce_heatmap_figure, write_json
 from lightning_unlearn.data.records import recorded_suites_dir
+from lightning_unlearn.errors import ConfigError, MissingPathError
 from lightning_unlearn.generation import Generation
 from lightning_unlearn.labelers import SignatureLabeler
 from lightning_unlearn.labelers.calibration import load_validity_calibration
@@ -38,7 +39,7 @@ def _step_files(run_dir: Path) -> dict[int, Path]:
     folder = run_dir / GENERATIONS_DIR
     files = {int(p.stem.removeprefix("step=")): p for p in folder.glob("step=*.jsonl")}
     if not files:
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"no {GENERATIONS_DIR}/step=N.jsonl under {str(run_dir)!r}: re-scoring needs a run evaluated by "
             "SCEEvaluation with this version (it writes every answer of every checkpoint there)."
         )
@@ -49,7 +50,7 @@ def _judge(judge_model: str | None, path: str | None, calibration: dict | None) 
     """The judge that re-scores: with the calibration's heads when it has them (then a model is required)."""
     heads = path if calibration is not None and calibration.get("judge") else None
     if heads is not None and judge_model is None:
-        raise ValueError(f"{path!r} calibrates the responsiveness judge; give --judge_model (its model: "
+        raise ConfigError(f"{path!r} calibrates the responsiveness judge; give --judge_model (its model: "
                          f"{calibration['judge']['model']!r}), not null.")  # fmt: skip
     return None if judge_model is None else ResponsivenessJudge(judge_model, calibration=heads)
 
@@ -91,7 +92,7 @@ def rescore(
     judge = _judge(judge_model, validity_calibration, calibration)
     root = Path(run_dir)
     if not (root / METRICS_FILE).is_file():
-        raise FileNotFoundError(f"{str(root / METRICS_FILE)!r} does not exist; pass the run's log directory.")
+        raise MissingPathError(f"{str(root / METRICS_FILE)!r} does not exist; pass the run's log directory.")
     files = _step_files(root)
     first = [json.loads(line) for line in files[next(iter(files))].read_text(encoding="utf-8").splitlines() if line]
     known = {}
@@ -112,7 +113,7 @@ def rescore(
         )
     unknown = [r["id"] for r in records if not r["narrative"]]
     if unknown:
-        raise ValueError(
+        raise ConfigError(
             f"the generation rows of {str(root)!r} name no narrative (e.g. {unknown[0]!r}), so they cannot be "
             "labeled; pass --prompts with the suite file the run was evaluated on (its baseline.jsonl)."
         )
@@ -135,7 +136,7 @@ def rescore(
         outs = {o["id"]: o for o in (json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x)}
         missing = [r.id for r in sce.records if r.id not in outs]
         if missing:
-            raise ValueError(f"{path} lacks answers for {missing[:3]}…; it is not from the same suite.")
+            raise ConfigError(f"{path} lacks answers for {missing[:3]}…; it is not from the same suite.")
         gens = [Generation(outs[r.id]["answer"], 0, bool(outs[r.id]["hit_token_cap"])) for r in sce.records]
         labels = sce._label(sce.records, [g.text for g in gens])
         outputs, metrics = sce.score(gens, labels, base, base_answers)

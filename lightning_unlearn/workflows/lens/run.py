@@ -26,6 +26,7 @@ import yaml
 from lightning_unlearn.atomic import write_text_atomically
 from lightning_unlearn.configs import config_root
 from lightning_unlearn.data.narratives import check_suite_file, format_problems, resolve_suite
+from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.labelers.responsiveness_judge import DEFAULT_JUDGE_MODEL
 
 log = logging.getLogger("lightning_unlearn")
@@ -41,7 +42,7 @@ def _callback(config: dict, name: str) -> dict:
     for cb in config["trainer"]["callbacks"]:
         if cb["class_path"].rsplit(".", 1)[-1] == name:
             return cb.setdefault("init_args", {})
-    raise ValueError(f"the trajectory template {TEMPLATE} has no {name} callback.")
+    raise ConfigError(f"the trajectory template {TEMPLATE} has no {name} callback.")
 
 
 def trajectory_config(
@@ -141,18 +142,18 @@ def run_command(
     methods = list(methods or ["npo"])
     for m in methods:
         if m in UNSUITED:
-            raise ValueError(f"method {m!r} cannot run on a weak-label forget set: {UNSUITED[m]}.")
+            raise ConfigError(f"method {m!r} cannot run on a weak-label forget set: {UNSUITED[m]}.")
         if not Path(resolve_config(f"lens/{m}.yaml")).is_file():
-            raise ValueError(f"unknown method {m!r}: there is no shipped config lens/{m}.yaml.")
+            raise ConfigError(f"unknown method {m!r}: there is no shipped config lens/{m}.yaml.")
     if min(max_steps, every, max_new_tokens, batch_size, parallel, threads) < 1:
-        raise ValueError("max_steps, every, max_new_tokens, batch_size, parallel and threads must be at least 1.")
+        raise ConfigError("max_steps, every, max_new_tokens, batch_size, parallel and threads must be at least 1.")
     if every > max_steps:
-        raise ValueError(f"every={every} > max_steps={max_steps}: no checkpoint would be evaluated.")
+        raise ConfigError(f"every={every} > max_steps={max_steps}: no checkpoint would be evaluated.")
     narrative, folder = resolve_suite(suite)
     if folder is not None:  # a file of one's own: every problem, with its line, before any work
         problems = check_suite_file(suite)
         if problems:
-            raise ValueError(format_problems(problems, suite))
+            raise ConfigError(format_problems(problems, suite))
         suite = str(Path(suite).resolve())
     suites_dir = None if folder is None else str(Path(folder).resolve())
     data = Path(out or f"runs/lens/smollm2/{narrative}-{language}").resolve()

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from lightning_unlearn.callbacks.sce_heatmap import write_json
+from lightning_unlearn.errors import ConfigError, MissingPathError
 from lightning_unlearn.labelers.calibration import load_validity_calibration
 from lightning_unlearn.metrics.selection import sce_table, select_from_rows
 from lightning_unlearn.workflows.run_directory import run_rows, selected_answers
@@ -31,10 +32,10 @@ def baseline_entity_recovery(baseline_path: str | os.PathLike) -> dict[str, floa
     """Per level, the fraction of labeled baseline answers with every actor recovered together with the frame."""
     path = Path(baseline_path)
     if not path.is_file():
-        raise FileNotFoundError(f"baseline file {str(path)!r} does not exist; run `lens baseline` with --labeler.")
+        raise MissingPathError(f"baseline file {str(path)!r} does not exist; run `lens baseline` with --labeler.")
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     if rows and "entity_recovery" not in rows[0]:
-        raise ValueError(f"{str(path)!r} is not labeled; write it with `lens baseline --labeler signature`.")
+        raise ConfigError(f"{str(path)!r} is not labeled; write it with `lens baseline --labeler signature`.")
     out: dict[str, float] = {}
     for level in sorted({r["level"] for r in rows}):
         sel = [bool(r["entity_recovery"]) for r in rows if r["level"] == level]
@@ -65,7 +66,9 @@ def trajectory_summary(
     rows = run_rows(run_dir)
     table = sce_table(rows, family)
     if not table.get("pooled"):
-        raise ValueError(f"no pooled {family!r} rows under {str(run_dir)!r}; was the run evaluated with SCEEvaluation?")
+        raise ConfigError(
+            f"no pooled {family!r} rows under {str(run_dir)!r}; was the run evaluated with SCEEvaluation?"
+        )
     selection = select_from_rows(
         rows,
         family,

@@ -19,6 +19,7 @@ import numpy as np
 
 from lightning_unlearn.callbacks.checkpoint_metrics_file import METRICS_FILE, read_rows
 from lightning_unlearn.callbacks.sce_evaluation import GENERATIONS_DIR, SCEEvaluation
+from lightning_unlearn.errors import ConfigError, MissingPathError
 from lightning_unlearn.generation import Generation
 from lightning_unlearn.labelers.calibration import BROKEN_CLASSES
 from lightning_unlearn.labelers.judge_calibration import (
@@ -76,10 +77,10 @@ def _weights(rows: Sequence[dict]) -> np.ndarray:
         try:
             w = float(text) if text else 1.0
         except ValueError:
-            raise ValueError(f"row {r.get('id')!r} has weight {text!r}; it must be a positive number (lens export "
+            raise ConfigError(f"row {r.get('id')!r} has weight {text!r}; it must be a positive number (lens export "
                              "writes it) or empty.") from None  # fmt: skip
         if not w > 0:
-            raise ValueError(f"row {r.get('id')!r} has weight {w}; weights are 1/π, positive.")
+            raise ConfigError(f"row {r.get('id')!r} has weight {w}; weights are 1/π, positive.")
         out.append(w)
     return np.asarray(out, dtype=np.float64)
 
@@ -125,7 +126,7 @@ def calibrate_judge(
         ValueError: a narrative with fewer than :data:`MIN_PER_CLASS` labeled real answers or broken answers.
     """
     if not 0 < max_answers_flagged < 1:
-        raise ValueError(f"max_answers_flagged={max_answers_flagged} must be in (0, 1): a share of real answers.")
+        raise ConfigError(f"max_answers_flagged={max_answers_flagged} must be in (0, 1): a share of real answers.")
     weights = _weights(rows)
     sce = scorer(rows, labeler, suites_dir)
     questions = [sce.question_of(r) for r in sce.records]
@@ -140,7 +141,7 @@ def calibrate_judge(
         is_answer = np.array([classes[i] == "answer" for i in idx], dtype=bool)
         n_real, n_broken = int(is_answer.sum()), int((~is_answer).sum())
         if min(n_real, n_broken) < MIN_PER_CLASS:
-            raise ValueError(
+            raise ConfigError(
                 f"narrative {narrative!r} has {n_real} labeled real answer(s) and {n_broken} broken one(s) that pass "
                 f"the health flags; the judge's head needs at least {MIN_PER_CLASS} of each: label more answers "
                 "(`lens export --sample N` proposes them)."
@@ -193,7 +194,7 @@ def generation_rows(generations: Sequence[str]) -> list[dict]:
         else:
             files = [path] if path.is_file() else []
         if not files:
-            raise FileNotFoundError(
+            raise MissingPathError(
                 f"no {GENERATIONS_DIR}/step=N.jsonl at {generation!r}; pass a run's log directory (evaluated by "
                 "SCEEvaluation) or one of its step files."
             )
