@@ -85,6 +85,7 @@ class Cell:
 
     @property
     def name(self) -> str:
+        """The cell's name: its directory's."""
         return self.directory.name
 
 
