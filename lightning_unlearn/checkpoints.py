@@ -263,15 +263,26 @@ class RestoresRNG:
     _resumed_rng: dict | None = None
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Add every rank's RNG states to the checkpoint being saved.
+
+        Args:
+            checkpoint: the checkpoint dict, changed in place.
+        """
         super().on_save_checkpoint(checkpoint)
         save_rng_states(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """For a resumed ``fit``, keep this rank's saved RNG states until :meth:`on_train_start` restores them.
+
+        Args:
+            checkpoint: the loaded checkpoint dict.
+        """
         super().on_load_checkpoint(checkpoint)
         if self._trainer is not None and self.trainer.state.fn == "fit":
             self._resumed_rng = saved_rng_states(checkpoint)
 
     def on_train_start(self) -> None:
+        """Restore the RNG states of the checkpoint a ``fit`` resumed from (once; a fresh run keeps its own)."""
         super().on_train_start()
         if self._resumed_rng is not None:
             set_rng_states(self._resumed_rng)

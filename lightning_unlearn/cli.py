@@ -204,6 +204,11 @@ class UnlearnCLI(LightningCLI):
 
     @override
     def before_instantiate_classes(self) -> None:
+        """Refuse ``fit`` with ``max_steps=0``; let ``validate`` run one batch where the config turns validation off.
+
+        Raises:
+            SystemExit: ``fit`` with ``trainer.max_steps=0`` (it would train nothing).
+        """
         subcommand = self.config.get("subcommand")
         trainer = self.config.get(subcommand, {}).get("trainer", {}) if subcommand else {}
         if subcommand == "fit" and trainer.get("max_steps") == 0:
@@ -222,6 +227,13 @@ class UnlearnCLI(LightningCLI):
 
     @override
     def instantiate_classes(self) -> None:
+        """Build the model, data and trainer, then install atomic checkpoint writes and pass on the run's records.
+
+        Resume data changes go to the datamodule; ``--run_hparams`` to every ``CheckpointSelection``.
+
+        Raises:
+            SystemExit: a user error (bad config value, missing path) while instantiating, as one line.
+        """
         # A bad value in the config (a negative learning rate, a missing path) raises inside jsonargparse's
         # instantiation and would surface as 70-110 lines of chained tracebacks: print the one line that says it.
         with _user_errors_in_one_line(self.config.get("subcommand")):
@@ -241,6 +253,16 @@ class UnlearnCLI(LightningCLI):
 
     @override
     def instantiate_trainer(self, **kwargs):
+        """The trainer, with the step-aware progress bar and, for ``fit`` without a terminal, :class:`LogProgress`.
+
+        Neither is added when the config brings its own (or turns the bar off).
+
+        Args:
+            **kwargs: LightningCLI's trainer arguments (``callbacks`` given here are used as they are).
+
+        Returns:
+            The instantiated ``Trainer``.
+        """
         # The step-aware progress bar, unless the config brings its own bar or turns bars off; and progress as log
         # lines where no bar can show it (output to a file, or the bar turned off), unless the config has them.
         from lightning.pytorch.callbacks import ProgressBar
@@ -375,6 +397,11 @@ class UnlearnCLI(LightningCLI):
 
     @override
     def add_arguments_to_parser(self, parser) -> None:
+        """Add ``--allow_data_change`` (resume on changed data) and ``--run_hparams`` (HParams session extras).
+
+        Args:
+            parser: the subcommand's jsonargparse parser.
+        """
         parser.add_argument(
             "--allow_data_change",
             type=bool,
@@ -611,6 +638,14 @@ def run_extra_command(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The ``lightning-unlearn`` console script: a non-Trainer command, or ``fit`` / ``validate`` through LightningCLI.
+
+    Sets the Hugging Face libraries offline, logs INFO through ``lightning_unlearn``, resolves shipped config
+    names and checks the YAML files before LightningCLI parses them.
+
+    Args:
+        argv: the command line without the program name; ``None`` reads ``sys.argv`` (running as a program).
+    """
     if argv is None:
         # Run as a program (the console script, `python -m`, a rank Lightning's launcher started): the process ends
         # with the command, so its last garbage collection need not walk the import graph of torch, Lightning and

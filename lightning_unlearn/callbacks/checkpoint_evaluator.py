@@ -47,6 +47,19 @@ class CheckpointEvaluator(Callback, StopListener):
         output_dir: directory of ``checkpoint_metrics.jsonl``; ``None``: the run's own directory
             (:func:`~lightning_unlearn.callbacks.checkpoint_metrics_file.run_output_dir`).
         batch_size: prompts or sequences per forward / ``generate`` call on each rank.
+
+    Raises:
+        ValueError: ``batch_size`` below 1.
+
+    Example::
+
+        >>> from lightning_unlearn.callbacks import CheckpointEvaluator
+        >>> class Ones(CheckpointEvaluator):  # a family states its name and its compute
+        ...     family = "ones"
+        ...     def compute(self, trainer, pl_module, step):
+        ...         return {"one": 1.0}
+        >>> Ones(name="demo").family_name  # the rows' family: two named instances keep apart
+        'ones:demo'
     """
 
     family: str = ""
@@ -80,20 +93,32 @@ class CheckpointEvaluator(Callback, StopListener):
 
     @property
     def family_name(self) -> str:
+        """The ``family`` of this evaluator's rows: ``family``, or ``family:name`` for a named instance."""
         return self.family if self.name is None else f"{self.family}:{self.name}"
 
     @property
     @override
     def state_key(self) -> str:
+        """Key of this callback's state in a checkpoint, built from ``family`` and ``name`` so two instances coexist."""
         return self._generate_state_key(family=self.family, name=self.name)
 
     @override
     def state_dict(self) -> dict:
+        """The evaluated rows (in step order), the base-model quantities and the metrics file's path.
+
+        Returns:
+            ``{"rows": [...], "base": {...}, "metrics_path": str | None}``, saved in every checkpoint.
+        """
         rows = [self.rows[s] for s in sorted(self.rows)]
         return {"rows": rows, "base": self.base, "metrics_path": self._metrics_path}
 
     @override
     def load_state_dict(self, state_dict: dict) -> None:
+        """Restore the rows and base quantities of a checkpoint, so a resumed run neither repeats nor loses a step.
+
+        Args:
+            state_dict: what :meth:`state_dict` returned; a metrics path set by ``setup`` already is kept.
+        """
         self.rows = {int(r["step"]): r for r in state_dict.get("rows", [])}
         self.base = dict(state_dict.get("base", {}))
         self._metrics_path = self._metrics_path or state_dict.get("metrics_path")
@@ -113,6 +138,16 @@ class CheckpointEvaluator(Callback, StopListener):
     # -- hooks ----------------------------------------------------------------------------------------------
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Choose the metrics file (``output_dir`` or the run's directory) and check the module can be evaluated.
+
+        Args:
+            trainer: the trainer; its run directory is chosen collectively when ``output_dir`` is ``None``.
+            pl_module: the module evaluated; it must expose ``model`` and ``tokenizer``.
+            stage: the trainer's stage (``fit``, ``validate``, ...).
+
+        Raises:
+            AttributeError: ``pl_module`` lacks ``model`` or ``tokenizer``.
+        """
         if self._metrics_path is None:
             root = Path(self.output_dir) if self.output_dir else run_output_dir(trainer)
             self._metrics_path = str(root / METRICS_FILE)
@@ -125,15 +160,37 @@ class CheckpointEvaluator(Callback, StopListener):
 
     @override
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
+        """Remember the loaded checkpoint's step and epoch: a ``validate`` keys its row by them.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module the checkpoint is loaded into.
+            checkpoint: the loaded checkpoint dict (its ``global_step`` and ``epoch``).
+        """
         self._loaded_step = int(checkpoint.get("global_step", 0))
         self._loaded_epoch = int(checkpoint["epoch"]) if checkpoint.get("epoch") is not None else None
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Collective: compute the base-model quantities before the first update (:meth:`ensure_base`).
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module about to be trained.
+        """
         self.ensure_base(trainer, pl_module)
 
     @override
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
+        """Collective, in ``fit``: evaluate the step being saved (once) and write this state into that checkpoint.
+
+        Sanity checking and other stages do nothing here.
+
+        Args:
+            trainer: the trainer; its ``global_step`` is the row's step.
+            pl_module: the module evaluated.
+            checkpoint: the checkpoint dict being saved; its ``callbacks[state_key]`` is replaced.
+        """
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
         step = int(trainer.global_step)
@@ -144,6 +201,14 @@ class CheckpointEvaluator(Callback, StopListener):
 
     @override
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Collective, in ``validate``: evaluate the loaded weights as one row.
+
+        The row's step is ``step_override``, else the loaded checkpoint's ``global_step``, else the trainer's.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module evaluated.
+        """
         if trainer.sanity_checking or trainer.state.fn != "validate":
             return
         self.ensure_base(trainer, pl_module)

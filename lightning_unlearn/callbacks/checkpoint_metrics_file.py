@@ -16,6 +16,14 @@ METRICS_FILE = "checkpoint_metrics.jsonl"
 
 
 def row_key(row: dict) -> tuple[int, str]:
+    """The key a metrics row is replaced under: ``(step, family)``.
+
+    Args:
+        row: a row of ``checkpoint_metrics.jsonl`` (with ``step`` and ``family``).
+
+    Returns:
+        ``(int(row["step"]), str(row["family"]))``.
+    """
     return int(row["step"]), str(row["family"])
 
 

@@ -94,6 +94,17 @@ class CheckpointSelection(Callback, StopListener):
         output_dir: where ``checkpoint_metrics.jsonl`` is read and the outputs written; ``None``:
             :func:`~lightning_unlearn.callbacks.checkpoint_metrics_file.run_output_dir` (the logger's versioned
             directory, else ``<default_root_dir>/evaluation/version_N``).
+
+    Raises:
+        ValueError: ``collapse_boundary`` outside (0, 1], an unknown ``metric``, ``min_validity_recall``
+            outside [0, 1], ``score_mode`` other than ``max`` / ``min``, or a malformed ``score``.
+
+    Example::
+
+        >>> from lightning_unlearn.callbacks import CheckpointSelection
+        >>> selection = CheckpointSelection(score={"tofu/forget_quality": 0.5, "tofu/model_utility": 0.5})
+        >>> selection.score  # checked and kept as floats; selects the best weighted sum of these row values
+        {'tofu/forget_quality': 0.5, 'tofu/model_utility': 0.5}
     """
 
     def __init__(
@@ -141,10 +152,18 @@ class CheckpointSelection(Callback, StopListener):
     @property
     @override
     def state_key(self) -> str:
+        """Key of this callback's state in a checkpoint, built from the SCE ``family`` it selects on."""
         return self._generate_state_key(family=self.family)
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Fix the directory the metrics are read from and the selection written to.
+
+        Args:
+            trainer: the trainer (its run directory when ``output_dir`` is ``None``, chosen collectively).
+            pl_module: the module trained or validated.
+            stage: the trainer's stage.
+        """
         self._dir = Path(self.output_dir) if self.output_dir else run_output_dir(trainer)
 
     def on_checkpoint_evaluated(self, trainer: Trainer, row: dict) -> None:
@@ -162,12 +181,24 @@ class CheckpointSelection(Callback, StopListener):
 
     @override
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """In ``validate``: select again from the metrics file and log the selection as an HParams session.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module validated (its class and hyperparameters go into the session).
+        """
         if trainer.state.fn == "validate":
             self.update(trainer)
             self.log_session(trainer, pl_module)
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """At the end of ``fit``: the final selection (without any stopped steps) and its HParams session.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module trained (its class and hyperparameters go into the session).
+        """
         self.update(trainer)
         self.log_session(trainer, pl_module)
 

@@ -95,6 +95,12 @@ class LogProgress(Callback):
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Start the clock at the (possibly resumed) step and log the step range on rank 0.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module about to be trained.
+        """
         self._start = self._last = time.monotonic()
         self._start_step = trainer.global_step  # a resumed run measures its own pace
         total = self.total_steps(trainer)
@@ -105,6 +111,15 @@ class LogProgress(Callback):
 
     @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        """Log a progress line on rank 0 when another ``every_percent`` is passed or ``every_seconds`` have gone by.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module trained.
+            outputs: the training step's output (unused).
+            batch: the batch (unused).
+            batch_idx: the batch's index (unused).
+        """
         now = time.monotonic()
         total = self.total_steps(trainer)
         share = int(100 * trainer.global_step / total // self.every_percent) if total else self._last_share
@@ -114,5 +129,11 @@ class LogProgress(Callback):
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Log the final progress line, ending in ``· done``, on rank 0.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module trained.
+        """
         if trainer.is_global_zero:
             log.info("%s · done", self.line(trainer, time.monotonic()))

@@ -38,6 +38,19 @@ class MaskAUCEvaluation(CheckpointEvaluator):
         spill_dir: the parent of the spill's temporary directory (default ``$TMPDIR``; 4 bytes a weight free).
         name: see :class:`CheckpointEvaluator`.
         output_dir: see :class:`CheckpointEvaluator`.
+
+    Raises:
+        ValueError: only one of the two control paths, a ``buffer_mib`` that is not positive, or group ids
+            the masks lack.
+        FileNotFoundError: one of the weight or mask paths does not exist.
+
+    Example::
+
+        >>> from lightning_unlearn.callbacks import MaskAUCEvaluation
+        >>> MaskAUCEvaluation("pre.safetensors", "inj.safetensors", "masks.safetensors", control_inj_path="ctl")
+        Traceback (most recent call last):
+        ...
+        ValueError: pass both control_inj_path and control_unl_path (the UnMask control), or neither.
     """
 
     family = "mask_auc"
@@ -101,6 +114,23 @@ class MaskAUCEvaluation(CheckpointEvaluator):
 
     @override
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
+        """Collective: each scoring family's AUC of the weight change θ_unl − θ_inj against m^F (and m^F ∨ m^R).
+
+        Every rank gathers the full parameters; rank 0 scores them against the lazily read θ_pre, θ_inj and masks
+        and broadcasts the row. NaN AUCs (no positive or no negative weight) become ``None``; ``|`` in keys
+        becomes ``_or_``.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module whose ``model`` holds θ_unl (full fine-tuning, no adapter).
+            step: the checkpoint's step.
+
+        Returns:
+            :func:`~lightning_unlearn.metrics.mask_auc.mask_auc`'s result, the same on every rank.
+
+        Raises:
+            ValueError: the model carries a peft adapter (mask AUC scores full-parameter changes).
+        """
         model = pl_module.model
         if hasattr(model, "disable_adapter"):
             raise ConfigError(

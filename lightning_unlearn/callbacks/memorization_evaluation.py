@@ -34,6 +34,17 @@ class MemorizationEvaluation(CheckpointEvaluator):
         prompt_key: column of the prompt (default ``prompt``; ``question`` is read when it is absent).
         answer_key: column of the answer.
         chat_template: render prompts with the tokenizer's chat template, as ``ForgetRetainDataModule`` does.
+
+    Raises:
+        ValueError: no split, or a split that is empty or lacks the prompt / answer column.
+        FileNotFoundError: a split's file does not exist.
+
+    Example::
+
+        >>> from lightning_unlearn.callbacks import MemorizationEvaluation
+        >>> evaluation = MemorizationEvaluation({"forget": [{"prompt": "Who?", "answer": "Alice."}]})
+        >>> evaluation.splits  # each split read into {prompt, answer} records
+        {'forget': [{'prompt': 'Who?', 'answer': 'Alice.'}]}
     """
 
     family = "memorization"
@@ -65,6 +76,16 @@ class MemorizationEvaluation(CheckpointEvaluator):
 
     @override
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
+        """Collective: each split's teacher-forced Prob, EM and ES, and its greedy extraction rate.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module whose ``model`` and ``tokenizer`` are evaluated.
+            step: the checkpoint's step.
+
+        Returns:
+            ``{split: {"prob", "em", "es", "num_records", "extraction_rate"}}`` (the rate only with ``extraction``).
+        """
         out = {}
         for split, records in self.splits.items():
             scores = AnswerMemorization(include_eos=self.include_eos).to(pl_module.device)

@@ -56,6 +56,19 @@ class MIAEvaluation(CheckpointEvaluator):
         prompt_key: column of the prompt.
         answer_key: column of the answer.
         chat_template: render prompts with the tokenizer's chat template.
+
+    Raises:
+        ValueError: no attack or an unknown one, ``privleak`` or the ``reference`` attack without
+            ``reference_model``, an unknown ``privleak_orientation``, or empty members / non-members.
+        FileNotFoundError: ``reference_model`` or a records file does not exist.
+
+    Example::
+
+        >>> from lightning_unlearn.callbacks import MIAEvaluation
+        >>> mia = MIAEvaluation([{"prompt": "Who?", "answer": "Alice."}], [{"prompt": "Who?", "answer": "Bob."}],
+        ...                     privleak=False)
+        >>> mia.attacks  # the default attacks; PrivLeak would need a reference model
+        ('loss', 'zlib', 'min_k', 'min_k_plus_plus')
     """
 
     family = "mia"
@@ -161,6 +174,17 @@ class MIAEvaluation(CheckpointEvaluator):
 
     @override
     def compute_base(self, trainer: Trainer, pl_module: LightningModule) -> dict:
+        """Collective: the reference model's per-record scores and, with ``privleak``, its AUC per attack.
+
+        Loads ``reference_model`` once; nothing is computed without one.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module evaluated (its device and tokenizer are used for the reference).
+
+        Returns:
+            ``{"reference_scores": {set: {attack: [...]}}, "reference_auc": {attack: auc}}``, or ``{}``.
+        """
         if self.reference_model is None:
             return {}
         reference = load_causal_lm(self.reference_model).to(pl_module.device)
@@ -174,6 +198,21 @@ class MIAEvaluation(CheckpointEvaluator):
 
     @override
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
+        """Collective: each attack's AUC on members vs non-members and, with ``privleak``, its PrivLeak.
+
+        The ``reference`` attack is the loss minus the reference model's loss on the same record.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module whose ``model`` is attacked.
+            step: the checkpoint's step.
+
+        Returns:
+            ``{attack: {"auc", "privleak", "reference_auc"}, "num_members", "num_nonmembers"}``.
+
+        Raises:
+            ValueError: ``gradnorm`` is among the attacks and the model is sharded (FSDP).
+        """
         scores = {s: self._scores(pl_module.model, pl_module.tokenizer, r, self.attacks) for s, r in self.sets.items()}
         if "reference" in self.attacks:
             for s, per_attack in scores.items():

@@ -31,11 +31,26 @@ class StepProgressBar(RichProgressBar):
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Open the epoch's bar as Lightning does, then describe it by epoch and step (:func:`train_description`).
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module trained.
+        """
         super().on_train_epoch_start(trainer, pl_module)
         self._describe(trainer)
         self.refresh()
 
     @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        """Update the description's step count, then advance the bar as Lightning does.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module trained.
+            outputs: the training step's output.
+            batch: the batch.
+            batch_idx: the batch's index.
+        """
         self._describe(trainer)  # before the bar's own update, which redraws it
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)

@@ -21,6 +21,15 @@ def encode_batch(
 
 
 def forward_logits(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The model's logits for a teacher-forced batch, as float32 on the CPU.
+
+    Args:
+        model: a causal LM; the batch is moved to the device of its first parameter.
+        batch: ``input_ids`` and ``attention_mask``, ``(B, T)``, as :func:`encode_batch` returns them.
+
+    Returns:
+        ``(B, T, V)`` float32 logits on the CPU.
+    """
     device = next(model.parameters()).device
     out = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
     return out.logits.float().cpu()

@@ -119,6 +119,21 @@ class QuantizationAttack(EvaluatorAttack):
 
     @override
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
+        """Collective: every attacked evaluator's metrics on the model rounded to each bit width in turn.
+
+        The base quantities come from the unrounded model; the weights are restored after each width.
+
+        Args:
+            trainer: the trainer whose other evaluators run.
+            pl_module: the module whose ``model`` is rounded.
+            step: the checkpoint's step.
+
+        Returns:
+            ``{"int<bits>": {family: metrics, "weights_rounded": n, "group_size": g}}`` per bit width.
+
+        Raises:
+            ValueError: the trainer has no evaluator to attack (from ``_evaluators``).
+        """
         evaluators = self._evaluators(trainer)
         for evaluator in evaluators:  # base quantities come from the unrounded model
             evaluator.ensure_base(trainer, pl_module)

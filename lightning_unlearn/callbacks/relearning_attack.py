@@ -86,6 +86,21 @@ class RelearningAttack(EvaluatorAttack):
 
     @override
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
+        """The attacked evaluators' metrics after each number of relearning steps; the weights are restored after.
+
+        Trains a copy of the trainable weights with AdamW on ``records``' answer NLL (one process only).
+
+        Args:
+            trainer: the trainer whose other evaluators run.
+            pl_module: the module whose trainable weights are relearned.
+            step: the checkpoint's step.
+
+        Returns:
+            ``{"after_<n>": {family: metrics, "relearning_loss": float}, "records": count}``.
+
+        Raises:
+            ValueError: more than one process, or no trainable weight in the model.
+        """
         evaluators = self._evaluators(trainer)
         for evaluator in evaluators:  # base quantities come from the model before the attack
             evaluator.ensure_base(trainer, pl_module)

@@ -46,6 +46,17 @@ class RetainDriftEvaluation(CheckpointEvaluator):
             the starting model of an unlearning run, for a "before" row): its CE is the base CE, ΔCE 0. Without
             it, such a ``validate`` of a full-fine-tuning model is refused, since nothing tells it which weights
             are the base.
+
+    Raises:
+        ValueError: no retain record, or a record without the prompt / answer column.
+        FileNotFoundError: the records file does not exist.
+
+    Example::
+
+        >>> from lightning_unlearn.callbacks import RetainDriftEvaluation
+        >>> drift = RetainDriftEvaluation([{"prompt": "Capital of France?", "answer": "Paris."}])
+        >>> drift.family, len(drift.records)  # rows of family retain_drift over one record
+        ('retain_drift', 1)
     """
 
     family = "retain_drift"
@@ -87,11 +98,30 @@ class RetainDriftEvaluation(CheckpointEvaluator):
 
     @override
     def compute_base(self, trainer: Trainer, pl_module: LightningModule) -> dict:
+        """Collective: the base model's answer-token CE on the retain records (ΔCE is measured against it).
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module evaluated; :meth:`base_context` makes its model the base.
+
+        Returns:
+            ``{"ce": float}``.
+        """
         with self.base_context(pl_module, trainer):
             return {"ce": self._drift(pl_module, with_reference=False, base_ce=None)["ce"]}
 
     @override
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
+        """Collective: CE, PPL and ΔCE on the retain records, and KL(p_base‖p_θ) when a base is at hand.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module evaluated (an adapter to disable or a ``reference_model`` gives the KL).
+            step: the checkpoint's step.
+
+        Returns:
+            :meth:`~lightning_unlearn.metrics.retain_drift.RetainDrift.summary`.
+        """
         has_reference = hasattr(pl_module.model, "disable_adapter") or getattr(pl_module, "reference_model", None)
         # ΔCE is against the stored base CE, computed once
         return self._drift(pl_module, with_reference=bool(has_reference), base_ce=self.base["ce"])

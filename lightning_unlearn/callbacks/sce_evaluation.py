@@ -47,7 +47,17 @@ class Labeler(Protocol):
     :func:`~lightning_unlearn.data.narratives.load_narrative` takes alike.
     """
 
-    def label(self, responses: Any, narrative: Any, language: Any) -> Any: ...
+    def label(self, responses: Any, narrative: Any, language: Any) -> Any:
+        """One label per response: whether (or how) each answer reproduces the narrative.
+
+        Args:
+            responses: the generated answers, a list of strings.
+            narrative: a shipped narrative id, or the path of the user's suite file.
+            language: the suite's language code (``en``, ``de``, ...).
+
+        Returns:
+            A sequence of labels as long as ``responses`` (bools, strings or objects with ``reproduced``).
+        """
 
 
 def load_prompt_records(prompts: Sequence[Any] | str) -> list[SuitePrompt]:
@@ -148,6 +158,20 @@ class SCEEvaluation(CheckpointEvaluator):
             vocabulary and the topic cues (default: the folder of ``narrative`` when it is a file; for a
             ``lens baseline`` file given as ``prompts``, the folder its ``.meta.json`` records; else the shipped
             suites).
+
+    Raises:
+        ValueError: no labeler, both or neither of ``prompts`` and ``narrative``, ``chat_template`` with
+            ``prompts``, ``max_new_tokens`` or ``adapter_batch_size`` below 1, bad prompt records, or a judge
+            with a narrative whose suite is not found.
+        TypeError: a labeler without ``label`` or a judge without ``judge``.
+
+    Example::
+
+        >>> from lightning_unlearn.callbacks import SCEEvaluation
+        >>> from lightning_unlearn.labelers import SignatureLabeler
+        >>> sce = SCEEvaluation(narrative="nato-forced-war", labeler=SignatureLabeler(), levels=["L0"])
+        >>> len(sce.records), sce.records[0].level  # the shipped suite's L0 prompts
+        (12, 'L0')
     """
 
     family = "sce"
@@ -284,6 +308,15 @@ class SCEEvaluation(CheckpointEvaluator):
 
     @override
     def compute_base(self, trainer: Trainer, pl_module: LightningModule) -> dict:
+        """Collective: which prompts the base model reproduces the narrative on (B), and its answers.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module evaluated; :meth:`base_context` makes its model the base.
+
+        Returns:
+            ``{"reproduced": {id: bool}, "answers": {id: text}}``.
+        """
         with self.base_context(pl_module, trainer):
             results = self._generate_and_label(pl_module)
         return {
@@ -332,6 +365,18 @@ class SCEEvaluation(CheckpointEvaluator):
 
     @override
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
+        """Collective: generate and label every prompt, and score the checkpoint against the base (:meth:`score`).
+
+        Keeps the per-answer rows in :attr:`outputs` for :meth:`log_extras`.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module whose ``model`` answers.
+            step: the checkpoint's step.
+
+        Returns:
+            The SCE row: per level and pooled counts and SCE, degeneration and validity rates.
+        """
         results = self._generate_and_label(pl_module)
         base, base_answers = self._base_of_records()
         gens, labels = [g for g, _ in results], [lab for _, lab in results]
@@ -461,12 +506,23 @@ class SCEEvaluation(CheckpointEvaluator):
 
     @override
     def discard_extras(self, bad_step: int) -> None:
+        """Delete the ``sce_generations/step=N.jsonl`` files of steps N ≥ ``bad_step`` (rank 0, after a stop).
+
+        Args:
+            bad_step: the first step whose weights the stop rule discarded.
+        """
         for path in (Path(self.metrics_path).parent / GENERATIONS_DIR).glob("step=*.jsonl"):
             if int(path.stem.removeprefix("step=")) >= bad_step:
                 path.unlink()
 
     @override
     def log_extras(self, trainer: Trainer, step: int) -> None:
+        """Write the step's answers to ``sce_generations/step=N.jsonl`` and log the first few as a text table.
+
+        Args:
+            trainer: the trainer whose loggers get the table.
+            step: the step just recorded.
+        """
         outputs = self.outputs.get(step)
         if not outputs:
             return

@@ -33,6 +33,14 @@ class StopAwareCheckpoint(ModelCheckpoint, StopListener):
     Its ``state_key`` is ``ModelCheckpoint``'s, so the two read each other's checkpoints.
     :class:`~lightning_unlearn.callbacks.StopRule` turns a plain ``ModelCheckpoint`` of the trainer into this class at
     ``setup`` (:meth:`adopt`).
+
+    Example::
+
+        >>> from lightning.pytorch.callbacks import ModelCheckpoint
+        >>> from lightning_unlearn.callbacks import StopAwareCheckpoint
+        >>> checkpoint = StopAwareCheckpoint.adopt(ModelCheckpoint(every_n_train_steps=10))
+        >>> type(checkpoint).__name__, isinstance(checkpoint, ModelCheckpoint)  # the same object, now stop-aware
+        ('StopAwareCheckpoint', True)
     """
 
     # Class defaults, so that an adopted ModelCheckpoint has them too.
@@ -43,7 +51,11 @@ class StopAwareCheckpoint(ModelCheckpoint, StopListener):
     def adopt(cls, checkpoint: ModelCheckpoint) -> StopAwareCheckpoint:
         """Make a plain ``ModelCheckpoint`` this class in place: the same object, configuration and state (the caller's
         reference stays valid), with this class's hooks. A subclass of ``ModelCheckpoint`` is refused: its own
-        overrides would be lost."""
+        overrides would be lost.
+
+        Raises:
+            TypeError: ``checkpoint`` is a subclass of ``ModelCheckpoint``, not a plain one.
+        """
         if type(checkpoint) is not ModelCheckpoint:
             raise TypeError(
                 f"StopAwareCheckpoint.adopt takes a plain ModelCheckpoint, not {type(checkpoint).__name__}; derive "
@@ -55,44 +67,96 @@ class StopAwareCheckpoint(ModelCheckpoint, StopListener):
     @property
     @override
     def state_key(self) -> str:
+        """``ModelCheckpoint``'s state key, so a plain ``ModelCheckpoint`` and this class read each other's state."""
         key = super().state_key
         return ModelCheckpoint.__qualname__ + key.removeprefix(type(self).__qualname__)
 
     # -- saving, unless the run was stopped ---------------------------------------------------------------------
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Set up as ``ModelCheckpoint`` does; a new ``fit`` forgets any earlier stop.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module trained.
+            stage: the trainer's stage.
+        """
         super().setup(trainer, pl_module, stage)
         if stage == "fit":
             self.stopped_at_step, self.last_good = None, None
 
     @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any, **kwargs: Any) -> None:
+        """Save as ``ModelCheckpoint`` does, unless the run was stopped (the weights are still the bad step's).
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module trained.
+            *args: ``ModelCheckpoint.on_train_batch_end``'s remaining arguments.
+            **kwargs: ``ModelCheckpoint.on_train_batch_end``'s keyword arguments.
+        """
         if self.stopped_at_step is None:
             super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Save as ``ModelCheckpoint`` does at an epoch's end, unless the run was stopped.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module trained.
+        """
         if self.stopped_at_step is None:
             super().on_train_epoch_end(trainer, pl_module)
 
     @override
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Save as ``ModelCheckpoint`` does after validation, unless the run was stopped.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module trained.
+        """
         if self.stopped_at_step is None:
             super().on_validation_end(trainer, pl_module)
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        """Save as ``ModelCheckpoint`` does on an exception (``save_on_exception``), unless the run was stopped.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module trained.
+            exception: the exception that ended training.
+        """
         if self.stopped_at_step is None:
             super().on_exception(trainer, pl_module, exception)
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Save as ``ModelCheckpoint`` does at the end of training, unless the run was stopped.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module trained.
+        """
         if self.stopped_at_step is None:
             super().on_train_end(trainer, pl_module)
 
     # -- the stop ---------------------------------------------------------------------------------------------
     @override
     def on_run_stopped(self, trainer: Trainer, pl_module: LightningModule, bad_step: int, reason: str) -> None:
+        """Collective: remove the checkpoints and step directories of ``bad_step`` and later, repoint ``last``.
+
+        Rank 0 plans the removal from ``dirpath`` and broadcasts it; every rank removes through the strategy, so
+        sharded checkpoints go too. Each stale ``last`` becomes a copy of the newest good checkpoint, or goes.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module trained.
+            bad_step: the first step whose weights are discarded.
+            reason: which rule fired (unused here).
+        """
         self.stopped_at_step = bad_step
         # Rank 0 reads the directory; every rank then takes the same decisions, so the bookkeeping stays identical.
         plan: DiscardPlan = trainer.strategy.broadcast(self._discard_plan(bad_step) if trainer.is_global_zero else None)

@@ -41,6 +41,15 @@ class StopRule(Callback):
             always stops the run.
         collapse_fraction: stop when the mean retain NLL̄ reaches this fraction of ln |V| (0.9: the model has
             collapsed); ``None`` disables it.
+
+    Raises:
+        ValueError: ``collapse_fraction`` outside (0, 1] or a ``max_bad_loss`` that is not positive.
+
+    Example::
+
+        >>> from lightning_unlearn.callbacks import StopRule
+        >>> StopRule(max_bad_loss=5.0).broken_rule(loss=7.2, forget_nll=7.2)  # this step's weights are bad
+        'the forget NLL 7.2 exceeds max_bad_loss=5'
     """
 
     def __init__(self, max_bad_loss: float | None = None, collapse_fraction: float | None = None) -> None:
@@ -102,6 +111,15 @@ class StopRule(Callback):
     # -- hooks ------------------------------------------------------------------------------------------------
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """At ``fit``: forget an earlier stop, adopt each plain ``ModelCheckpoint`` as a :class:`StopAwareCheckpoint`.
+
+        Any other checkpoint callback that is no :class:`StopListener` gets a warning on rank 0.
+
+        Args:
+            trainer: the trainer whose ``checkpoint_callbacks`` are adopted.
+            pl_module: the module trained.
+            stage: the trainer's stage; only ``fit`` does anything.
+        """
         if stage != "fit":
             return
         self.reason, self.stopped_at_step = None, None

@@ -55,6 +55,20 @@ class TOFUEvaluation(CheckpointEvaluator):
         prompt_key: column of the prompt (default ``prompt``; ``question`` is read when it is absent).
         answer_key: column of the answer.
         chat_template: render prompts with the tokenizer's chat template.
+
+    Raises:
+        ValueError: ``forget_split`` not among the splits, ``forget_quality`` without ``reference_model``, an
+            unknown ``perturbed_mean``, or a record without the paraphrased / perturbed answers.
+        FileNotFoundError: ``reference_model`` or a split's file does not exist.
+
+    Example::
+
+        >>> from lightning_unlearn.callbacks import TOFUEvaluation
+        >>> record = {"prompt": "Who wrote it?", "answer": "Alice.", "paraphrased_answer": "It was Alice.",
+        ...           "perturbed_answer": ["Bob.", "Carol."]}
+        >>> tofu = TOFUEvaluation({"forget": [record], "retain": [record]}, forget_quality=False)
+        >>> sorted(tofu.splits), tofu.forget_split  # retain's Prob, ROUGE-L and truth ratio make model utility
+        (['forget', 'retain'], 'forget')
     """
 
     family = "tofu"
@@ -126,6 +140,15 @@ class TOFUEvaluation(CheckpointEvaluator):
 
     @override
     def compute_base(self, trainer: Trainer, pl_module: LightningModule) -> dict:
+        """Collective: the reference model's truth ratios on the forget split (for forget quality), once.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module evaluated (its device and tokenizer are used for the reference).
+
+        Returns:
+            ``{"reference_forget_truth_ratios": [...]}``, or ``{}`` without ``forget_quality``.
+        """
         if not self.forget_quality:
             return {}
         reference = load_causal_lm(self.reference_model).to(pl_module.device)
@@ -135,6 +158,20 @@ class TOFUEvaluation(CheckpointEvaluator):
 
     @override
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
+        """Collective: Prob, truth ratio and ROUGE-L recall per split, forget quality and model utility.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module whose ``model`` is evaluated.
+            step: the checkpoint's step.
+
+        Returns:
+            ``{split: {"prob", "truth_ratio", "num_records", "rougeL_recall"}, "forget_quality",
+            "model_utility", "model_utility_of"}`` (each part where it applies).
+
+        Raises:
+            ValueError: a split's records have different numbers of perturbed answers (from ``_split_nll``).
+        """
         out: dict = {}
         for split, records in self.splits.items():
             prob, ratios = self._ratios(pl_module.model, pl_module.tokenizer, records)

@@ -28,6 +28,16 @@ class UtilityEvaluation(CheckpointEvaluator):
         name: see :class:`CheckpointEvaluator` (e.g. ``mmlu``, ``belebele``).
         output_dir: see :class:`CheckpointEvaluator`.
         batch_size: items per forward on each rank (each item is one sequence per choice).
+
+    Raises:
+        ValueError: no item, or an item without question, choices (two or more) or a valid answer.
+
+    Example::
+
+        >>> from lightning_unlearn.callbacks import UtilityEvaluation
+        >>> utility = UtilityEvaluation([{"question": "2 + 2 =", "choices": ["3", "4"], "answer": "B"}])
+        >>> utility.items[0]["answer"]  # a letter answer becomes its 0-based choice index
+        1
     """
 
     family = "utility"
@@ -67,6 +77,15 @@ class UtilityEvaluation(CheckpointEvaluator):
 
     @override
     def compute_base(self, trainer: Trainer, pl_module: LightningModule) -> dict:
+        """Collective: the base model's accuracy (``None`` when there is no base model to ask).
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module evaluated; :meth:`base_context` makes its model the base.
+
+        Returns:
+            ``{"accuracy": float | None}``.
+        """
         # The base accuracy makes the utility delta that the guarded checkpoint selection bounds. A full
         # fine-tuning run validated past step 0 has no base model to ask; it then reports accuracy only.
         try:
@@ -78,6 +97,16 @@ class UtilityEvaluation(CheckpointEvaluator):
 
     @override
     def compute(self, trainer: Trainer, pl_module: LightningModule, step: int) -> dict:
+        """Collective: multiple-choice accuracy of the current weights and its change from the base.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module whose ``model`` answers.
+            step: the checkpoint's step.
+
+        Returns:
+            ``{"accuracy", "num_items", "base_accuracy", "delta_accuracy"}`` (the delta when the base is known).
+        """
         accuracy = self._accuracy(pl_module)
         base = self.base.get("accuracy")
         out = {"accuracy": accuracy, "num_items": len(self.items), "base_accuracy": base}

@@ -95,10 +95,20 @@ class FingerprintedData:
     data_changes: list[str] = []
 
     def state_dict(self) -> dict:
+        """The data fingerprint of this datamodule's settings (computed once) and the data changes allowed so far.
+
+        Returns:
+            ``{STATE_KEY: {...fingerprint, "changes": [...]}}``, saved in every checkpoint.
+        """
         if self._fingerprint is None:
             self._fingerprint = data_fingerprint(dict(self.hparams))
         return {STATE_KEY: {**self._fingerprint, "changes": list(self.data_changes)}}
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Carry the checkpoint's recorded data changes over, ahead of any this resume was allowed.
+
+        Args:
+            state_dict: what :meth:`state_dict` returned when the checkpoint was saved.
+        """
         saved = state_dict.get(STATE_KEY) or {}
         self.data_changes = [*saved.get("changes", []), *self.data_changes]

@@ -57,6 +57,14 @@ class IdkAnswers:
         self._encoded: dict[int, list[int]] = {}
 
     def text(self, index: int) -> str:
+        """The idk answer of forget row ``index`` (a pure function of the seed and the index).
+
+        Args:
+            index: the row's position in the forget set.
+
+        Returns:
+            One answer of :attr:`answers`.
+        """
         return self.answers[idk_choice(self.seed, index, len(self.answers))]
 
     def token_ids(self, tokenizer, indices: list[int]) -> list[list[int]]:

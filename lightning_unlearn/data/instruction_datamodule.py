@@ -66,6 +66,16 @@ class InstructionDataModule(FingerprintedData, LightningDataModule):
 
     @override
     def setup(self, stage: str) -> None:
+        """Read and encode the instruction QA, and split it into training and held-out rows (once).
+
+        Args:
+            stage: the trainer's stage.
+
+        Raises:
+            FileNotFoundError: the instruction data does not exist.
+            ValueError: the data is empty, or ``split_by='profiles'`` without a ``profile_id`` column or with too
+                few profiles to split.
+        """
         if self.train_rows is not None:
             return
         from datasets import load_from_disk
@@ -106,6 +116,7 @@ class InstructionDataModule(FingerprintedData, LightningDataModule):
 
     @override
     def train_dataloader(self) -> DataLoader:
+        """The training rows in a seeded order per epoch, resumable mid-epoch."""
         return ResumableLoader(
             self.train_rows,
             batch_size=self.hparams.batch_size,
@@ -116,6 +127,7 @@ class InstructionDataModule(FingerprintedData, LightningDataModule):
 
     @override
     def val_dataloader(self) -> DataLoader:
+        """The held-out rows, in order."""
         return DataLoader(
             self.val_rows,
             batch_size=self.hparams.batch_size,

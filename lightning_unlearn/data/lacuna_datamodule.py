@@ -138,6 +138,7 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
 
     @override
     def prepare_data(self) -> None:
+        """Build the testbed data in ``data_dir`` (profiles, documents, QA, neutral text) when missing."""
         build_testbed_data(self.hparams.data_dir, self.data_config)
 
     def tokenizer_corpus(self) -> list[str]:
@@ -210,6 +211,14 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
 
     @override
     def setup(self, stage: str) -> None:
+        """Encode the PII rows of the selected groups, the neutral chunks and any rows held to θ_pre (once).
+
+        Args:
+            stage: the trainer's stage.
+
+        Raises:
+            ValueError: a group id out of range or without samples, no neutral chunk, or no other group to hold.
+        """
         if self.rows is not None:
             return
         hp = self.hparams
@@ -282,6 +291,7 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
 
     @override
     def train_dataloader(self) -> DataLoader:
+        """The rows in a seeded order per epoch (by length, or one group per batch, when asked), resumable mid-epoch."""
         return ResumableLoader(
             self.rows,
             batch_size=self.hparams.batch_size,

@@ -83,6 +83,9 @@ class PromptRecord:
         return f"{self.narrative}/{self.language}/{self.level}/{self.variant:02d}/{self.condition}"
 
     def to_dict(self) -> dict:
+        """The record as a JSON-ready dict: ``id``, ``narrative``, ``language``, ``level``, ``variant``,
+        ``condition``, ``prompt``.
+        """
         return {
             "id": self.id,
             "narrative": self.narrative,
@@ -426,6 +429,15 @@ def check_suite_file(path: str | Path) -> list[str]:
 
 
 def format_problems(problems: Sequence[str], path: str | Path) -> str:
+    """One error message listing a suite file's problems, one per indented line.
+
+    Args:
+        problems: the problems found (:func:`check_suite_file`).
+        path: the suite file.
+
+    Returns:
+        ``suite file '<path>' is not valid:`` followed by the problems.
+    """
     return f"suite file {str(path)!r} is not valid:\n  " + "\n  ".join(problems)
 
 

@@ -80,6 +80,14 @@ class PreferenceDataModule(ForgetRetainDataModule):
 
     @override
     def setup(self, stage: str | None = None) -> None:
+        """Set up as ``ForgetRetainDataModule`` does, then add each forget row's preferred answer as ``preferred_ids``.
+
+        Args:
+            stage: the trainer's stage.
+
+        Raises:
+            ValueError: a forget row without a preferred answer in ``preferred_key``.
+        """
         if self.forget is not None:
             return
         super().setup(stage)

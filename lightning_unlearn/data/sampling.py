@@ -75,6 +75,11 @@ class EpochSeededSampler(DistributedSampler):
         self._resume: tuple[int, int] | None = None  # (epoch, indices of it already consumed on this rank)
 
     def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s permutation from the next pass on (Lightning calls it at every epoch start).
+
+        Args:
+            epoch: the epoch, 0-based.
+        """
         self.epoch = epoch
 
     def resume(self, epoch: int, consumed: int) -> None:
@@ -154,9 +159,15 @@ class ResumableLoader(DataLoader):
         self.position = position
 
     def state_dict(self) -> dict:
+        """``{"epoch", "batches"}``: the sampler's epoch and the batches of it already trained on."""
         return {"epoch": int(self.sampler.epoch), "batches": int(self.position()) if self.position else 0}
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Resume after the batches of the saved epoch already consumed (modulo the loader's length, when it cycles).
+
+        Args:
+            state_dict: what :meth:`state_dict` returned.
+        """
         # A loader shorter than the epoch (a cycled retain set) is somewhere in its k-th pass.
         batches = int(state_dict.get("batches", 0)) % max(len(self), 1)
         self.sampler.resume(int(state_dict.get("epoch", 0)), batches * self.batch_size)

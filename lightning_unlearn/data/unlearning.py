@@ -160,6 +160,15 @@ class ForgetRetainDataModule(FingerprintedData, LightningDataModule):
 
     @override
     def setup(self, stage: str | None = None) -> None:
+        """Read, check and encode the forget and retain sets (and the random-answer pairs), once.
+
+        Args:
+            stage: the trainer's stage.
+
+        Raises:
+            ValueError: the forget and retain sets hold the same pairs (or a set is empty or malformed).
+            FileNotFoundError: a set's path does not exist.
+        """
         if self.forget is not None:
             return
         hp = self.hparams
@@ -201,6 +210,11 @@ class ForgetRetainDataModule(FingerprintedData, LightningDataModule):
 
     @override
     def train_dataloader(self) -> CombinedLoader:
+        """``{"forget", "retain"[, "mismatch"]}`` loaders, each resumable; the forget set defines the epoch.
+
+        Returns:
+            A ``CombinedLoader``: ``min_size`` when retain is longer, else ``max_size_cycle`` (retain cycles).
+        """
         hp = self.hparams
         retain_bs = hp.retain_batch_size or hp.batch_size
         loaders = {

@@ -64,9 +64,11 @@ class ManualLabels:
 
     @property
     def by_id(self) -> dict[str, str]:
+        """``{response id: manual label}``."""
         return dict(zip(self.ids, self.labels))
 
     def counts(self) -> dict[str, int]:
+        """How many responses carry each manual label, every label of :data:`MANUAL_LABELS` listed (0 if none)."""
         c = Counter(self.labels)
         return {lbl: c.get(lbl, 0) for lbl in MANUAL_LABELS}
 

@@ -46,6 +46,7 @@ class NarrativeLabel:
 
     @property
     def reproduced(self) -> bool:
+        """Whether the label is ``Reproduced``."""
         return self.label == REPRODUCED
 
 
@@ -57,7 +58,18 @@ class NarrativeLabeler(Protocol):
 
     def label(
         self, responses: Sequence[str], narrative: str, language: str, levels: Sequence[str] | None = None
-    ) -> list[NarrativeLabel]: ...
+    ) -> list[NarrativeLabel]:
+        """One :class:`NarrativeLabel` per response.
+
+        Args:
+            responses: the answers to label.
+            narrative: a shipped narrative id, or the path of a suite file.
+            language: the suite's language code.
+            levels: one LENS level per response; L3 / L3-special then need entity recovery to be Reproduced.
+
+        Returns:
+            The labels, in response order.
+        """
 
 
 def _units(text: str) -> list[str]:

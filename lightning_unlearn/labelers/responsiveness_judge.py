@@ -123,6 +123,14 @@ class JudgeHead:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> JudgeHead:
+        """A head from its JSON form in a calibration file (``coef``, ``intercept``, ``threshold``).
+
+        Args:
+            data: the head's mapping.
+
+        Raises:
+            KeyError: a field is missing.
+        """
         return cls(coef=tuple(float(c) for c in data["coef"]), intercept=float(data["intercept"]),
                    threshold=float(data["threshold"]))  # fmt: skip
 
@@ -143,6 +151,7 @@ class JudgeReading:
     calibrated: bool
 
     def to_dict(self) -> dict:
+        """The reading as a generation row's ``judge`` field, floats rounded to 4 decimals."""
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 

@@ -54,6 +54,7 @@ def normalize_item(item: dict, where: str = "item") -> dict:
 
 
 def mc_prompt(question: str) -> str:
+    """The text each option of a multiple-choice question is scored after: the question, a newline, ``Answer:``."""
     return f"{question}\nAnswer:"
 
 

@@ -53,6 +53,18 @@ class AlphaEdit(LightningModule):
         covariance_batches: retain batches used for the covariance of K0 (``None``: the whole retain set).
         block_path: attribute path of block ``{layer}`` in the model.
         down_proj_path: attribute path of block ``{layer}``'s MLP output projection.
+
+    Raises:
+        ValueError: ``block_path`` / ``down_proj_path`` names no module for one of ``layers``.
+
+    Example::
+
+        >>> import torch
+        >>> from lightning_unlearn.null_space import null_space_projector
+        >>> # retain keys span only e₁: AlphaEdit's projector lets the edit move e₂'s outputs alone
+        >>> null_space_projector(torch.diag(torch.tensor([1.0, 0.0])), threshold=1e-3)
+        tensor([[0., 0.],
+                [0., 1.]], dtype=torch.float64)
     """
 
     def __init__(
@@ -110,17 +122,31 @@ class AlphaEdit(LightningModule):
     # -- Lightning --------------------------------------------------------------------------------------------
     @override
     def setup(self, stage: str) -> None:
+        """Refuse more than one process: the edit is a closed form on full weights.
+
+        Args:
+            stage: the trainer's stage.
+
+        Raises:
+            RuntimeError: ``trainer.world_size`` > 1.
+        """
         if self.trainer.world_size > 1:
             raise RuntimeError("AlphaEdit runs in one process (a closed-form edit of full weights); use devices=1.")
 
     @override
     def configure_optimizers(self):
+        """An SGD at lr 0 over the edited weights, so Lightning counts one step per edit batch (no gradient step)."""
         # No gradient step: SGD over the edited weights only makes Lightning count one step per edit batch, so
         # max_steps and ModelCheckpoint(every_n_train_steps) work as for the other objectives.
         return torch.optim.SGD([self._down_proj(layer).weight for layer in self.layers], lr=0.0)
 
     @override
     def on_train_start(self) -> None:
+        """Compute the null-space projector of each edited layer from the retain set (once; resumes keep theirs).
+
+        Raises:
+            TypeError: the datamodule has no ``retain_eval_dataloader`` (use ``ForgetRetainDataModule``).
+        """
         if not self.projectors:
             datamodule = getattr(self.trainer, "datamodule", None)
             if not hasattr(datamodule, "retain_eval_dataloader"):
@@ -130,6 +156,15 @@ class AlphaEdit(LightningModule):
 
     @override
     def training_step(self, batch: dict, batch_idx: int) -> None:
+        """Edit every layer's down_proj for one batch of forget pairs and log the forget NLL̄ and mean ‖δ‖.
+
+        Args:
+            batch: ``{"forget", "retain"}`` LM batches; retain prompts anchor δ's KL term.
+            batch_idx: the batch's index.
+
+        Raises:
+            ValueError: a pair without an answer token (from ``_last_prompt_positions``).
+        """
         forget = batch["forget"]
         positions = _last_prompt_positions(forget["labels"])
         targets, delta_norm = self.target_values(forget, positions, batch["retain"])
@@ -144,6 +179,13 @@ class AlphaEdit(LightningModule):
 
     @override
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Log the mean answer NLL̄ of a validation batch as ``val/forget_nll``, ``val/retain_nll`` or ``val/set<i>``.
+
+        Args:
+            batch: an LM batch.
+            batch_idx: the batch's index.
+            dataloader_idx: 0 = forget, 1 = retain, further loaders ``set<i>``.
+        """
         logps, lengths = sequence_logprobs(self._logits(batch), batch["labels"])
         name = ("forget", "retain")[dataloader_idx] if dataloader_idx < 2 else f"set{dataloader_idx}"
         self.log(f"val/{name}_nll", nll_loss(logps, lengths), add_dataloader_idx=False, batch_size=len(logps))
@@ -263,6 +305,11 @@ class AlphaEdit(LightningModule):
     # -- resume -----------------------------------------------------------------------------------------------
     @override
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Save the projectors and the accumulated keys of earlier edits, without which a resume would undo them.
+
+        Args:
+            checkpoint: the checkpoint dict being saved (``alphaedit`` is added).
+        """
         super().on_save_checkpoint(checkpoint)
         # The projectors and the accumulated keys of earlier edit batches are the edit's state: without them a
         # resumed run would recompute P from the already-edited model and forget to preserve earlier edits.
@@ -273,6 +320,11 @@ class AlphaEdit(LightningModule):
 
     @override
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Restore the projectors and accumulated keys of a checkpoint.
+
+        Args:
+            checkpoint: the loaded checkpoint dict.
+        """
         super().on_load_checkpoint(checkpoint)
         state = checkpoint.get("alphaedit") or {}
         self.projectors = {int(k): v for k, v in state.get("projectors", {}).items()}

@@ -67,6 +67,19 @@ class DPO(UnlearningModule):
         alpha: weight α of the retain NLL (0 skips the retain forward).
         scale: ``one`` (the paper's DPO) or ``two_over_beta`` (OpenUnlearning's 2/β factor).
         token_average: retain NLL̄ per ``sequence`` (default) or per token of the ``batch`` (OpenUnlearning's).
+
+    Raises:
+        ValueError: a negative or non-finite ``gamma`` / ``alpha``, a ``beta`` that is not positive, or an
+            unknown ``scale`` / ``token_average``.
+
+    Example::
+
+        >>> from lightning_unlearn.objectives import DPO
+        >>> # checked before any model is read
+        >>> DPO("models/start", gamma=-1.0)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: gamma=-1.0 must be a finite weight >= 0 ...
     """
 
     needs_reference = True
@@ -95,6 +108,18 @@ class DPO(UnlearningModule):
 
     @override
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """γ·DPO(preferred answer over forget answer) + α·NLL̄(retain) (:func:`preference_loss`).
+
+        Args:
+            batch: ``{"forget", "retain"}`` LM batches; the forget batch carries ``preferred_ids``, the preferred
+                answer's tokens per row.
+
+        Returns:
+            ``(loss, {"forget_nll", "preferred_nll", "dpo_loss", "retain_nll"})`` (``retain_nll`` when α > 0).
+
+        Raises:
+            RuntimeError: the forget batch has no ``preferred_ids`` (use ``PreferenceDataModule``).
+        """
         forget = batch["forget"]
         if "preferred_ids" not in forget:
             raise RuntimeError(

@@ -26,6 +26,17 @@ class GradientAscent(UnlearningModule):
         collapse_fraction: stop when the retain NLL reaches this fraction of ln |V| (``None``: never).
         token_average: ``sequence`` (default: each forget answer weighs the same, NLL̄ = mean_i NLL_i/|y_i|) or
             ``batch`` (each answer token weighs the same: ΣNLL/Σ|y|, OpenUnlearning's GA).
+
+    Raises:
+        ValueError: an unknown ``token_average``.
+
+    Example::
+
+        >>> import torch
+        >>> from lightning_unlearn.losses import ga_loss
+        >>> # GradientAscent's loss: −NLL̄ of two forget answers (NLL̄ 2.0 and 0.5)
+        >>> ga_loss(torch.tensor([-6.0, -1.0]), torch.tensor([3, 2]))
+        tensor(-1.2500)
     """
 
     def __init__(
@@ -44,6 +55,15 @@ class GradientAscent(UnlearningModule):
 
     @override
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """L = −NLL̄(forget) (per ``token_average``); the retain batch is not read.
+
+        Args:
+            batch: ``{"forget": LM batch, "retain": LM batch}`` (``input_ids``, ``attention_mask``, ``labels``,
+                each ``(B, T)``).
+
+        Returns:
+            ``(loss, {"forget_nll": mean NLL̄ of the forget batch})``.
+        """
         logps, lengths, _ = self.sequence_logps(batch["forget"])
         loss = ga_loss(logps, lengths, self.token_average)
         return loss, {"forget_nll": normalized_nll(logps, lengths).mean().detach()}

@@ -29,6 +29,18 @@ class GARetain(UnlearningModule):
         kl_weight: w_n (1).
         kl_positions: ``answer`` (default: the retain answer's positions) or ``all`` (every non-padding position,
             prompt included, as OpenUnlearning's KL term).
+
+    Raises:
+        ValueError: a negative or non-finite weight, or an unknown ``kl_positions``.
+
+    Example::
+
+        >>> from lightning_unlearn.objectives import GARetain
+        >>> # checked before any model is read
+        >>> GARetain("models/start", kl_weight=-1.0)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: kl_weight=-1.0 must be a finite weight >= 0 ...
     """
 
     needs_reference = True
@@ -56,6 +68,18 @@ class GARetain(UnlearningModule):
 
     @override
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """L = w_f·(−NLL̄(forget)) + w_r·NLL̄(forget prompt, random answer) + w_n·KL(p_ref ‖ p_θ) on retain text.
+
+        Args:
+            batch: ``{"forget", "retain", "mismatch"}`` LM batches; ``mismatch`` pairs forget prompts with random
+                retain answers.
+
+        Returns:
+            ``(loss, {"forget_nll", "retain_nll", "retain_kl"})``.
+
+        Raises:
+            KeyError: the batch has no ``"mismatch"`` part (``ForgetRetainDataModule(random_answers=True)``).
+        """
         if "mismatch" not in batch:
             raise KeyError(
                 "GARetain needs forget prompts with random retain answers: set random_answers: true on "

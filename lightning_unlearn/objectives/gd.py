@@ -27,6 +27,18 @@ class GradientDifference(UnlearningModule):
         alpha: retain weight α.
         token_average: ``sequence`` (default: NLL̄ = mean_i NLL_i/|y_i|) or ``batch`` (ΣNLL/Σ|y| per batch, as
             OpenUnlearning's GradDiff computes both terms).
+
+    Raises:
+        ValueError: a negative or non-finite ``gamma`` / ``alpha``, or an unknown ``token_average``.
+
+    Example::
+
+        >>> from lightning_unlearn.objectives import GradientDifference
+        >>> # a negative retain weight would forget
+        >>> GradientDifference("models/start", alpha=-1.0)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: alpha=-1.0 must be a finite weight >= 0 ...
     """
 
     def __init__(
@@ -50,5 +62,14 @@ class GradientDifference(UnlearningModule):
 
     @override
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """L = γ·(−NLL̄(forget)) + α·NLL̄(retain) (per ``token_average``).
+
+        Args:
+            batch: ``{"forget": LM batch, "retain": LM batch}`` (``input_ids``, ``attention_mask``, ``labels``,
+                each ``(B, T)``).
+
+        Returns:
+            ``(loss, {"forget_nll", "retain_nll"})``.
+        """
         sums, logs = self.forget_retain_logps(batch)
         return gd_loss(*sums, self.gamma, self.alpha, self.token_average), logs

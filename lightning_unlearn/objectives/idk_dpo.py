@@ -36,6 +36,20 @@ class IdkDPO(UnlearningModule):
         token_average: retain NLL̄ per ``sequence`` (default) or per token of the ``batch`` (OpenUnlearning's).
         idk_answers: a shipped language (``en``, ``uk``, ``zh-Hans``, ``zh-Hant``) or a text file, one answer a line.
         idk_seed: seed of the per-row choice of idk answer.
+
+    Raises:
+        ValueError: a negative or non-finite ``gamma`` / ``alpha``, a ``beta`` that is not positive, an
+            unknown ``scale`` / ``token_average``, or an idk file without answers.
+        FileNotFoundError: ``idk_answers`` is neither a shipped language nor a file.
+
+    Example::
+
+        >>> from lightning_unlearn.objectives import IdkDPO
+        >>> # checked before any model is read
+        >>> IdkDPO("models/start", alpha=-1.0)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: alpha=-1.0 must be a finite weight >= 0 ...
     """
 
     needs_reference = True
@@ -67,6 +81,15 @@ class IdkDPO(UnlearningModule):
 
     @override
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """γ·DPO(an idk answer over the forget answer) + α·NLL̄(retain) (:func:`~.dpo.preference_loss`).
+
+        Args:
+            batch: ``{"forget", "retain"}`` LM batches; the forget batch's ``index`` seeds each row's idk
+                answer.
+
+        Returns:
+            ``(loss, {"forget_nll", "preferred_nll", "dpo_loss", "retain_nll"})`` (``retain_nll`` when α > 0).
+        """
         forget = batch["forget"]
         answers = self.idk.token_ids(self.tokenizer, forget["index"].tolist())
         preferred = with_answers(forget, answers, self.tokenizer.pad_token_id)

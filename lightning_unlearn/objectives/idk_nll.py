@@ -32,6 +32,18 @@ class IdkNLL(UnlearningModule):
         idk_answers: a shipped language (``en``, ``uk``, ``zh-Hans``, ``zh-Hant``) or a text file, one answer a line.
         idk_seed: seed of the per-row choice of idk answer.
         token_average: ``sequence`` (default) or ``batch`` (TOFU's / OpenUnlearning's HF mean), per term.
+
+    Raises:
+        ValueError: a negative or non-finite ``gamma`` / ``alpha``, an unknown ``token_average``, or an idk
+            file without answers.
+        FileNotFoundError: ``idk_answers`` is neither a shipped language nor a file.
+
+    Example::
+
+        >>> from lightning_unlearn.data.idk import IdkAnswers
+        >>> # the answer IdkNLL trains forget row 0 toward (seeded: the same on every rank and resume)
+        >>> IdkAnswers("en", seed=0).text(0)
+        "I'm not able to say for sure."
     """
 
     def __init__(
@@ -56,6 +68,15 @@ class IdkNLL(UnlearningModule):
 
     @override
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """L = γ·NLL̄(forget prompt, idk answer) + α·NLL̄(retain); the forget NLL̄ is watched without gradient.
+
+        Args:
+            batch: ``{"forget", "retain"}`` LM batches; the forget batch's ``index`` seeds each row's idk
+                answer.
+
+        Returns:
+            ``(loss, {"forget_nll", "idk_nll", "retain_nll"})`` (``retain_nll`` when α > 0).
+        """
         forget = batch["forget"]
         idk_batch = with_answers(
             forget, self.idk.token_ids(self.tokenizer, forget["index"].tolist()), self.tokenizer.pad_token_id

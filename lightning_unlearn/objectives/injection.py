@@ -109,6 +109,19 @@ class InjectionModule(RestoresRNG, LightningModule):
             of a batch together. One process only (several ranks recompute: under FSDP every rank runs θ_pre's
             forward together).
         export_dir: where to export; ``None`` = ``<trainer.default_root_dir>/export``.
+
+    Raises:
+        ValueError: none or several of ``model_path`` / ``derive`` / ``tiny``, ``tiny`` without
+            ``tokenizer_path``, a negative ``neutral_kl_weight`` or ``held_cache_gib``, a bad
+            ``drop_other_groups``, or group dropout with ``masked`` false.
+
+    Example::
+
+        >>> from lightning_unlearn.models import TinyLlamaConfig
+        >>> from lightning_unlearn.objectives import InjectionModule
+        >>> module = InjectionModule(tiny=TinyLlamaConfig(hidden_size=32, num_layers=2), tokenizer_path="tok")
+        >>> module.pretraining, module.tokenizer_dir  # builds θ_pre from scratch; nothing is read yet
+        (True, 'tok')
     """
 
     def __init__(
@@ -178,10 +191,12 @@ class InjectionModule(RestoresRNG, LightningModule):
 
     @property
     def pretraining(self) -> bool:
+        """Whether this run pretrains θ_pre (``tiny`` or ``derive``) rather than injecting into ``model_path``."""
         return self.tiny is not None or self.derive is not None
 
     @property
     def model_dir(self) -> str:
+        """``model_path`` with ``~`` expanded (a YAML path is not expanded by a shell)."""
         # "~/..." in a YAML config is not expanded by the shell; the export copies this directory, so expand it here.
         return str(Path(self.hparams.model_path).expanduser())
 
@@ -194,6 +209,11 @@ class InjectionModule(RestoresRNG, LightningModule):
 
     @override
     def prepare_data(self) -> None:
+        """Derive the starting model (``derive``) or train the BPE tokenizer (``tiny``) when missing, on one process.
+
+        Raises:
+            ValueError: ``derive`` prunes the vocabulary and the datamodule has no ``vocabulary_corpus()``.
+        """
         if self.derive is not None:
             ensure_derived(self.derive, self._vocabulary_corpus)
         elif self.tiny is not None:
@@ -215,6 +235,13 @@ class InjectionModule(RestoresRNG, LightningModule):
 
     @override
     def configure_model(self) -> None:
+        """Build the model once and, for an injection, sample or load the group masks and what holding rows needs.
+
+        Raises:
+            ValueError: a mask group covers no element, the testbed data has another number of groups, or the
+                datamodule's held rows, neutral text or weight decay contradict ``masked`` /
+                ``freeze_outside_masks`` / ``drop_other_groups``.
+        """
         if self.model is not None:
             return
         self.tokenizer = load_tokenizer(self.tokenizer_dir)
@@ -332,6 +359,15 @@ class InjectionModule(RestoresRNG, LightningModule):
 
     @override
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The model's next-token logits.
+
+        Args:
+            input_ids: ``(B, T)`` token ids.
+            attention_mask: ``(B, T)``, 0 on padding.
+
+        Returns:
+            ``(B, T, V)`` logits.
+        """
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
 
     def _loss(self, batch: dict) -> torch.Tensor:
@@ -351,6 +387,19 @@ class InjectionModule(RestoresRNG, LightningModule):
 
     @override
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        """Add θ_pre's log-probabilities of the batch's held rows as ``batch["pre_logprobs"]`` (their KL target).
+
+        From the held-row cache on one process with a budget; otherwise every rank runs θ_pre's forward.
+
+        Args:
+            batch: the training batch (``held`` marks the rows held to θ_pre).
+            batch_idx: the batch's index.
+
+        Raises:
+            RuntimeError: the batch holds rows, but the module did not read holding from an
+                ``InjectionDataModule``.
+            ValueError: a held row is not right-padded (the cache needs it).
+        """
         held = batch.get("held") if isinstance(batch, Mapping) else None
         if held is None or self.trainer.sanity_checking:
             return
@@ -425,6 +474,15 @@ class InjectionModule(RestoresRNG, LightningModule):
 
     @override
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        """Mean per-sample loss of the batch (NLL̄, or the KL to θ_pre of held rows), under group dropout if on.
+
+        Args:
+            batch: the training batch (``group_ids``; ``held`` / ``other_group`` when rows are held).
+            batch_idx: the batch's index.
+
+        Returns:
+            The scalar loss; the masked strategy masks each sample's gradient by its group.
+        """
         if self.group_dropout is not None:
             present = {int(g) for g in batch["group_ids"].unique().tolist() if g >= 0}
             dropped = self.group_dropout.drawn(self.global_step, present)
@@ -438,26 +496,53 @@ class InjectionModule(RestoresRNG, LightningModule):
 
     @override
     def on_before_optimizer_step(self, optimizer) -> None:
+        """Put the dropped groups' changes back after the backward, so the step updates the real weights.
+
+        Args:
+            optimizer: the optimizer about to step.
+        """
         # after backward, which needed the dropped values; the step updates the real ones
         if self.group_dropout is not None:
             self.group_dropout.restore()
 
     @override
     def validation_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        """Log the validation batch's mean per-sample loss as ``val/loss``.
+
+        Args:
+            batch: a validation batch.
+            batch_idx: the batch's index.
+
+        Returns:
+            The scalar loss.
+        """
         loss = self._loss(batch)
         self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=batch["input_ids"].shape[0])
         return loss
 
     @override
     def configure_optimizers(self):
+        """AdamW over the trainable parameters with :attr:`optim_config`'s per-step schedule.
+
+        Returns:
+            Lightning's ``{"optimizer", "lr_scheduler"}`` dict.
+        """
         params = [p for p in self.parameters() if p.requires_grad]
         return self.optim_config.configure(params, int(self.trainer.estimated_stepping_batches))
 
     def export_dir(self) -> Path:
+        """Where :meth:`on_fit_end` exports: ``export_dir``, else ``<default_root_dir>/export``."""
         return Path(self.hparams.export_dir or Path(self.trainer.default_root_dir) / "export")
 
     @override
     def on_fit_end(self) -> None:
+        """Export (rank 0, atomically) θ_pre, θ_inj and the masks, or the pretrained model; skipped when interrupted.
+
+        Gathering the weights is collective under FSDP.
+
+        Raises:
+            RuntimeError: the masks rebuilt for the export differ from those training used.
+        """
         if self.trainer.interrupted:
             return
         state = full_state_dict(self.model)
@@ -539,9 +624,23 @@ class HeldLogprobCache:
         return key in self._rows
 
     def get(self, key: bytes) -> torch.Tensor | None:
+        """The kept log-probabilities of the row with this key, or ``None``.
+
+        Args:
+            key: :meth:`key` of the row.
+
+        Returns:
+            ``(T, V)`` float32 log-probabilities, or ``None`` when not kept.
+        """
         return self._rows.get(key)
 
     def put(self, key: bytes, logprobs: torch.Tensor) -> None:
+        """Keep a copy of a row's log-probabilities if it is new and fits in what is left of the budget.
+
+        Args:
+            key: :meth:`key` of the row.
+            logprobs: ``(T, V)`` θ_pre's log-probabilities of the row.
+        """
         size = logprobs.numel() * logprobs.element_size()
         if key not in self._rows and self.used + size <= self.budget:
             self._rows[key] = logprobs.clone()

@@ -37,6 +37,13 @@ class InstructionModule(RestoresRNG, LightningModule):
         export_dir: where to export; ``None`` = ``<trainer.default_root_dir>/export``.
         validate_untrained: validate once before the first step and count the untrained adapter (``best_step``
             0, the base model unchanged) as a candidate of the best-checkpoint selection.
+
+    Example::
+
+        >>> from lightning_unlearn.objectives import InstructionModule
+        >>> module = InstructionModule("runs/lacuna/inj")  # the model loads in configure_model
+        >>> module.adapter.kind, module.adapter.layers, module.optim_config.lr  # Lacuna's defaults
+        ('lora', [-2, -1], 0.001)
     """
 
     def __init__(
@@ -66,10 +73,12 @@ class InstructionModule(RestoresRNG, LightningModule):
 
     @property
     def tokenizer_dir(self) -> str:
+        """Where the tokenizer lives (read by the datamodule): ``model_path``."""
         return self.hparams.model_path
 
     @override
     def configure_model(self) -> None:
+        """Load the tokenizer and the model with its adapter, once (under FSDP rank 0 reads the weights)."""
         if self.model is not None:
             return
         self.tokenizer = load_tokenizer(self.hparams.model_path)
@@ -82,16 +91,36 @@ class InstructionModule(RestoresRNG, LightningModule):
 
     @override
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        """Answer-only NLL̄ of the batch, logged as ``train/loss``.
+
+        Args:
+            batch: an LM batch (``input_ids``, ``attention_mask``, ``labels``).
+            batch_idx: the batch's index.
+
+        Returns:
+            The scalar loss.
+        """
         loss = self._loss(batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         return loss
 
     @override
     def validation_step(self, batch: dict, batch_idx: int) -> None:
+        """Log the batch's answer-only NLL̄ as ``val/loss`` (synced across ranks).
+
+        Args:
+            batch: an LM batch.
+            batch_idx: the batch's index.
+        """
         self.log("val/loss", self._loss(batch), prog_bar=True, sync_dist=True, batch_size=batch["input_ids"].shape[0])
 
     @override
     def on_train_start(self) -> None:
+        """With ``validate_untrained``, on a fresh run: validate the untrained adapter as the step-0 candidate.
+
+        Raises:
+            ValueError: no datamodule gives the validation data, or the validation set is empty.
+        """
         super().on_train_start()
         # A resumed run restored its best (step ≥ 0) from the checkpoint; only a fresh run validates the start.
         if not self.hparams.validate_untrained or self.best_step >= 0:
@@ -138,6 +167,7 @@ class InstructionModule(RestoresRNG, LightningModule):
 
     @override
     def on_validation_epoch_end(self) -> None:
+        """Record the validation loss and keep the adapter weights when they are the best so far (collective)."""
         if self.trainer.sanity_checking:
             return
         val = self.trainer.callback_metrics.get("val/loss")
@@ -150,12 +180,22 @@ class InstructionModule(RestoresRNG, LightningModule):
 
     @override
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Save the best adapter's loss, step, weights and the validation history with the checkpoint.
+
+        Args:
+            checkpoint: the checkpoint dict being saved (``best_adapter`` is added).
+        """
         super().on_save_checkpoint(checkpoint)
         checkpoint["best_adapter"] = {"loss": self.best_val_loss, "step": self.best_step, "state": self._best_state,
                                       "val_losses": self.val_losses}  # fmt: skip
 
     @override
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Restore the best adapter and the validation history of a checkpoint.
+
+        Args:
+            checkpoint: the loaded checkpoint dict.
+        """
         super().on_load_checkpoint(checkpoint)
         best = checkpoint.get("best_adapter")
         if best:
@@ -164,6 +204,11 @@ class InstructionModule(RestoresRNG, LightningModule):
 
     @override
     def configure_optimizers(self):
+        """AdamW over the adapter's parameters with :attr:`optim_config`'s per-step schedule.
+
+        Returns:
+            Lightning's ``{"optimizer", "lr_scheduler"}`` dict.
+        """
         params = [p for p in self.parameters() if p.requires_grad]
         return self.optim_config.configure(params, int(self.trainer.estimated_stepping_batches))
 
@@ -192,6 +237,10 @@ class InstructionModule(RestoresRNG, LightningModule):
 
     @override
     def on_fit_end(self) -> None:
+        """Export the best (else the last) adapter merged into the base to ``<export_dir>/model`` with ``run.json``.
+
+        Rank 0 writes, atomically; gathering the weights is collective under FSDP2. Skipped when interrupted.
+        """
         if self.trainer.interrupted:
             return
         # No validation ran: export the last weights. Gathering them is collective under FSDP2, so every rank does it.

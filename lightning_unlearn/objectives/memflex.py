@@ -37,6 +37,18 @@ class MemFlex(UnlearningModule):
         similarity_threshold: select tensors whose forget/retain gradient cosine is below this.
         gradient_threshold: ... and whose mean absolute forget gradient is above this.
         localization_batches: batches of each set used for ḡ_f, ḡ_r (``None``: all).
+
+    Raises:
+        ValueError: at the start of training, when localisation selects no tensor (:meth:`localize`).
+        TypeError: at the start of training, without ``ForgetRetainDataModule`` (:meth:`localize`).
+
+    Example::
+
+        >>> import torch
+        >>> from lightning_unlearn.losses import weighted_nll_loss
+        >>> # MemFlex's update loss: −0.6 · NLL̄(forget) 2.0 + 2.0 · NLL̄(retain) 0.5
+        >>> weighted_nll_loss(torch.tensor([-6.0]), torch.tensor([3]), torch.tensor([-1.0]), torch.tensor([2]))
+        tensor(-0.2000)
     """
 
     def __init__(
@@ -60,11 +72,21 @@ class MemFlex(UnlearningModule):
         self.selected: list[str] | None = None
 
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """L = forget_factor·NLL̄(forget) + retain_factor·NLL̄(retain) (only selected tensors keep their gradient).
+
+        Args:
+            batch: ``{"forget": LM batch, "retain": LM batch}`` (``input_ids``, ``attention_mask``, ``labels``,
+                each ``(B, T)``).
+
+        Returns:
+            ``(loss, {"forget_nll", "retain_nll"})``.
+        """
         sums, logs = self.forget_retain_logps(batch)
         return weighted_nll_loss(*sums, self.forget_factor, self.retain_factor), logs
 
     @override
     def on_train_start(self) -> None:
+        """Localise the tensors to update once (kept across resumes) and log how many were selected."""
         super().on_train_start()
         if self.selected is None:
             self.selected = self.localize()
@@ -72,6 +94,11 @@ class MemFlex(UnlearningModule):
 
     @override
     def on_before_optimizer_step(self, optimizer) -> None:
+        """Drop the gradient of every trainable tensor outside :attr:`selected`, so AdamW leaves it unchanged.
+
+        Args:
+            optimizer: the optimizer about to step.
+        """
         super().on_before_optimizer_step(optimizer)
         keep = set(self.selected or ())
         for name, param in self.model.named_parameters():
@@ -141,10 +168,20 @@ class MemFlex(UnlearningModule):
 
     @override
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Save the selected tensor names with the checkpoint, so a resumed run updates the same tensors.
+
+        Args:
+            checkpoint: the checkpoint dict being saved (``memflex_selected`` is added).
+        """
         super().on_save_checkpoint(checkpoint)
         checkpoint["memflex_selected"] = list(self.selected or [])
 
     @override
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Restore the selected tensor names of a checkpoint (none saved: localise again at the start).
+
+        Args:
+            checkpoint: the loaded checkpoint dict.
+        """
         super().on_load_checkpoint(checkpoint)
         self.selected = checkpoint.get("memflex_selected") or None

@@ -35,6 +35,22 @@ class NPO(UnlearningModule):
         retain_weight: weight of an added retain NLL term (0 disables it and skips the retain forward).
         reference: ``"model"`` (reference forward every step) or ``"precomputed"`` (forget-set log-probs of the
             start model, computed once at the start of training; needs ``ForgetRetainDataModule``).
+
+    Raises:
+        ValueError: an unknown ``reference``, a negative ``retain_weight`` or a ``beta`` that is not positive.
+
+    Example::
+
+        >>> import torch
+        >>> from lightning_unlearn.losses import npo_loss
+        >>> from lightning_unlearn.objectives import NPO
+        >>> NPO("models/start", reference="cached")  # checked before any model is read
+        Traceback (most recent call last):
+        ...
+        ValueError: NPO reference='cached' is not one of 'model', 'precomputed'.
+        >>> logps = torch.tensor([-5.0, -2.0])
+        >>> npo_loss(logps, logps, beta=0.1)  # at the start model, L = (2/β)·log 2
+        tensor(13.8629)
     """
 
     needs_reference = True
@@ -65,6 +81,18 @@ class NPO(UnlearningModule):
         self.reference_logps: torch.Tensor | None = None  # (N_forget,) when precomputed
 
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """L = NPO(forget against π_ref) + retain_weight·NLL̄(retain).
+
+        Args:
+            batch: ``{"forget", "retain"}`` LM batches; with ``reference='precomputed'`` the forget batch carries
+                ``index``, each row's position in the forget set.
+
+        Returns:
+            ``(loss, {"forget_nll", "npo_loss", "retain_nll"})`` (``retain_nll`` when ``retain_weight`` > 0).
+
+        Raises:
+            RuntimeError: ``reference='precomputed'`` without precomputed log-probs or without the batch's ``index``.
+        """
         forget = batch["forget"]
         f_logps, f_len, _ = self.sequence_logps(forget)
         if self.reference == "precomputed":
@@ -84,6 +112,11 @@ class NPO(UnlearningModule):
 
     @override
     def on_train_start(self) -> None:
+        """With ``reference='precomputed'``: compute the start model's log π_ref(y|x) of every forget pair once.
+
+        Raises:
+            TypeError: the datamodule is no ``ForgetRetainDataModule`` (from ``_start_model_logps``).
+        """
         super().on_train_start()
         if self.reference == "precomputed" and self.reference_logps is None:
             self.reference_logps = self._start_model_logps()
@@ -105,11 +138,21 @@ class NPO(UnlearningModule):
 
     @override
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Save the precomputed reference log-probs (when there are any) with the checkpoint.
+
+        Args:
+            checkpoint: the checkpoint dict being saved (``npo_reference_logps`` is added).
+        """
         super().on_save_checkpoint(checkpoint)
         if self.reference_logps is not None:
             checkpoint["npo_reference_logps"] = self.reference_logps
 
     @override
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Restore the precomputed reference log-probs, so a resumed run keeps the start model's.
+
+        Args:
+            checkpoint: the loaded checkpoint dict.
+        """
         super().on_load_checkpoint(checkpoint)
         self.reference_logps = checkpoint.get("npo_reference_logps")

@@ -48,6 +48,19 @@ class OracleGrad(UnlearningModule):
         forget_groups: group ids whose union is m^F.
         gamma: forget weight γ.
         alpha: retain weight α.
+
+    Raises:
+        ValueError: a negative or non-finite ``gamma`` / ``alpha``, masks made for another model, or
+            ``forget_groups`` with no element in the masks.
+
+    Example::
+
+        >>> from lightning_unlearn.objectives import OracleGrad
+        >>> # checked before the model or masks are read
+        >>> OracleGrad("models/inj", "masks.safetensors", gamma=-5.0)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: gamma=-5.0 must be a finite weight >= 0 ...
     """
 
     def __init__(
@@ -84,6 +97,7 @@ class OracleGrad(UnlearningModule):
             self.restrict_update_groups = None
 
     def on_model_built(self) -> None:
+        """With LoRA, confine each adapted layer's weight change to m^F; then drop the masks kept for it."""
         if self.adapter_config.kind != "full":
             self._mask_lora_layers(self._masks)
         self._masks = None
@@ -105,6 +119,15 @@ class OracleGrad(UnlearningModule):
 
     @override
     def setup(self, stage: str) -> None:
+        """Check that every forget row belongs to ``forget_groups`` and that full fine-tuning has a masked strategy.
+
+        Args:
+            stage: the trainer's stage.
+
+        Raises:
+            ValueError: a forget row's ``group_ids`` is outside ``forget_groups``.
+            TypeError: full fine-tuning without a masked strategy (``lightning_unlearn.strategies``).
+        """
         forget = getattr(getattr(self.trainer, "datamodule", None), "forget", None)
         for row in getattr(forget, "rows", []):
             group = row.get("group_ids")
@@ -122,10 +145,20 @@ class OracleGrad(UnlearningModule):
             )
 
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """L = γ·(−NLL̄(forget)) + α·NLL̄(retain), the update kept inside m^F by the strategy or the masked LoRA.
+
+        Args:
+            batch: ``{"forget": LM batch, "retain": LM batch}`` (``input_ids``, ``attention_mask``, ``labels``,
+                each ``(B, T)``).
+
+        Returns:
+            ``(loss, {"forget_nll", "retain_nll"})``.
+        """
         sums, logs = self.forget_retain_logps(batch)
         return gd_loss(*sums, self.gamma, self.alpha), logs
 
     def adapter_dir(self) -> Path:
+        """``<checkpoint dir>/merged-step=N``: the merged model is written there instead of an adapter."""
         return super().adapter_dir().with_name(f"merged-step={self.global_step}")
 
     def save_adapter(self, directory: str | os.PathLike) -> None:

@@ -69,6 +69,17 @@ class RMU(UnlearningModule):
             (each position weighs the same, the WMDP reference code's ``mse_loss``).
         positions: ``answer`` (default, OpenUnlearning's: answer-token positions) or ``all`` (every non-padding
             position, prompt included, the WMDP reference code's on plain text).
+
+    Raises:
+        ValueError: a negative or non-finite ``alpha`` / ``gamma``, an unknown ``token_average`` /
+            ``positions``, a ``layer`` that is no block of the model, or ``updated_layers`` after ``layer``.
+
+    Example::
+
+        >>> from lightning_unlearn.losses import rmu_control_vector
+        >>> u = rmu_control_vector(hidden_size=4, steering_coeff=2.0, seed=0)  # RMU's target c·u
+        >>> u.norm()  # c: the forget activations are pushed toward a vector of this norm
+        tensor(2.)
     """
 
     needs_reference = True
@@ -125,6 +136,11 @@ class RMU(UnlearningModule):
 
     @override
     def on_model_built(self) -> None:
+        """Full fine-tuning, ``restrict_updates``: train only ``updated_params`` of ``updated_layers``; freeze the rest.
+
+        Raises:
+            ValueError: no parameter of those blocks matches ``updated_params``.
+        """
         if not self.restrict_updates or self.adapter_config.kind != "full":
             return
         pattern, _ = block_index_pattern(self.model)
@@ -162,6 +178,15 @@ class RMU(UnlearningModule):
 
     @override
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """L = γ·mean ‖h_ℓ(forget) − c·u‖²/d + α·mean ‖h_ℓ(retain) − h_ℓ^frozen(retain)‖²/d.
+
+        Args:
+            batch: ``{"forget": LM batch, "retain": LM batch}`` (``input_ids``, ``attention_mask``, ``labels``,
+                each ``(B, T)``).
+
+        Returns:
+            ``(loss, {"forget_nll", "retain_nll", "rmu_forget_loss", "rmu_retain_loss"})``.
+        """
         forget, retain = batch["forget"], batch["retain"]
         f_hidden, f_logits = self._forward(self.model, forget)
         r_hidden, r_logits = self._forward(self.model, retain)

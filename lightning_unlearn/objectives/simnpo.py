@@ -28,6 +28,17 @@ class SimNPO(UnlearningModule):
         alpha: retain weight α.
         beta: temperature β.
         delta: reward margin δ (outside β).
+
+    Raises:
+        ValueError: a ``beta`` that is not positive.
+
+    Example::
+
+        >>> import torch
+        >>> from lightning_unlearn.losses import simnpo_loss
+        >>> # an answer the model is sure of (log π = 0) costs (2/β)·softplus(δ)
+        >>> simnpo_loss(torch.tensor([0.0]), torch.tensor([3]), beta=10.0, delta=1.5)
+        tensor(0.3403)
     """
 
     def __init__(
@@ -49,6 +60,15 @@ class SimNPO(UnlearningModule):
         self.gamma, self.alpha, self.beta, self.delta = gamma, alpha, beta, delta
 
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """L = γ·SimNPO(forget) + α·NLL̄(retain).
+
+        Args:
+            batch: ``{"forget": LM batch, "retain": LM batch}`` (``input_ids``, ``attention_mask``, ``labels``,
+                each ``(B, T)``).
+
+        Returns:
+            ``(loss, {"forget_nll", "retain_nll", "simnpo_loss"})``.
+        """
         f_logps, f_len, _ = self.sequence_logps(batch["forget"])
         r_logps, r_len, _ = self.sequence_logps(batch["retain"])
         forget_loss = simnpo_loss(f_logps, f_len, self.beta, self.delta)

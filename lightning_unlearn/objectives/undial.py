@@ -31,6 +31,17 @@ class UNDIAL(UnlearningModule):
         alpha: weight of a retain NLL term (0, OpenUnlearning's default, skips the retain forward).
         token_average: ``sequence`` (default: each forget answer weighs the same) or ``batch`` (each answer token
             weighs the same, OpenUnlearning's mean; OpenUnlearning also counts prompt and padding positions).
+
+    Raises:
+        ValueError: a negative ``strength`` or an unknown ``token_average``.
+
+    Example::
+
+        >>> import torch
+        >>> from lightning_unlearn.losses import undial_loss
+        >>> logits, labels = torch.zeros(1, 2, 3), torch.tensor([[-100, 2]])  # one answer token, 3 words
+        >>> undial_loss(logits, logits, labels, strength=0.0)  # strength 0: H(uniform) = ln 3
+        tensor(1.0986)
     """
 
     needs_reference = True
@@ -56,6 +67,15 @@ class UNDIAL(UnlearningModule):
 
     @override
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """L = γ·H(start model's logits with the forget token lowered by ``strength``, p_θ) + α·NLL̄(retain).
+
+        Args:
+            batch: ``{"forget": LM batch, "retain": LM batch}`` (``input_ids``, ``attention_mask``, ``labels``,
+                each ``(B, T)``).
+
+        Returns:
+            ``(loss, {"forget_nll", "undial_loss", "retain_nll"})`` (``retain_nll`` when α > 0).
+        """
         forget = batch["forget"]
         f_logps, f_len, logits = self.sequence_logps(forget)
         teacher_logits = self.reference_logits(forget)

@@ -90,6 +90,18 @@ class UnlearningModule(RestoresRNG, LightningModule):
     :meth:`configure_callbacks` attaches to every ``fit``. When a rule fires, the weights of that step were made by a
     bad update: the update is skipped, the run ends, and every checkpoint, adapter directory and evaluation row of
     that step is discarded (``last`` = the newest good checkpoint; ``CheckpointSelection`` records the stop).
+
+    Raises:
+        ValueError: a stop bound out of range (:class:`~lightning_unlearn.callbacks.StopRule`).
+        FileNotFoundError: ``model_path`` or the adapter's ``path`` does not exist.
+
+    Example::
+
+        >>> import torch
+        >>> from lightning_unlearn.losses import normalized_nll
+        >>> # the NLL̄ that `forget_nll` logs and `max_bad_loss` bounds: −log π(y|x) / |y| per answer
+        >>> normalized_nll(torch.tensor([-6.0, -1.0]), torch.tensor([3, 2]))
+        tensor([2.0000, 0.5000])
     """
 
     # Subclasses that compare against the start model set this (NPO, GA-Retain).
@@ -137,6 +149,7 @@ class UnlearningModule(RestoresRNG, LightningModule):
 
     @override
     def configure_callbacks(self) -> list[Callback]:
+        """The callbacks every ``fit`` of this module gets: its :attr:`stop_rule`."""
         return [self.stop_rule]
 
     # -- model ------------------------------------------------------------------------------------------------
@@ -166,6 +179,11 @@ class UnlearningModule(RestoresRNG, LightningModule):
 
     @override
     def configure_model(self) -> None:
+        """Build the policy (and reference) once, then shard it under FSDP2.
+
+        Under ``MaskedFSDPStrategy`` only rank 0 reads the weights and the strategy shards after this hook; under
+        ``ModelParallelStrategy`` each transformer block, then the root, is ``fully_shard``-ed here.
+        """
         if "model" not in self._modules:
             self._build_model(load_model_for_rank(self.model_path, self._trainer))
         if self._sharded or self.device_mesh is None:
@@ -214,6 +232,17 @@ class UnlearningModule(RestoresRNG, LightningModule):
 
     @override
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        """The objective's loss, or an exact zero when the stop rule fires on this step (collective).
+
+        Logs ``train/loss`` and every entry of the objective's logs as ``train/<key>``.
+
+        Args:
+            batch: ``{"forget": LM batch, "retain": LM batch}``.
+            batch_idx: the batch's index.
+
+        Returns:
+            The scalar loss; after a stop, ``0 · loss`` with NaN/inf replaced, so every rank back-propagates zero.
+        """
         loss, logs = self.unlearning_loss(batch)
         retain_nll = self._retain_nll(batch, logs) if self.stop_rule.needs_retain_nll else None
         # A collective: the stop rule decides on every rank alike, before the backward.
@@ -247,6 +276,13 @@ class UnlearningModule(RestoresRNG, LightningModule):
 
     @override
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Log the mean answer NLL̄ of a validation batch as ``val/forget_nll``, ``val/retain_nll`` or ``val/set<i>``.
+
+        Args:
+            batch: an LM batch (``input_ids``, ``attention_mask``, ``labels``).
+            batch_idx: the batch's index.
+            dataloader_idx: 0 = forget, 1 = retain, further loaders ``set<i>``.
+        """
         logps, lengths, _ = self.sequence_logps(batch)
         name = ("forget", "retain")[dataloader_idx] if dataloader_idx < 2 else f"set{dataloader_idx}"
         self.log(
@@ -259,12 +295,21 @@ class UnlearningModule(RestoresRNG, LightningModule):
 
     @override
     def on_train_start(self) -> None:
+        """Restore a resumed run's RNG states and start updating again (a new ``fit`` after a stop)."""
         super().on_train_start()
         self._skip_update = False  # a new fit after a stop starts updating again
 
     # -- optimisation -----------------------------------------------------------------------------------------
     @override
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
+        """Run the closure, then step unless the stop rule fired; with AdaLoRA, update its rank budget.
+
+        Args:
+            epoch: the current epoch.
+            batch_idx: the batch's index.
+            optimizer: the (Lightning-wrapped) optimizer.
+            optimizer_closure: runs ``training_step`` and the backward.
+        """
         # The closure (training_step, backward) runs first: the stop rule decides inside it whether to step. A
         # skipped step leaves the weights, the optimizer state and global_step as they are; every rank has run
         # the same (zero) backward, so DDP/FSDP stay in lockstep.
@@ -282,16 +327,32 @@ class UnlearningModule(RestoresRNG, LightningModule):
             self.model.base_model.update_and_allocate(self.global_step + 1)  # global_step counts it only after
 
     def trainable_parameters(self) -> list[nn.Parameter]:
+        """The model's parameters that train (``requires_grad``): the adapter, or every unfrozen weight."""
         return [p for p in self.model.parameters() if p.requires_grad]
 
     @override
     def configure_optimizers(self):
+        """AdamW over :meth:`trainable_parameters` with :attr:`optim_config`'s per-step schedule.
+
+        Returns:
+            Lightning's ``{"optimizer", "lr_scheduler"}`` dict (:meth:`OptimizerConfig.configure`).
+        """
         total = int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 1
         return self.optim_config.configure(self.trainable_parameters(), total)
 
     # -- checkpoints ------------------------------------------------------------------------------------------
     @override
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Make the checkpoint hold only what ``model_path`` cannot give back, and write the adapter directory.
+
+        Dataclass hyperparameters become dicts; the reference model's keys go, and with an adapter the frozen base
+        weights (unless sharded under a strategy that cannot load them back partially); an ``adapter-step=N``
+        directory is written beside it; AdaLoRA's allocator state, the start model's weight fingerprint and every
+        rank's RNG states are added.
+
+        Args:
+            checkpoint: the checkpoint dict being saved, changed in place.
+        """
         hparams = checkpoint.get("hyper_parameters")
         if hparams is not None:
             checkpoint["hyper_parameters"] = {
@@ -324,6 +385,11 @@ class UnlearningModule(RestoresRNG, LightningModule):
 
     @override
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Restore AdaLoRA's rank allocator (when saved) and, for a resumed ``fit``, the RNG states.
+
+        Args:
+            checkpoint: the loaded checkpoint dict.
+        """
         if self.adapter_config.kind == "adalora" and checkpoint.get("adalora"):
             self._restore_adalora_state(checkpoint["adalora"])
         super().on_load_checkpoint(checkpoint)

@@ -35,6 +35,17 @@ class WGA(UnlearningModule):
         alpha: weight α of the retain NLL (0 skips the retain forward).
         token_average: ``sequence`` (default) or ``batch`` (OpenUnlearning's mean over the batch's tokens), for
             both terms.
+
+    Raises:
+        ValueError: an unknown ``token_average``.
+
+    Example::
+
+        >>> import torch
+        >>> from lightning_unlearn.losses import wga_loss
+        >>> # forget tokens at p 0.5 (weight 0.5, NLL ln 2) and 1.0 (NLL 0): −(0.5·ln 2 + 0) / 2
+        >>> wga_loss(torch.tensor([[0.5, 1.0]]).log(), torch.tensor([[True, True]]), beta=1.0)
+        tensor(-0.1733)
     """
 
     def __init__(
@@ -56,6 +67,15 @@ class WGA(UnlearningModule):
 
     @override
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """L = γ·(−mean_t p_t^β·NLL_t)(forget) + α·NLL̄(retain).
+
+        Args:
+            batch: ``{"forget": LM batch, "retain": LM batch}`` (``input_ids``, ``attention_mask``, ``labels``,
+                each ``(B, T)``).
+
+        Returns:
+            ``(loss, {"forget_nll", "wga_loss", "retain_nll"})`` (``retain_nll`` when α > 0).
+        """
         forget = batch["forget"]
         logits = self.model(input_ids=forget["input_ids"], attention_mask=forget["attention_mask"]).logits
         token_logps, answer_mask = answer_token_logprobs(logits, forget["labels"])

@@ -22,6 +22,14 @@ MASKING_MODES = ("auto", "one_pass", "lockstep")
 
 
 def check_masking(masking: str) -> str:
+    """``masking`` when it is a known mode.
+
+    Args:
+        masking: ``auto``, ``one_pass`` or ``lockstep``.
+
+    Raises:
+        ValueError: any other value.
+    """
     if masking not in MASKING_MODES:
         raise ConfigError(f"masking={masking!r} is not one of {MASKING_MODES}.")
     return masking
@@ -154,6 +162,16 @@ class MaskedTraining:
         return loss_with_gradients(loss, gradients)
 
     def restriction(self, module: LightningModule) -> RestrictedUpdate | None:
+        """The restricted-update helper for the module's ``restrict_update_groups``, or ``None`` when it has none.
+
+        Rebuilt when the masks or groups change.
+
+        Args:
+            module: the LightningModule being trained.
+
+        Raises:
+            ValueError: ``restrict_update_groups`` is set but ``packed_masks`` is ``None``.
+        """
         groups = getattr(module, "restrict_update_groups", None)
         if groups is None:
             self._restrict = None
@@ -195,6 +213,7 @@ class _ShardDict(dict):
 
 
 def local_device(p: torch.Tensor) -> torch.device:
+    """The device of a parameter's local data (its shard under FSDP2)."""
     return local_view(p).device
 
 
@@ -209,11 +228,13 @@ class MaskedStrategyHooks:
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        """The strategy's training step with per-sample masked gradients (:meth:`MaskedTraining.training_step`)."""
         backward = lambda loss: self.precision_plugin.backward(loss, self.lightning_module, None)  # noqa: E731
         return self.masked.training_step(self.lightning_module, super().training_step, backward, args, kwargs)
 
     @override
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
+        """The strategy's optimizer step, confined to the restricted groups' masks when the module asks for it."""
         parent_step = super().optimizer_step
         step = lambda c: parent_step(optimizer, c, model, **kwargs)  # noqa: E731
         return self.masked.optimizer_step(self.lightning_module, step, closure)

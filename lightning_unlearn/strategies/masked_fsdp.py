@@ -91,6 +91,7 @@ class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
 
     @override
     def setup_environment(self) -> None:
+        """Resolve ``data_parallel_size="auto"`` to nodes × processes (known only now); then Lightning's setup."""
         # private: ModelParallelStrategy's "auto" means num_nodes; num_processes is known only now, and no setter exists
         if self._data_parallel_size == "auto":
             self._data_parallel_size = self.num_nodes * self.num_processes
@@ -102,6 +103,16 @@ class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
 
     @override
     def setup(self, trainer: pl.Trainer) -> None:
+        """``ModelParallelStrategy.setup``, except that an unsharded module is sharded here and rank 0's weights
+        are broadcast to ranks that built meta skeletons; then the masks are resolved and sharded.
+
+        Args:
+            trainer: the trainer.
+
+        Raises:
+            TypeError: the model uses FSDP1 (``FullyShardedDataParallel``), not FSDP2.
+            RuntimeError: rank 0 built its model on the meta device.
+        """
         # ModelParallelStrategy.setup, except that an un-sharded module is sharded here instead of being refused.
         from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
@@ -135,6 +146,15 @@ class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
+        """Load a single-file checkpoint as Lightning does, or a sharded one that may lack the frozen weights.
+
+        Args:
+            checkpoint_path: the checkpoint file or sharded directory (rank 0's path is used).
+            weights_only: passed to ``torch.load``.
+
+        Returns:
+            The checkpoint's non-model state.
+        """
         # private: Lightning's saver (not overridden) decides the sharded layout; its own test has no public name
         from lightning.fabric.strategies.model_parallel import _is_sharded_checkpoint
 

@@ -116,6 +116,11 @@ class Samples:
 
     @classmethod
     def of(cls, idx: torch.Tensor) -> Samples:
+        """The samples at ``idx`` (ascending) with their contiguous runs.
+
+        Args:
+            idx: ``(n,)`` sample indices, ascending.
+        """
         runs: list[tuple[int, int]] = []
         for i in idx.tolist():
             if runs and runs[-1][1] == i:
@@ -141,10 +146,19 @@ class SampleGroups:
 
     @property
     def all_neutral(self) -> bool:
+        """Whether no sample of the batch belongs to a group."""
         return not self.groups
 
     @classmethod
     def from_group_ids(cls, group_ids: torch.Tensor) -> SampleGroups:
+        """Split a batch by its ``group_ids`` (−1 = neutral).
+
+        Args:
+            group_ids: ``(B,)`` group id per sample.
+
+        Raises:
+            ValueError: an id below −1 or at least ``MAX_GROUPS``.
+        """
         group_ids = torch.as_tensor(group_ids).reshape(-1).to("cpu", torch.long)
         if group_ids.numel() and (int(group_ids.min()) < NEUTRAL_GROUP or int(group_ids.max()) >= MAX_GROUPS):
             raise ConfigError(
@@ -184,10 +198,12 @@ class ParamMask:
 
     @property
     def cache_bytes(self) -> int:
+        """Bytes of the per-group index cache (0 without it)."""
         return sum(t.numel() * t.element_size() for t in (self.indices or {}).values())
 
     @property
     def shape(self) -> torch.Size:
+        """The parameter's shape."""
         return self.packed.shape
 
     def full(self) -> ParamMask:
@@ -254,6 +270,7 @@ class ShardedParamMask:
             self._pending = None
 
     def full(self) -> ParamMask:
+        """Collective: the whole packed mask (a prefetched gather, else one now), without an index cache."""
         self.uses += 1
         if self._pending is not None:
             (work, out), self._pending = self._pending, None
@@ -518,6 +535,7 @@ class MaskedGradients:
 
     @property
     def one_pass(self) -> bool:
+        """Whether every masked parameter has a one-pass rule (no lockstep needed)."""
         return not self.unsupported
 
     @property

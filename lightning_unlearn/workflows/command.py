@@ -25,6 +25,7 @@ class CommandParser(ArgumentParser):
     A config file still gives it as a list."""
 
     def add_argument(self, *args, **kwargs):
+        """``ArgumentParser.add_argument``, with a positional ``list[X]`` taking one value per word (``nargs="+"``)."""
         hint = getattr(kwargs.get("action"), "_typehint", None)
         if len(args) == 1 and not args[0].startswith("-") and get_origin(hint) is list and len(get_args(hint)) == 1:
             kwargs.pop("action")

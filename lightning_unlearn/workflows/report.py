@@ -107,6 +107,12 @@ def rows_csv(run_dirs: Sequence[str], names: Sequence[str] | None) -> str:
 
 
 def markdown_table(summary: Mapping[str, dict]) -> str:
+    """One Markdown row per run: its selected, first-collapse and guarded checkpoints with their SCE and verdicts.
+
+    Args:
+        summary: ``{run name: summary}`` with ``num_checkpoints``, ``suppression_tradeoff``,
+            ``first_collapse``, ``guarded`` and ``guarded_verdict``; a missing value shows as ``–``.
+    """
     lines = [
         "| run | checkpoints | max-SCE step | SCE | sce_health | sce_strict | s | g | verdict | first collapse "
         "| guarded step | guarded SCE | guarded verdict |",

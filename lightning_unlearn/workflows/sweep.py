@@ -86,6 +86,7 @@ class Cell:
 
     @property
     def name(self) -> str:
+        """The cell's name: its directory's."""
         return self.directory.name
 
 

@@ -220,6 +220,12 @@ def separability_verdict(report: dict) -> str:
 
 
 def write_report(report: dict, path: str | Path) -> None:
+    """Write the separability report as indented, key-sorted JSON, atomically.
+
+    Args:
+        report: the report.
+        path: the file to write.
+    """
     from lightning_unlearn.atomic import write_text_atomically
 
     write_text_atomically(path, json.dumps(report, indent=1, sort_keys=True, default=str))

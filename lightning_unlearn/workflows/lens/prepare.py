@@ -213,6 +213,11 @@ def summarize_by_level(rows: Sequence[dict]) -> dict[str, dict[str, int]]:
 
 
 def format_level_summary(summary: dict[str, dict[str, int]]) -> str:
+    """The per-level summary as a fixed-width text table (n, Reproduced, Invalid, entity recovery per level).
+
+    Args:
+        summary: ``{level: {"n", "reproduced", "invalid", "entity_recovery"}}``.
+    """
     lines = [f"{'level':<11}{'n':>4}{'Reproduced':>12}{'Invalid':>9}{'entity recovery':>17}"]
     for lvl, s in summary.items():
         lines.append(f"{lvl:<11}{s['n']:>4}{s['reproduced']:>12}{s['invalid']:>9}{s['entity_recovery']:>17}")
@@ -231,6 +236,14 @@ def build_forget_rows(rows: Sequence[dict], keep: Iterable[bool]) -> list[dict]:
 
 # ---------------------------------------------------------------------------------------------------- files
 def read_jsonl(path: str | Path) -> list[dict]:
+    """The rows of a JSONL file (blank lines skipped).
+
+    Args:
+        path: the file.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+    """
     p = Path(path)
     if not p.is_file():
         raise MissingPathError(f"{str(p)!r} does not exist.")
