@@ -1,7 +1,7 @@
 """A small θ_pre derived from a pretrained causal LM: keep some of its blocks and prune its vocabulary.
 
 The built-in default of the Lacuna testbed starts from the first blocks of SmolLM2-135M-Instruct instead of a
-model trained from scratch (docs/lacuna_memorization.md §6): real early blocks separate people under 5% masks
+model trained from scratch (docs/results/lacuna_memorization.md §6): real early blocks separate people under 5% masks
 where every tiny model tried did not. Two cuts make it fast enough for a CPU:
 
 * **blocks** — :func:`keep_blocks` keeps the given transformer blocks (and the embeddings, final norm and head);

@@ -1,4 +1,5 @@
-"""How much does resetting one group hurt each group? A graded view of separability (docs/lacuna_memorization.md §9c).
+"""How much does resetting one group hurt each group? A graded view of separability
+(docs/results/lacuna_memorization.md §9c).
 
 Greedy extraction is all or nothing: after any reset every group of the default testbed extracts 0.00, which cannot
 tell "group g's reset hurts every group alike" from "it hurts group g most and the others a little less". This

@@ -1,4 +1,4 @@
-"""Injection recipes against the separability verdict, on the default testbed (docs/lacuna_memorization.md §9a).
+"""Injection recipes against the separability verdict, on the default testbed (docs/results/lacuna_memorization.md §9a).
 
 A plain training loop over the project's masks, collate and extraction code, for trying recipes faster than a
 config round trip: group dropout (``--drop``: each other group's change reset to θ_pre with that probability for a

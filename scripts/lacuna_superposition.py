@@ -1,4 +1,4 @@
-"""Do single-group injections superpose? (docs/lacuna_memorization.md §9b)
+"""Do single-group injections superpose? (docs/results/lacuna_memorization.md §9b)
 
 Each model given was injected from the same θ_pre with one group's mask only (``lacuna_separability_experiment.py
 --groups K --save DIR``), so its change Δ_K is θ_K − θ_pre. This prints, as JSON, the extraction per group of

@@ -61,14 +61,14 @@ class InjectionDataModule(FingerprintedData, LightningDataModule):
             text, group −1, so it updates every weight. ``"pre"``: the sample is *held* to θ_pre — its rows carry
             ``held`` = 1 and the group ids of the selected groups in turn, so its gradient is masked to that
             group and the objective (``InjectionModule``) takes its KL to θ_pre instead of CE. It keeps general
-            text without moving any weight outside the masks (docs/lacuna_memorization.md §9b, row G).
+            text without moving any weight outside the masks (docs/results/lacuna_memorization.md §9b, row G).
         hold_other_groups: QA rows of the testbed's *other* groups' people held to θ_pre under each selected group's
             id (``held`` = 1, masked to that group), this many per PII row of the group (0.25: 2 for every 8). Each
             group's change is then trained to leave every other group's people as θ_pre had them, which with group
-            dropout makes the groups separable (docs/lacuna_memorization.md §9d-§9f). 0 = off. A held row about a
-            person of another *injected* group carries that group in ``other_group`` (−1 on every other row): its
-            target, θ_pre, is right only while that group's change is dropped, and the objective counts it only
-            then.
+            dropout makes the groups separable (docs/results/lacuna_memorization.md §9d-§9f). 0 = off. A held row
+            about a person of another *injected* group carries that group in ``other_group`` (−1 on every other
+            row): its target, θ_pre, is right only while that group's change is dropped, and the objective counts it
+            only then.
         groups: inject only the PII of these group ids (0-based); ``None`` = all groups.
         include_documents: inject the five content-type documents.
         include_qa: inject the QA pairs (Lacuna: 2B of its 3.4B PII tokens).

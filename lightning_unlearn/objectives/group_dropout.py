@@ -1,12 +1,12 @@
 """Group dropout for masked injection: for one batch, set a random subset of the *other* groups' injected changes
 back to θ_pre, then put them back before the optimizer step.
 
-Why: trained jointly, six groups' changes co-adapt. Each group's recall comes to lean on every other group's change,
-so resetting one group's mask elements to θ_pre (the testbed's ground-truth check) makes every group forget
-(docs/lacuna_memorization.md §9). Training each group's batch with the other groups' changes present or absent at
-random (each dropped with probability ``p``, independently) makes every group's recall hold either way, as dropout
-makes units robust to their neighbours' absence. Only the batch's own group receives gradient (the masked strategy),
-so a group's people are stored in its own mask and nowhere else.
+Why: trained jointly, six groups' changes co-adapt. Each group's recall comes to lean on every other group's change, so
+resetting one group's mask elements to θ_pre (the testbed's ground-truth check) makes every group forget
+(docs/results/lacuna_memorization.md §9). Training each group's batch with the other groups' changes present or absent
+at random (each dropped with probability ``p``, independently) makes every group's recall hold either way, as dropout
+makes units robust to their neighbours' absence. Only the batch's own group receives gradient (the masked strategy), so
+a group's people are stored in its own mask and nowhere else.
 
 The batch must hold one group (``InjectionDataModule(one_group_per_batch=True)``); neutral rows (group −1) are never
 dropped from. The dropped set is a function of ``(seed, global step)``, the same on every rank and on a resumed run.

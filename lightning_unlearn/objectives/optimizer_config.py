@@ -28,7 +28,7 @@ class OptimizerConfig:
         decay_fraction: the share of the run that ``"wsd"`` spends decaying, in (0, 1].
         cycles: run the schedule in restarts: ``[[steps, multiplier], ...]``, each cycle ``steps`` long with its
             own warmup and ``schedule`` at ``lr · multiplier`` (AdamW's moments carry over), as a second phase of
-            training started from the first one's weights at a new rate (docs/lacuna_memorization.md §9e); the
+            training started from the first one's weights at a new rate (docs/results/lacuna_memorization.md §9e); the
             cycles' steps must add up to the run's steps. ``None`` = one cycle, the whole run.
         fused: AdamW's fused kernel (torch's ``fused=True``, CPU and CUDA parameters): one pass over every
             parameter instead of a loop of element-wise ops per tensor. On a 2-core CPU an AdamW step took

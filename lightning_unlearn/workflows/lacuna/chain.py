@@ -55,17 +55,18 @@ CONTROL_BY_DEFAULT = False
 # Why the default chain has no instruction stage (`--instruct true` adds it).
 NO_INSTRUCT_REASON = (
     "The injected QA already use the probe's wording, so θ_inj answers the probes itself, and validated on held-out "
-    "profiles no instruction adapter beats the untrained model (docs/lacuna_memorization.md §1): the stage kept θ_inj "
-    "unchanged. The splits are built from θ_inj; --instruct true runs the stage (and builds them from its model)."
+    "profiles no instruction adapter beats the untrained model (docs/results/lacuna_memorization.md §1): the stage "
+    "kept θ_inj unchanged. The splits are built from θ_inj; --instruct true runs the stage (and builds them from its "
+    "model)."
 )
 
 # Overrides of the YAML defaults per size preset. "default" is the built-in main job: θ_pre derived from SmolLM2
 # (pretrain.yaml), then two groups of 16 people (forget group 0, retain group 1) injected with the separable-groups
-# recipe (lacuna/inject_separable.yaml over inject.yaml; docs/lacuna_memorization.md §9d-§9i), the one layout measured
-# separable here (about 18 min on 2 CPU cores). "inject_config" overlays the masked injection only: the UnMask control
-# keeps inject_unmasked.yaml's recipe (group dropout and held QA need masks). "six_groups" is the paper's layout
-# (60 people, forget groups 0-2, retain 3-5; inject.yaml alone, about 19 min): it memorizes and keeps general text,
-# but it is NOT separable (§9c). "tiny" is for tests (seconds): a random tiny θ_pre (pretrain_tiny.yaml).
+# recipe (lacuna/inject_separable.yaml over inject.yaml; docs/results/lacuna_memorization.md §9d-§9i), the one layout
+# measured separable here (about 18 min on 2 CPU cores). "inject_config" overlays the masked injection only: the UnMask
+# control keeps inject_unmasked.yaml's recipe (group dropout and held QA need masks). "six_groups" is the paper's layout
+# (60 people, forget groups 0-2, retain 3-5; inject.yaml alone, about 19 min): it memorizes and keeps general text, but
+# it is NOT separable (§9c). "tiny" is for tests (seconds): a random tiny θ_pre (pretrain_tiny.yaml).
 SIZES: dict[str, dict[str, list[str]]] = {
     "default": {
         "data": ["--data.data.num_groups", "2", "--data.data.num_profiles", "32"],
@@ -485,7 +486,7 @@ def target_verdict(masked: dict, rate: float = 0.5, fields: int = 2) -> str:
     detail = ", ".join(met) if met else "none"
     line = f"[lacuna] target (masked, ≥ {rate:.0%} on ≥ {fields} fields): {verdict}; fields at or above: {detail}"
     if len(met) < fields:
-        line += " (docs/lacuna_memorization.md: what was measured, and the real-model path)"
+        line += " (docs/results/lacuna_memorization.md: what was measured, and the real-model path)"
     return line
 
 

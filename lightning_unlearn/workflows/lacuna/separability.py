@@ -215,7 +215,7 @@ def separability_verdict(report: dict) -> str:
         )
     return (
         f"[lacuna] {what}: NOT met ({', '.join(failed)}). This testbed has no ground truth: mask AUC, OracleGrad and "
-        "resurfacing on it measure artifacts (docs/lacuna_memorization.md)."
+        "resurfacing on it measure artifacts (docs/results/lacuna_memorization.md)."
     )
 
 
