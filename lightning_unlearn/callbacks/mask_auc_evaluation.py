@@ -50,7 +50,7 @@ class MaskAUCEvaluation(CheckpointEvaluator):
         >>> MaskAUCEvaluation("pre.safetensors", "inj.safetensors", "masks.safetensors", control_inj_path="ctl")
         Traceback (most recent call last):
         ...
-        ValueError: pass both control_inj_path and control_unl_path (the UnMask control), or neither.
+        lightning_unlearn.errors.ConfigError: pass both control_inj_path and control_unl_path (the UnMask ...
     """
 
     family = "mask_auc"

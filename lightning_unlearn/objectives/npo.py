@@ -47,7 +47,7 @@ class NPO(UnlearningModule):
         >>> NPO("models/start", reference="cached")  # checked before any model is read
         Traceback (most recent call last):
         ...
-        ValueError: NPO reference='cached' is not one of 'model', 'precomputed'.
+        lightning_unlearn.errors.ConfigError: NPO reference='cached' is not one of 'model', 'precomputed'.
         >>> logps = torch.tensor([-5.0, -2.0])
         >>> npo_loss(logps, logps, beta=0.1)  # at the start model, L = (2/β)·log 2
         tensor(13.8629)
