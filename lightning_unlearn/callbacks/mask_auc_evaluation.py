@@ -47,7 +47,8 @@ class MaskAUCEvaluation(CheckpointEvaluator):
     Example::
 
         >>> from lightning_unlearn.callbacks import MaskAUCEvaluation
-        >>> MaskAUCEvaluation("pre.safetensors", "inj.safetensors", "masks.safetensors", control_inj_path="ctl")
+        >>> paths = ("pre.safetensors", "inj.safetensors", "masks.safetensors")
+        >>> MaskAUCEvaluation(*paths, control_inj_path="ctl")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
         lightning_unlearn.errors.ConfigError: pass both control_inj_path and control_unl_path (the UnMask ...
