@@ -11,6 +11,7 @@ rows, under the attack. Rows are written once per step and survive a resume like
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from lightning.pytorch import LightningModule, Trainer
@@ -19,6 +20,8 @@ from typing_extensions import override
 from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.quantization import quantized
+
+log = logging.getLogger("lightning_unlearn")
 
 # Families that do not read the model's outputs (the weight change against the masks) or need a base pass the
 # rounding would change; the attack leaves them out.
@@ -141,6 +144,9 @@ class QuantizationAttack(EvaluatorAttack):
         out: dict = {}
         for bits in self.bits:
             size = self.group_size if bits < 8 else None
+            if trainer.is_global_zero:
+                log.info("[quantization attack] checkpoint %d: int%d; evaluating %s", step, bits,
+                         ", ".join(e.family_name for e in evaluators))  # fmt: skip
             with quantized(pl_module.model, bits, size) as rounded:
                 row = self.evaluate_all(evaluators, trainer, pl_module, step)
             for evaluator in evaluators:

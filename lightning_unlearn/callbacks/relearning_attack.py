@@ -10,6 +10,7 @@ weight back, so the run itself continues as if nothing happened. One row of fami
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Sequence
 
@@ -21,6 +22,8 @@ from lightning_unlearn.callbacks.qa_records import encode_batch
 from lightning_unlearn.callbacks.quantization_attack import EvaluatorAttack
 from lightning_unlearn.data.records import read_records
 from lightning_unlearn.errors import ConfigError
+
+log = logging.getLogger("lightning_unlearn")
 
 
 class RelearningAttack(EvaluatorAttack):
@@ -134,6 +137,9 @@ class RelearningAttack(EvaluatorAttack):
                         loss.backward()
                         optimizer.step()
                         done += 1
+                if trainer.is_global_zero:
+                    log.info("[relearning attack] checkpoint %d: %d relearning steps (loss %.3f); evaluating %s",
+                             step, done, float(loss), ", ".join(e.family_name for e in evaluators))  # fmt: skip
                 row = self.evaluate_all(evaluators, trainer, pl_module, step)
                 row["relearning_loss"] = float(loss)
                 out[f"after_{target}"] = row
