@@ -304,7 +304,8 @@ def test_a_pretrain_overlay_follows_the_pretraining_config_and_is_recorded(tmp_p
     monkeypatch.setattr(chain._Stages, "run", run)
     with pytest.raises(Stop):
         run_chain(str(tmp_path / "w"), size="tiny", pretrain_configs=[str(overlay)], log=[].append)
-    ((name, cmd, _),) = commands
+    ((name, fit, _),) = commands
+    cmd = fit.args()
     configs = [cmd[i + 1] for i, a in enumerate(cmd) if a == "-c"]
     assert name == "pretrain" and configs[0].endswith("pretrain_tiny.yaml") and configs[1:] == [str(overlay)]
     assert json.loads((tmp_path / "w" / "chain.json").read_text())["pretrain_configs"] == [str(overlay)]
@@ -401,18 +402,20 @@ def test_an_interrupted_stage_resumes_from_its_newest_readable_last_checkpoint(t
 
     import torch
 
+    from lightning_unlearn.checkpoints import latest_checkpoint
     from lightning_unlearn.workflows.lacuna.chain import _fit_cmd
 
     root = tmp_path / "inject"
-    assert "--ckpt_path" not in _fit_cmd("inject.yaml", root, [])
+    assert "--ckpt_path" not in _fit_cmd("inject.yaml", root, []).args()
     for version in (0, 1, 2):  # a stage interrupted three times: each launch gets a new logger version directory
         ckpt = root / "lightning_logs" / f"version_{version}" / "checkpoints" / "last.ckpt"
         ckpt.parent.mkdir(parents=True)
         torch.save({"global_step": version}, ckpt)
         time.sleep(0.01)
     ckpt.write_bytes(ckpt.read_bytes()[:20])  # the newest was cut off by the kill during its write: skipped
-    cmd = _fit_cmd("inject.yaml", root, [])
-    assert cmd[cmd.index("--ckpt_path") + 1] == str(root / "lightning_logs" / "version_1" / "checkpoints" / "last.ckpt")
+    assert _fit_cmd("inject.yaml", root, []).args()[-2:] == ["--ckpt_path", "last"]
+    # what the CLI resolves `last` to under the stage's root (cli.py: the same function)
+    assert latest_checkpoint(root) == root / "lightning_logs" / "version_1" / "checkpoints" / "last.ckpt"
 
 
 def test_lacuna_run_prints_each_verdict_once_and_writes_the_full_result_to_a_file(tmp_path, monkeypatch, capsys):

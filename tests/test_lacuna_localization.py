@@ -149,7 +149,7 @@ def test_report_localizes_oracle_grad_and_resurfacing_is_seeded(testbed, tmp_pat
     assert sum("finished before, reusing" in line for line in lines) == 3  # oracle_grad, ga, ga_unmask
     assert not any(" mask-auc " in line or " resurface " in line for line in lines)  # scores and attacks kept
     # a run whose recipe no longer matches is fitted again, and what was made from its old weights is redone
-    (tmp_path / "a" / "email" / "ga" / "recipe.json").write_text('{"args": []}')
+    (tmp_path / "a" / "email" / "ga" / "recipe.json").write_text('{"configs": [], "overrides": []}')
     lines.clear()
     run_localization(testbed, out_dir=tmp_path / "a", **{**SETTINGS, "log": lines.append})
     redone = [line for line in lines if "lightning-unlearn " in line]
@@ -223,7 +223,7 @@ def test_the_fields_other_methods_run_as_localization_runs_and_export(method, ti
     assert method_epochs(method, 0.02) == 4  # 200 epochs (the Lacuna protocol of GA and SimNPO) × 0.02
     splits = _tiny_splits(tmp_path / "splits", tiny_dir)
     out = tmp_path / "run"
-    args = fit_command(method, tiny_dir, splits, "email", out, 1, tmp_path / "no_masks", lr=1e-2, batch_size=2)
+    args = fit_command(method, tiny_dir, splits, "email", out, 1, tmp_path / "no_masks", lr=1e-2, batch_size=2).args()
     assert "--model.init_args.masks_path" not in args
     cli_main(args)
     model = export_checkpoint(out / "checkpoints" / "final.ckpt", tiny_dir, out / "export" / "model")
@@ -261,11 +261,15 @@ def test_per_method_epochs_replace_the_scaled_table_5_epochs_and_bad_ones_are_re
 def test_method_args_reach_the_fit_command_over_the_config(tmp_path):
     """``method_args`` become the method's own CLI arguments after its config (a later value wins in LightningCLI)."""
     args = fit_command("oracle_grad", tmp_path / "inj", tmp_path / "splits", "email", tmp_path / "run", 50,
-                       tmp_path / "masks.safetensors", model_args={"gamma": 1.0, "alpha": 0.5})  # fmt: skip
+                       tmp_path / "masks.safetensors", model_args={"gamma": 1.0, "alpha": 0.5}).args()  # fmt: skip
     i = args.index("--model.init_args.gamma")
     assert args[i + 1] == "1.0" and args[args.index("--model.init_args.alpha") + 1] == "0.5"
-    assert i > args.index("-c") and "--model.init_args.gamma" not in fit_command(
-        "oracle_grad", tmp_path / "inj", tmp_path / "splits", "email", tmp_path / "run", 50, tmp_path / "m"
+    assert (
+        i > args.index("-c")
+        and "--model.init_args.gamma"
+        not in fit_command(
+            "oracle_grad", tmp_path / "inj", tmp_path / "splits", "email", tmp_path / "run", 50, tmp_path / "m"
+        ).args()
     )
     summary = {"epochs": {"oracle_grad": 50}, "method_args": {"oracle_grad": {"gamma": 1.0}}, "relearn_epochs": 1,
                "k": 4, "seed": 0, "fields": {}, "seconds": 1.0}  # fmt: skip
@@ -316,10 +320,10 @@ def test_the_report_passes_the_testbeds_groups_to_the_restricted_method_and_the_
     paper's 0-2) and mask-auc scores against groups 0 / 1; a method that is not restricted gets no groups."""
     splits = _tiny_splits(tmp_path / "splits", tmp_path)
     masks = tmp_path / "masks.safetensors"
-    oracle = fit_command("oracle_grad", tmp_path, splits, "email", tmp_path / "o", 1, masks, forget_groups=(0,))
+    oracle = fit_command("oracle_grad", tmp_path, splits, "email", tmp_path / "o", 1, masks, forget_groups=(0,)).args()
     assert oracle[oracle.index("--model.init_args.forget_groups") + 1] == "[0]"
     assert oracle[oracle.index("--model.init_args.masks_path") + 1] == str(masks)
-    ga = fit_command("ga", tmp_path, splits, "email", tmp_path / "g", 1, masks, forget_groups=(0,))
+    ga = fit_command("ga", tmp_path, splits, "email", tmp_path / "g", 1, masks, forget_groups=(0,)).args()
     assert "--model.init_args.forget_groups" not in ga
     args = score_args(tmp_path, tmp_path, tmp_path, masks, tmp_path / "auc.json", groups=((0,), (1,)))
     assert args[args.index("--forget_groups") + 1] == "[0]" and args[args.index("--retain_groups") + 1] == "[1]"

@@ -7,6 +7,7 @@ the directory, what differs and the fix. Other keys travel with it and are the c
 ``code`` (a digest of the package source, :func:`code_digest`: code defaults are in no config) only warns, a sweep
 cell's report labels are rewritten. The Lacuna chain records ``<stage>/recipe.json``, a sweep ``<cell>/cell.json``,
 the localization report ``<run>/recipe.json`` (a run of another recipe is fitted again there: seconds, not hours).
+The chain's and the report's recipes are :meth:`~lightning_unlearn.workflows.fit_command.FitCommand.recipe`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import lightning_unlearn
@@ -35,22 +36,6 @@ def code_digest() -> str:
         digest.update(path.relative_to(package).as_posix().encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
-
-
-def command_recipe(cmd: Sequence[str], workdir: str | os.PathLike) -> dict:
-    """The recipe of a ``python -m lightning_unlearn.cli fit …`` command: the text of its config files and its
-    overrides (paths under ``workdir`` written relative to it), not where the configs live or whether it resumes
-    (``--ckpt_path``); and the code that runs it (``code``)."""
-    configs, overrides = [], []
-    args = iter(cmd[4:])  # after `python -m lightning_unlearn.cli fit`
-    for arg in args:
-        if arg == "-c":
-            configs.append(Path(next(args)).read_text())
-        elif arg == "--ckpt_path":
-            next(args)
-        else:
-            overrides.append(arg.replace(str(workdir), "<workdir>"))
-    return {"configs": configs, "overrides": overrides, "code": code_digest()}
 
 
 def recorded_recipe(path: str | os.PathLike) -> dict | None:
@@ -97,4 +82,4 @@ def check_recipe(path: str | os.PathLike, recipe: Mapping, built: str, ours: str
     return found
 
 
-__all__ = ["check_recipe", "code_digest", "command_recipe", "record_recipe", "recorded_recipe"]
+__all__ = ["RECIPE_KEYS", "check_recipe", "code_digest", "record_recipe", "recorded_recipe"]

@@ -64,6 +64,7 @@ from lightning_unlearn.atomic import write_text_atomically
 from lightning_unlearn.errors import ConfigError, MissingPathError
 from lightning_unlearn.workflows import recipes
 from lightning_unlearn.workflows.command import dispatch
+from lightning_unlearn.workflows.fit_command import FitCommand
 
 log = logging.getLogger("lightning_unlearn")
 
@@ -278,20 +279,18 @@ def cell_hparams(cell: Cell) -> dict[str, Any]:
     return out
 
 
-def cell_command(sweep: Sweep, cell: Cell, nodes: int = 1, devices: int | None = None) -> list[str]:
-    """The ``fit`` command of one cell (without ``--ckpt_path``)."""
-    cmd = [sys.executable, "-m", "lightning_unlearn.cli", "fit"]
-    for config in _resolve_configs(sweep, cell):
-        cmd += ["-c", str(config)]
+def cell_command(sweep: Sweep, cell: Cell, nodes: int = 1, devices: int | None = None) -> FitCommand:
+    """The ``fit`` of one cell: its configs, overrides and HParams, in its directory (resuming when it holds a
+    checkpoint)."""
+    overrides = []
     for key, value in cell.overrides.items():
-        cmd += [f"--{key}", _value(value, cell)]
-    cmd += ["--run_hparams", json.dumps(cell_hparams(cell))]
-    cmd += ["--trainer.default_root_dir", str(cell.directory)]
+        overrides += [f"--{key}", _value(value, cell)]
+    overrides += ["--run_hparams", json.dumps(cell_hparams(cell))]
     if nodes > 1:
-        cmd += ["--trainer.num_nodes", str(nodes)]
+        overrides += ["--trainer.num_nodes", str(nodes)]
     if devices is not None:
-        cmd += ["--trainer.devices", str(devices)]
-    return cmd
+        overrides += ["--trainer.devices", str(devices)]
+    return FitCommand(_resolve_configs(sweep, cell), cell.directory, overrides)
 
 
 def _recipe(sweep: Sweep, cell: Cell) -> dict:
@@ -385,14 +384,11 @@ def run_cell(sweep: Sweep, cell: Cell, threads: int | None = None, nodes: int = 
     """Run (or resume) one cell to the end in a subprocess; its output goes to ``<cell_dir>/fit.log`` and its progress
     lines (:class:`~lightning_unlearn.callbacks.LogProgress`) to this process's log too. Writes
     ``cell_done.json`` (rank 0 of a multi-node job only) when ``fit`` succeeded. Returns the exit code."""
-    from lightning_unlearn.checkpoints import latest_checkpoint
     from lightning_unlearn.workflows import processes
 
     if (cell.directory / DONE_FILE).exists():
         return 0
-    cmd = cell_command(sweep, cell, nodes, devices)
-    if latest_checkpoint(cell.directory) is not None:
-        cmd += ["--ckpt_path", "last"]
+    cmd = cell_command(sweep, cell, nodes, devices).argv()
     start = time.perf_counter()
     log_file = cell.directory / "fit.log"
     log.info("sweep: cell %s started; its whole output is in %s", cell.name, log_file)
@@ -666,7 +662,7 @@ def sweep_command(sweep_file: Path, *, dry_run: bool = False, evaluate: bool = F
         rows[-1].update(label=cell.label, panel=cell.panel)
         if dry_run:
             try:
-                rows[-1]["command"] = " ".join(cell_command(sweep, cell))
+                rows[-1]["command"] = " ".join(cell_command(sweep, cell).argv())
             except FileNotFoundError as err:  # a config the steps before the sweep write
                 rows[-1]["command"] = f"(not yet runnable: {err})"
         elif state != "done":

@@ -189,7 +189,7 @@ def test_sbatch_of_an_array_and_of_a_two_node_fsdp_cell(base, tmp_path):
     shown = sweep_command(path, dry_run=True)["sbatch"]
     assert "#SBATCH --array=0-3%3" in shown["array"] and len(shown) == 5
     # each task of the 2-node job is one Lightning rank: the fit is told its world
-    cmd = cell_command(sweep, two_node[0], nodes=2, devices=2)
+    cmd = cell_command(sweep, two_node[0], nodes=2, devices=2).args()
     assert cmd[cmd.index("--trainer.num_nodes") + 1] == "2" and cmd[cmd.index("--trainer.devices") + 1] == "2"
 
 

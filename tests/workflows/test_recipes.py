@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_unlearn.workflows.recipes import check_recipe, command_recipe, record_recipe
+from lightning_unlearn.workflows.fit_command import FitCommand
+from lightning_unlearn.workflows.recipes import check_recipe, record_recipe
 
 
 def test_check_recipe_records_nothing_itself_and_refuses_other_overrides_naming_them(tmp_path):
@@ -22,11 +23,19 @@ def test_check_recipe_records_nothing_itself_and_refuses_other_overrides_naming_
         check_recipe(path, {**recipe, "configs": ["a: 2\n"]}, "cell 'stage'", "this sweep's", "Delete it.")
 
 
-def test_command_recipe_keeps_config_text_and_overrides_not_paths_or_the_resume_point(tmp_path):
+def test_a_fit_commands_recipe_keeps_config_text_and_overrides_not_paths_or_the_resume_point(tmp_path):
+    import torch
+
     config = tmp_path / "inject.yaml"
     config.write_text("trainer: {max_steps: 3}\n")
-    cmd = ["python", "-m", "lightning_unlearn.cli", "fit", "-c", str(config), "--data.data_dir",
-           str(tmp_path / "data"), "--ckpt_path", str(tmp_path / "last.ckpt")]  # fmt: skip
-    recipe = command_recipe(cmd, tmp_path)
-    assert recipe["configs"] == ["trainer: {max_steps: 3}\n"]
-    assert recipe["overrides"] == ["--data.data_dir", "<workdir>/data"] and len(recipe["code"]) == 16
+    fit = FitCommand([config], tmp_path / "run", ["--data.data_dir", str(tmp_path / "data")])
+    recipe = fit.recipe(tmp_path)
+    assert recipe["configs"] == ["trainer: {max_steps: 3}\n"] and len(recipe["code"]) == 16
+    # the shape the Lacuna chain has recorded since before FitCommand: its stages stay reusable
+    assert recipe["overrides"] == ["--data.data_dir", "<workdir>/data", "--trainer.default_root_dir", "<workdir>/run"]
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    torch.save({"global_step": 3}, tmp_path / "run" / "checkpoints" / "last.ckpt")
+    assert fit.args()[-2:] == ["--ckpt_path", "last"] and fit.recipe(tmp_path) == recipe  # resuming changes no recipe
+    moved = FitCommand([tmp_path / "elsewhere.yaml"], tmp_path / "run", fit.overrides)
+    (tmp_path / "elsewhere.yaml").write_text(config.read_text())
+    assert moved.recipe(tmp_path)["configs"] == recipe["configs"]  # where a config lives is not in it

@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import Literal
 
 from lightning_unlearn.atomic import write_text_atomically
-from lightning_unlearn.checkpoints import latest_checkpoint
 from lightning_unlearn.configs import config_root, resolve_config
 from lightning_unlearn.data.templates import TARGET_FIELDS
 from lightning_unlearn.data.testbed_data import LacunaDataConfig, build_testbed_data, data_forget_retain_groups
 from lightning_unlearn.errors import ConfigError, MissingPathError
 from lightning_unlearn.smollm2 import resolve_model_dir
 from lightning_unlearn.workflows import processes, recipes
+from lightning_unlearn.workflows.fit_command import FitCommand
 from lightning_unlearn.workflows.lacuna.filter import filter_stage
 from lightning_unlearn.workflows.lacuna.separability import (
     format_separability,
@@ -96,16 +96,9 @@ SIZES: dict[str, dict[str, list[str]]] = {
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _fit_cmd(config: str, root: Path, overrides: list[str], overlays: Sequence[Path] = ()) -> list[str]:
-    cmd = [sys.executable, "-m", "lightning_unlearn.cli", "fit", "-c", str(CONFIG_DIR / config)]
-    for overlay in overlays:
-        cmd += ["-c", str(overlay)]
-    cmd += overrides
-    cmd += ["--trainer.default_root_dir", str(root)]
-    last = latest_checkpoint(root)
-    if last is not None:
-        cmd += ["--ckpt_path", str(last)]
-    return cmd
+def _fit_cmd(config: str, root: Path, overrides: list[str], overlays: Sequence[Path] = ()) -> FitCommand:
+    """The stage's fit of the shipped ``config`` with its ``overlays`` and ``overrides``, in ``root``."""
+    return FitCommand([CONFIG_DIR / config, *overlays], root, overrides)
 
 
 def _data_config(preset_args: Sequence[str]) -> LacunaDataConfig:
@@ -205,7 +198,7 @@ class _Stages:
         """A progress line of the chain."""
         self.log(f"[lacuna] {message}")
 
-    def reused(self, path: Path, stage: str, cmd: list[str] | None = None, inputs: Sequence[Path] = ()) -> bool:
+    def reused(self, path: Path, stage: str, cmd: FitCommand | None = None, inputs: Sequence[Path] = ()) -> bool:
         """Whether ``stage`` finished before: its output ``path`` exists and is newer than its ``inputs``.
 
         A training stage (``cmd`` given) must match the recipe it was built with, and any stage must be newer than
@@ -213,8 +206,7 @@ class _Stages:
         (rebuilding it is the user's call); a stale filter, seconds of work, is measured again.
         """
         if cmd is not None:
-            root = Path(cmd[cmd.index("--trainer.default_root_dir") + 1])
-            _check_recipe(stage, root, recipes.command_recipe(cmd, self.workdir), path.exists(), self.log)
+            _check_recipe(stage, cmd.root, cmd.recipe(self.workdir), path.exists(), self.log)
         if not path.exists():
             return False
         newer = [i for i in inputs if i.exists() and i.stat().st_mtime_ns > path.stat().st_mtime_ns]
@@ -229,7 +221,7 @@ class _Stages:
         self.note(f"{stage}: finished before, reusing {path}")
         return True
 
-    def run(self, stages: list[tuple[str, list[str], Path]]) -> None:
+    def run(self, stages: list[tuple[str, FitCommand, Path]]) -> None:
         """Run ``(name, command, root)`` stages that are independent of each other: on ≥ 2 cores side by side,
         sharing the cores.
 
@@ -241,12 +233,12 @@ class _Stages:
         begun = time.time()
         threads = max(1, self.threads // max(1, len(stages))) if self.parallel else self.threads
         to_terminal = sys.stdout.isatty()
-        for i, (name, cmd, root) in enumerate(stages):
+        for i, (name, fit, root) in enumerate(stages):
             root.mkdir(parents=True, exist_ok=True)
+            cmd = fit.argv()
             # The whole command (a few hundred characters of paths and overrides) goes to a file, not the terminal.
             write_text_atomically(root / "command.txt", shlex.join(cmd) + "\n")
-            configs = [Path(cmd[i + 1]).name for i, arg in enumerate(cmd) if arg == "-c"]
-            shown = " -c ".join(configs)
+            shown = " -c ".join(c.name for c in fit.configs)
             in_file = not to_terminal or (self.parallel and i > 0)
             where = f"; full log: {root / 'stage.log'}" if in_file else ""
             self.note(f"{name}: lightning-unlearn fit -c {shown} … (whole command: {root / 'command.txt'}{where})")

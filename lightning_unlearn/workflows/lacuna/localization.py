@@ -49,6 +49,7 @@ from lightning_unlearn.data.templates import TARGET_FIELDS
 from lightning_unlearn.data.testbed_data import data_forget_retain_groups
 from lightning_unlearn.errors import ConfigError, MissingPathError
 from lightning_unlearn.workflows import processes, recipes
+from lightning_unlearn.workflows.fit_command import FitCommand
 from lightning_unlearn.workflows.lacuna.chain import CONFIG_DIR, require_separable
 from lightning_unlearn.workflows.lacuna.resurface import K, format_sanity, resurfacing_sanity
 from lightning_unlearn.workflows.lacuna.testbed_layout import testbed_paths
@@ -235,8 +236,8 @@ def fit_command(
     stage: str = "fit",
     forget_groups: Sequence[int] | None = None,
     model_args: Mapping[str, object] | None = None,
-) -> list[str]:
-    """The ``lightning-unlearn fit`` (or ``validate``) arguments of one run; its overrides file is written to ``out``.
+) -> FitCommand:
+    """The ``lightning-unlearn fit`` (or ``validate``) of one run; its overrides file is written to ``out``.
 
     One checkpoint, after the last epoch, and ``callbacks`` beside it; no logger or progress bar. A method restricted
     to m^F gets ``forget_groups`` (the testbed's; ``None``: its config's). ``model_args`` set the method's own
@@ -259,12 +260,10 @@ def fit_command(
     }
     write_text_atomically(out / "overrides.yaml", json.dumps(overrides, indent=1))
     args = [
-        stage, "-c", str(CONFIG_DIR / config), "-c", str(out / "overrides.yaml"),
         "--model.init_args.model_path", str(start_model),
         "--data.init_args.tokenizer_path", str(start_model),
         "--data.init_args.forget_path", str(splits / field),
         "--trainer.max_epochs", str(epochs),
-        "--trainer.default_root_dir", str(out),
     ]  # fmt: skip
     if restricted:
         args += ["--model.init_args.masks_path", str(masks)]
@@ -276,7 +275,7 @@ def fit_command(
         args += ["--data.init_args.batch_size", str(batch_size)]
     for name, value in (model_args or {}).items():
         args += [f"--model.init_args.{name}", json.dumps(value)]
-    return args
+    return FitCommand([CONFIG_DIR / config, out / "overrides.yaml"], out, args, subcommand=stage)
 
 
 class _Jobs:
@@ -289,9 +288,10 @@ class _Jobs:
         self.in_process = in_process
         self.log = log
 
-    def run(self, jobs: Sequence[tuple[list[str], Path]], optional: Sequence[Path] = ()) -> list[Path]:
-        """``jobs``: ``(cli arguments, log file)``; raises naming the first that failed, after the others end,
-        unless its log file is in ``optional``: those failures are returned (their log files)."""
+    def run(self, jobs: Sequence[tuple[FitCommand | list[str], Path]], optional: Sequence[Path] = ()) -> list[Path]:
+        """``jobs``: ``(a fit, or cli arguments, log file)``; raises naming the first that failed, after the others
+        end, unless its log file is in ``optional``: those failures are returned (their log files)."""
+        jobs = [(job.args() if isinstance(job, FitCommand) else list(job), log_file) for job, log_file in jobs]
         if self.in_process:
             from lightning_unlearn.cli import main as cli_main
 
@@ -321,7 +321,8 @@ class _Jobs:
 def _recipe_matches(out: Path, recipe: dict, fitted: bool = False) -> bool:
     """Whether ``out`` holds a finished run of ``recipe`` (the same recorded arguments and its export, or with
     ``fitted`` its final checkpoint, not yet exported)."""
-    if recipes.recorded_recipe(out / "recipe.json") != recipe:
+    recorded = recipes.recorded_recipe(out / "recipe.json") or {}
+    if any(recorded.get(key) != recipe.get(key) for key in recipes.RECIPE_KEYS):  # the code digest only informs
         return False
     return (out / "export" / "model").exists() or (fitted and (out / "checkpoints" / "final.ckpt").exists())
 
@@ -487,7 +488,7 @@ def _fit_jobs(plan: _Plan, fields: Sequence[str], summary: dict) -> tuple[dict[t
                 args = fit_command(method, start, splits, field, out, plan.epochs[method], paths["masks"], plan.lr,
                                    plan.batch_size, cbs, forget_groups=plan.groups and plan.groups[0],
                                    model_args=(plan.method_args or {}).get(method))  # fmt: skip
-                recipe = {"args": args}
+                recipe = args.recipe()
                 runs[(field, name)] = {"out": out, "start": start, "recipe": recipe}
                 if _recipe_matches(out, recipe, fitted=True):
                     plan.log(f"[localization] {field}/{name}: finished before, reusing it")
