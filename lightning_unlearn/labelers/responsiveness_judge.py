@@ -129,8 +129,14 @@ class JudgeHead:
             data: the head's mapping.
 
         Raises:
-            KeyError: a field is missing.
+            ConfigError: a field is missing (the file was edited or cut short).
         """
+        missing = [key for key in ("coef", "intercept", "threshold") if key not in data]
+        if missing:
+            raise ConfigError(
+                f"a judge head of the validity calibration lacks {', '.join(missing)}; write the file again with "
+                "`lightning-unlearn lens calibrate`."
+            )
         return cls(coef=tuple(float(c) for c in data["coef"]), intercept=float(data["intercept"]),
                    threshold=float(data["threshold"]))  # fmt: skip
 

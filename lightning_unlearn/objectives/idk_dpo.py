@@ -70,9 +70,10 @@ class IdkDPO(UnlearningModule):
         idk_seed: int = 0,
     ) -> None:
         nonnegative_weights(gamma=gamma, alpha=alpha)
-        super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
+        # checked before the base class loads the tokenizer: a bad value is refused at once
         if beta <= 0:
             raise ConfigError(f"IdkDPO beta must be positive, got {beta}.")
+        super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
         check_choice("scale", scale, DPO_SCALES)
         check_choice("token_average", token_average, TOKEN_AVERAGES)
         self.save_hyperparameters()

@@ -71,10 +71,11 @@ class NPO(UnlearningModule):
         # Read by UnlearningModule.__init__ before the model exists: precomputed log-probs need no frozen copy.
         self.needs_reference = reference == "model"
         nonnegative_weights(retain_weight=retain_weight)
-        super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
-        self.save_hyperparameters()
+        # checked before the base class loads the tokenizer: a bad value is refused at once
         if beta <= 0:
             raise ConfigError(f"NPO beta must be positive, got {beta}.")
+        super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
+        self.save_hyperparameters()
         self.beta = beta
         self.retain_weight = retain_weight
         self.reference = reference

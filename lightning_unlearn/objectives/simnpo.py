@@ -53,10 +53,11 @@ class SimNPO(UnlearningModule):
         beta: float = 10.0,
         delta: float = 1.5,
     ) -> None:
-        super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
-        self.save_hyperparameters()
+        # checked before the base class loads the tokenizer: a bad value is refused at once
         if beta <= 0:
             raise ConfigError(f"SimNPO beta must be positive, got {beta}.")
+        super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
+        self.save_hyperparameters()
         self.gamma, self.alpha, self.beta, self.delta = gamma, alpha, beta, delta
 
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

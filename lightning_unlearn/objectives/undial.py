@@ -58,9 +58,10 @@ class UNDIAL(UnlearningModule):
         alpha: float = 0.0,
         token_average: str = "sequence",
     ) -> None:
-        super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
+        # checked before the base class loads the tokenizer: a bad value is refused at once
         if strength < 0:
             raise ConfigError(f"UNDIAL strength must be non-negative, got {strength}.")
+        super().__init__(model_path, adapter, optim, max_bad_loss, collapse_fraction)
         check_choice("token_average", token_average, TOKEN_AVERAGES)
         self.save_hyperparameters()
         self.strength, self.gamma, self.alpha, self.token_average = strength, gamma, alpha, token_average
