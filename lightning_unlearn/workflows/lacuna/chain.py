@@ -46,6 +46,7 @@ from lightning_unlearn.workflows.lacuna.separability import (
     separability_verdict,
     write_report,
 )
+from lightning_unlearn.workflows.lacuna.testbed_layout import TestbedPaths, exported_model
 
 logger = logging.getLogger("lightning_unlearn")
 
@@ -166,10 +167,7 @@ def require_separable(
 ) -> bool | None:
     """The testbed's separability verdict; raise unless it is met or ``allow_inseparable``. The message says why
     the verdict is missing, what ``consequence`` follows, and that --allow_inseparable true does ``anyway``."""
-    if (
-        not (Path(workdir) / "inject" / "export" / "masks.safetensors").exists()
-        and not (Path(workdir) / "chain.json").exists()
-    ):
+    if not TestbedPaths(Path(workdir)).masks.exists() and not (Path(workdir) / "chain.json").exists():
         raise MissingPathError(
             f"{str(workdir)!r} holds no Lacuna testbed (no chain.json, no inject/export); build one there first: "
             f"`lightning-unlearn lacuna run --workdir {workdir}`, or pass the --workdir of an existing one."
@@ -292,7 +290,7 @@ def _pretrain(
         stages.note(f"pretrain: skipped; both injections start from {base}")
         build_testbed_data(w / "data", _data_config(preset.get("data", [])), log=stages.note)
         return base
-    pre_model = w / "pretrain" / "export" / "model"
+    pre_model = TestbedPaths(w).pre_model
     # where the stage keeps what it builds before training: the tiny θ_pre's tokenizer, the derived model
     keep = ["--model.tokenizer_path", str(w / "tokenizer")] if preset.get("pretrain_config") else [
         "--model.derive.path", str(w / "base")]  # fmt: skip
@@ -312,7 +310,7 @@ def _inject(stages: _Stages, pre_model: Path, data_args: list[str], preset_args:
     for name, config, extra in injections:
         overrides = [*data_args, "--model.model_path", str(pre_model), *preset_args]
         cmd = _fit_cmd(config, w / name, overrides, extra)
-        if not stages.reused(w / name / "export" / "inj", name, cmd, [pre_model]):
+        if not stages.reused(TestbedPaths(w).inj(unmasked=name != "inject"), name, cmd, [pre_model]):
             todo.append((name, cmd, w / name))
     stages.run(todo)
 
@@ -323,10 +321,10 @@ def _instruct(stages: _Stages, data_args: list[str], preset_args: list[str], ove
     w, todo = stages.workdir, []
     tunings = (("instruct", "inject"), ("instruct_unmasked", "inject_unmasked"))[: 2 if control else 1]
     for name, source in tunings:
-        source_model = w / source / "export" / "inj"
+        source_model = TestbedPaths(w).inj(unmasked=source != "inject")
         overrides = [*data_args, "--model.model_path", str(source_model), *preset_args]
         cmd = _fit_cmd("instruct.yaml", w / name, overrides, overlays)
-        if not stages.reused(w / name / "export" / "model", name, cmd, [source_model]):
+        if not stages.reused(exported_model(w / name), name, cmd, [source_model]):
             todo.append((name, cmd, w / name))
     stages.run(todo)
 
@@ -334,19 +332,17 @@ def _instruct(stages: _Stages, data_args: list[str], preset_args: list[str], ove
 def _filter_targets(w: Path, instruct: bool, control: bool) -> list[tuple[str, Path, Path, bool]]:
     """``(report, model, output directory, writes the splits)`` of every filter: the splits come from the masked
     model the chain ends with; θ_inj is measured too when instruction tuning followed it."""
+    t = TestbedPaths(w)
     if not instruct:
-        targets = [("masked", w / "inject" / "export" / "inj", w / "splits", True)]
+        targets = [("masked", t.inj(), t.splits, True)]
         if control:
-            targets.append(("unmasked", w / "inject_unmasked" / "export" / "inj", w / "filter_unmasked", False))
+            targets.append(("unmasked", t.inj(unmasked=True), w / "filter_unmasked", False))
         return targets
-    targets = [
-        ("masked", w / "instruct" / "export" / "model", w / "splits", True),
-        ("masked_inj", w / "inject" / "export" / "inj", w / "filter_inj", False),
-    ]
+    targets = [("masked", t.instructed(), t.splits, True), ("masked_inj", t.inj(), w / "filter_inj", False)]
     if control:
         targets += [
-            ("unmasked", w / "instruct_unmasked" / "export" / "model", w / "filter_unmasked", False),
-            ("unmasked_inj", w / "inject_unmasked" / "export" / "inj", w / "filter_inj_unmasked", False),
+            ("unmasked", t.instructed(unmasked=True), w / "filter_unmasked", False),
+            ("unmasked_inj", t.inj(unmasked=True), w / "filter_inj_unmasked", False),
         ]
     return targets
 
@@ -368,7 +364,7 @@ def _filter(stages: _Stages, targets: list[tuple[str, Path, Path, bool]]) -> dic
 def _separability(stages: _Stages) -> dict:
     """The separability report of the masked injection (``separability.json``), measured unless reused."""
     w = stages.workdir
-    export = w / "inject" / "export"
+    export = TestbedPaths(w).export("inject")
     if stages.reused(w / "separability.json", "separability", inputs=[export / "inj"]):
         return json.loads((w / "separability.json").read_text())
     stages.note(f"separability: resetting each group's mask elements of {export / 'inj'} to θ_pre")

@@ -52,7 +52,7 @@ from lightning_unlearn.workflows import processes, recipes
 from lightning_unlearn.workflows.fit_command import FitCommand
 from lightning_unlearn.workflows.lacuna.chain import CONFIG_DIR, require_separable
 from lightning_unlearn.workflows.lacuna.resurface import K, format_sanity, resurfacing_sanity
-from lightning_unlearn.workflows.lacuna.testbed_layout import testbed_paths
+from lightning_unlearn.workflows.lacuna.testbed_layout import exported_model, testbed_paths
 
 logger = logging.getLogger("lightning_unlearn")
 
@@ -324,7 +324,7 @@ def _recipe_matches(out: Path, recipe: dict, fitted: bool = False) -> bool:
     recorded = recipes.recorded_recipe(out / "recipe.json") or {}
     if any(recorded.get(key) != recipe.get(key) for key in recipes.RECIPE_KEYS):  # the code digest only informs
         return False
-    return (out / "export" / "model").exists() or (fitted and (out / "checkpoints" / "final.ckpt").exists())
+    return (exported_model(out)).exists() or (fitted and (out / "checkpoints" / "final.ckpt").exists())
 
 
 def _last_error(log_file: Path) -> str:
@@ -458,7 +458,7 @@ def _clear_stale_run(out: Path, method_root: Path) -> None:
     """Remove what a run of another recipe left in ``out``, and what was made from its weights: the method's score
     (its control's too) and the run's attack."""
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    shutil.rmtree(out / "export", ignore_errors=True)
+    shutil.rmtree(exported_model(out).parent, ignore_errors=True)
     (out / "checkpoint_metrics.jsonl").unlink(missing_ok=True)
     (method_root / "mask_auc.json").unlink(missing_ok=True)
     shutil.rmtree(out / "resurfacing", ignore_errors=True)
@@ -507,7 +507,7 @@ def _export_runs(runs: dict[tuple[str, str], dict], summary: dict, log: Callable
         out = run["out"]
         if (
             name.endswith("_unmask")
-            and not (out / "export" / "model").exists()
+            and not (exported_model(out)).exists()
             and not (out / "checkpoints" / "final.ckpt").exists()
         ):
             error = _last_error(out / "fit.log")
@@ -516,11 +516,11 @@ def _export_runs(runs: dict[tuple[str, str], dict], summary: dict, log: Callable
             del runs[(field, name)]
     for run in runs.values():
         out = run["out"]
-        if not (out / "export" / "model").exists():
+        if not (exported_model(out)).exists():
             ckpt = out / "checkpoints" / "final.ckpt"
             if not ckpt.exists():
                 raise RuntimeError(f"the run wrote no {str(ckpt)!r} (did it stop early? see {out / 'fit.log'}).")
-            export_checkpoint(ckpt, run["start"], out / "export" / "model")
+            export_checkpoint(ckpt, run["start"], exported_model(out))
             shutil.rmtree(out / "checkpoints")  # weights and optimizer state (≈ 12 bytes a weight): the export is kept
 
 
@@ -532,8 +532,8 @@ def _score_jobs(plan: _Plan, field: str, runs: dict[tuple[str, str], dict]) -> l
         out = plan.out_root / field / method
         ctrl = None
         if (field, f"{method}_unmask") in runs:
-            ctrl = (paths["control_start"], runs[(field, f"{method}_unmask")]["out"] / "export" / "model")
-        args = score_args(paths["pre"], paths["start"], out / "export" / "model", paths["masks"],
+            ctrl = (paths["control_start"], exported_model(runs[(field, f"{method}_unmask")]["out"]))
+        args = score_args(paths["pre"], paths["start"], exported_model(out), paths["masks"],
                           out / "mask_auc.json", ctrl, plan.groups)  # fmt: skip
         recorded = out / "mask_auc.args.json"
         if not ((out / "mask_auc.json").exists() and recorded.exists() and json.loads(recorded.read_text()) == args):
@@ -548,7 +548,7 @@ def _attack_jobs(plan: _Plan, field: str, splits: Path, k: int, relearn_epochs: 
     the same arguments."""
     field_root, jobs = plan.out_root / field, []
     targets = [("before", plan.paths["start"])]
-    targets += [(method, field_root / method / "export" / "model") for method in plan.methods]
+    targets += [(method, exported_model(field_root / method)) for method in plan.methods]
     for name, model in targets:
         attack = field_root / name / "resurfacing"
         args = resurface_args(model, splits, field, attack, k, relearn_epochs, seed)

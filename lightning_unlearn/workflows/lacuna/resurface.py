@@ -19,6 +19,7 @@ from lightning_unlearn.generation import generate
 from lightning_unlearn.labelers.calibration import wilson_interval
 from lightning_unlearn.metrics.memorization import extracted
 from lightning_unlearn.objectives.optimizer_config import OptimizerConfig
+from lightning_unlearn.workflows.lacuna.testbed_layout import exported_model
 
 Field = Literal[TARGET_FIELDS]
 logger = logging.getLogger("lightning_unlearn")
@@ -156,7 +157,7 @@ def relearn(
         num_sanity_val_steps=0,
     )
     trainer.fit(module, data)
-    run = json.loads((root / "export" / "run.json").read_text())
+    run = json.loads((exported_model(root).parent / "run.json").read_text())
     return {
         "lr": lr,
         "val_fraction": val_fraction,
@@ -207,10 +208,10 @@ def resurface(
     del model
     relearned = Path(out_dir) / "relearned"
     relearning = relearn(model_dir, relearn_path, relearned, max_epochs, lr, val_fraction, batch_size, seed)
-    model_path = relearned / "export" / "model"
+    model_path = exported_model(relearned)
     model, tokenizer = load_causal_lm(model_path), load_tokenizer(model_path)
     leaked = leaked_profiles(model, tokenizer, forget, **sampling)
-    shutil.rmtree(relearned / "export", ignore_errors=True)  # a full model per attack; the counts are the result
+    shutil.rmtree(exported_model(relearned).parent, ignore_errors=True)  # a full model per attack: the counts stay
     n = len(forget)
     rate_before, rate_after = rate_with_interval(len(before), n), rate_with_interval(len(leaked), n)
     report = {
