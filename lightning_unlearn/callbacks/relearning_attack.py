@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
+from lightning_unlearn.callbacks.checkpoint_evaluator import CheckpointEvaluator
 from lightning_unlearn.callbacks.qa_records import encode_batch
 from lightning_unlearn.callbacks.quantization_attack import EvaluatorAttack
 from lightning_unlearn.data.records import read_records
@@ -78,6 +79,9 @@ class RelearningAttack(EvaluatorAttack):
         self.steps = tuple(sorted({int(s) for s in steps}))
         self.lr, self.relearn_batch_size, self.max_length = lr, batch_size, max_length
         self.chat_template, self.seed = chat_template, seed
+        # the suite levels the records answer (a LENS record's `level`): SCE read on the other levels is the clean
+        # reading of the attack (the relearned questions' own answers are memorization, not recovery)
+        self.relearned_levels = tuple(sorted({str(r["level"]) for r in self.records if r.get("level")}))
 
     def _batches(self):
         rng = random.Random(self.seed)
@@ -142,6 +146,10 @@ class RelearningAttack(EvaluatorAttack):
                              step, done, float(loss), ", ".join(e.family_name for e in evaluators))  # fmt: skip
                 row = self.evaluate_all(evaluators, trainer, pl_module, step)
                 row["relearning_loss"] = float(loss)
+                for evaluator in evaluators:
+                    unrelearned = self.unrelearned_reading(evaluator, row.get(evaluator.family_name))
+                    if unrelearned is not None:
+                        row[evaluator.family_name]["pooled_unrelearned"] = unrelearned
                 out[f"after_{target}"] = row
         finally:
             with torch.no_grad():
@@ -149,4 +157,19 @@ class RelearningAttack(EvaluatorAttack):
                     p.copy_(original)
                     p.grad = grad
         out["records"] = len(self.records)
+        if self.relearned_levels:
+            out["relearned_levels"] = list(self.relearned_levels)
         return out
+
+    def unrelearned_reading(self, evaluator: CheckpointEvaluator, metrics: dict | None) -> dict | None:
+        """An SCE evaluator's B, A and s pooled over its selection levels minus :attr:`relearned_levels` (``None``
+        when the records name no level, the evaluator pools no levels, or nothing is left)."""
+        pooled_levels = getattr(evaluator, "selection_levels", None)
+        if not self.relearned_levels or not pooled_levels or not isinstance(metrics, dict):
+            return None
+        kept = [lv for lv in pooled_levels if lv not in self.relearned_levels and lv in (metrics.get("levels") or {})]
+        b = sum(int(metrics["levels"][lv].get("B") or 0) for lv in kept)
+        a = sum(int(metrics["levels"][lv].get("A") or 0) for lv in kept)
+        if not kept or b == 0:
+            return None
+        return {"levels": kept, "B": b, "A": a, "s": (b - a) / b}

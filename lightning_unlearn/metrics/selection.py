@@ -235,11 +235,16 @@ def operating_points(
         if u.get("accuracy") is not None and u.get("base_accuracy") is not None:
             point["utility_drop"] = u["base_accuracy"] - u["accuracy"]
         a = (attack or {}).get(step) or {}
+        # after relearning, the levels that were not relearned (`pooled_unrelearned`, when the records name their
+        # levels): the relearned questions' own answers would read memorization as recovery
         attacked = {
-            _attack_name(key): ((found.get(sce_family) or {}).get("pooled") or {}).get("s")
+            _attack_name(key): (
+                (found.get(sce_family) or {}).get("pooled_unrelearned") or (found.get(sce_family) or {}).get("pooled")
+                or {}
+            ).get("s")
             for key, found in a.items()
             if key.startswith(("int", "after_")) and isinstance(found, dict)
-        }
+        }  # fmt: skip
         if attacked:
             point["attacked_suppression"] = attacked
         points.append(point)

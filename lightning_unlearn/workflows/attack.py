@@ -77,7 +77,7 @@ def held_out_records(run_config: Path) -> list[dict]:
             f"attack relearn: the baseline {meta['baseline']} has no reproduction outside the forget set's levels "
             f"{sorted(levels)}; give --records FILE."
         )
-    return [{"prompt": r["prompt"], "answer": r["answer"], "id": r.get("id")} for r in rows]
+    return [{"prompt": r["prompt"], "answer": r["answer"], "id": r.get("id"), "level": r.get("level")} for r in rows]
 
 
 def relearn_command(

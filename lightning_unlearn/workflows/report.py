@@ -216,8 +216,9 @@ def _share(reading: Mapping) -> float | None:
 
 
 def attacks_figure(attacks: Mapping[str, Mapping[int, Mapping[str, dict]]]):
-    """One row per run: SCE (left) and the share of answers reproducing the narrative (right) at each attacked
-    checkpoint, one line per condition (full precision, each bit width, each number of relearning steps)."""
+    """One row per run: SCE (left) and the share of answers reproducing the narrative (right), as trained and under
+    each attack (full precision, each bit width, each number of relearning steps), with the base model's share as a
+    dotted line. One attacked checkpoint: bars per condition; several: a line per condition over the steps."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -225,17 +226,28 @@ def attacks_figure(attacks: Mapping[str, Mapping[int, Mapping[str, dict]]]):
 
     fig, axes = plt.subplots(len(attacks), 2, figsize=(9, 2.6 * len(attacks) + 0.4), squeeze=False)
     for (name, table), (left, right) in zip(attacks.items(), axes):
+        steps = sorted(table)
         conditions = list(dict.fromkeys(c for readings in table.values() for c in readings))
-        for condition in conditions:
-            steps = [s for s in table if condition in table[s]]
-            style = dict(marker="o", label=condition, linestyle="-" if condition == "full precision" else "--")
-            left.plot(steps, [table[s][condition]["sce"] for s in steps], **style)
-            right.plot(steps, [_share(table[s][condition]) for s in steps], **style)
+        for ax, value in ((left, lambda r: r["sce"]), (right, _share)):
+            if len(steps) == 1:
+                readings = table[steps[0]]
+                ax.bar(range(len(readings)), [value(r) or 0.0 for r in readings.values()],
+                       color=[f"C{conditions.index(c)}" for c in readings])  # fmt: skip
+                ax.set_xticks(range(len(readings)), list(readings), rotation=30, fontsize=7)
+                ax.set_xlabel(f"checkpoint step {steps[0]}")
+            else:
+                for condition in conditions:
+                    xs = [s for s in steps if condition in table[s]]
+                    ax.plot(xs, [value(table[s][condition]) for s in xs], marker="o", label=condition,
+                            linestyle="-" if condition == "full precision" else "--")  # fmt: skip
+                ax.set_xticks(steps)
+                ax.set_xlabel("checkpoint step")
+            ax.set_ylim(-0.02, 1.02)
+        first = table[steps[0]].get("full precision") or {}
+        if first.get("B") is not None and first.get("N"):
+            right.axhline(first["B"] / first["N"], color="grey", linestyle=":", label="base model")
         left.set_title(f"{name}: SCE", fontsize=9)
         right.set_title(f"{name}: answers reproducing the narrative", fontsize=9)
-        for ax in (left, right):
-            ax.set_xlabel("checkpoint step")
-            ax.set_ylim(-0.02, 1.02)
         right.legend(fontsize=7, loc="best")
     fig.tight_layout()
     return fig

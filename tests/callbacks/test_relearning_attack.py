@@ -65,3 +65,27 @@ def test_bad_settings_are_refused():
         RelearningAttack([{"prompt": "a", "answer": "b"}], steps=[0])
     with pytest.raises(ValueError, match="lr=0"):
         RelearningAttack([{"prompt": "a", "answer": "b"}], lr=0)
+
+
+def test_relearned_levels_are_left_out_of_the_attacked_suppression_the_guard_reads():
+    """Records that answer L1 questions: after relearning, the guard reads s on L0 and L2 only (the relearned L1
+    answers would read memorization of the records as recovery)."""
+    from types import SimpleNamespace
+
+    from lightning_unlearn.metrics.selection import operating_points
+
+    attack = RelearningAttack([{"prompt": "q", "answer": "a", "level": "L1"}, {"prompt": "r", "answer": "b"}])
+    assert attack.relearned_levels == ("L1",)
+    levels = {"L0": {"B": 8, "A": 6}, "L1": {"B": 6, "A": 6}, "L2": {"B": 2, "A": 0}, "L3": {"B": 5, "A": 0}}
+    sce = {"levels": levels, "pooled": {"B": 16, "A": 12, "s": 0.25}}
+    evaluator = SimpleNamespace(selection_levels=("L0", "L1", "L2"))
+    reading = attack.unrelearned_reading(evaluator, sce)
+    assert reading == {"levels": ["L0", "L2"], "B": 10, "A": 6, "s": 0.4}  # (10 - 6) / 10; L3 is not pooled
+    assert attack.unrelearned_reading(SimpleNamespace(), sce) is None  # an evaluator that pools no levels
+    plain = RelearningAttack([{"prompt": "q", "answer": "a"}])
+    assert plain.relearned_levels == () and plain.unrelearned_reading(evaluator, sce) is None
+    row = {"after_10": {"sce": {**sce, "pooled_unrelearned": reading}}, "relearned_levels": ["L1"]}
+    (point,) = operating_points({5: {"sce": 0.2, "s": 0.5}}, attack={5: row})
+    assert point["attacked_suppression"] == {"10 relearning steps": 0.4}
+    (point,) = operating_points({5: {"sce": 0.2, "s": 0.5}}, attack={5: {"after_10": {"sce": sce}}})
+    assert point["attacked_suppression"] == {"10 relearning steps": 0.25}  # no levels named: the pooled reading
