@@ -113,7 +113,14 @@ class MaskedFSDPStrategy(MaskedStrategyHooks, ModelParallelStrategy):
             TypeError: the model uses FSDP1 (``FullyShardedDataParallel``), not FSDP2.
             RuntimeError: rank 0 built its model on the meta device.
         """
-        # ModelParallelStrategy.setup, except that an un-sharded module is sharded here instead of being refused.
+        # ModelParallelStrategy.setup (Lightning 2.6), step for step, with three differences no hook can make:
+        # - it refuses a module without its own `configure_model` sharding; every objective here is sharded by the
+        #   strategy (`_fully_shard`), so a user's LightningModule needs no FSDP code;
+        # - where rank 0 alone holds the loaded weights (`_weights_from_rank0`), the other ranks allocate empty shards
+        #   and receive rank 0's values, instead of materializing the meta shards with reset_parameters;
+        # - the masks are prepared on the sharded module (`self.masked.prepare`) before the optimizer is built.
+        # Lightning calls `setup` as one piece (no hook between its materialization and its optimizer setup), so the
+        # copy is the way in; tests/strategies compare the result with one process under DDP and FSDP.
         from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
         assert self.model is not None and self.accelerator is not None
