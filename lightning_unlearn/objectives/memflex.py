@@ -71,6 +71,7 @@ class MemFlex(UnlearningModule):
         self.localization_batches = localization_batches
         self.selected: list[str] | None = None
 
+    @override
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """L = forget_factor·NLL̄(forget) + retain_factor·NLL̄(retain) (only selected tensors keep their gradient).
 

@@ -81,6 +81,7 @@ class NPO(UnlearningModule):
         self.reference = reference
         self.reference_logps: torch.Tensor | None = None  # (N_forget,) when precomputed
 
+    @override
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """L = NPO(forget against π_ref) + retain_weight·NLL̄(retain).
 

@@ -96,6 +96,7 @@ class OracleGrad(UnlearningModule):
             self.packed_masks = None
             self.restrict_update_groups = None
 
+    @override
     def on_model_built(self) -> None:
         """With LoRA, confine each adapted layer's weight change to m^F; then drop the masks kept for it."""
         if self.adapter_config.kind != "full":
@@ -144,6 +145,7 @@ class OracleGrad(UnlearningModule):
                 "lightning_unlearn.strategies.MaskedSingleDeviceStrategy, MaskedDDPStrategy or MaskedFSDPStrategy."
             )
 
+    @override
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """L = γ·(−NLL̄(forget)) + α·NLL̄(retain), the update kept inside m^F by the strategy or the masked LoRA.
 
@@ -157,10 +159,12 @@ class OracleGrad(UnlearningModule):
         sums, logs = self.forget_retain_logps(batch)
         return gd_loss(*sums, self.gamma, self.alpha), logs
 
+    @override
     def adapter_dir(self) -> Path:
         """``<checkpoint dir>/merged-step=N``: the merged model is written there instead of an adapter."""
         return super().adapter_dir().with_name(f"merged-step={self.global_step}")
 
+    @override
     def save_adapter(self, directory: str | os.PathLike) -> None:
         """Write the merged model ``W + m^F ⊙ s·B A`` (collective under FSDP; rank 0 writes)."""
         state = (

@@ -7,6 +7,7 @@ Lacuna 1B (Table 5): γ 3, α 0.01, β 10, δ 1.5, lr 1e-4, constant schedule.
 from __future__ import annotations
 
 import torch
+from typing_extensions import override
 
 from lightning_unlearn.errors import ConfigError
 from lightning_unlearn.losses import nll_loss, normalized_nll, simnpo_loss
@@ -60,6 +61,7 @@ class SimNPO(UnlearningModule):
         self.save_hyperparameters()
         self.gamma, self.alpha, self.beta, self.delta = gamma, alpha, beta, delta
 
+    @override
     def unlearning_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """L = γ·SimNPO(forget) + α·NLL̄(retain).
 
