@@ -46,6 +46,27 @@ def test_a_recovery_curve_at_every_checkpoint_once_after_a_resume_and_the_run_un
         assert row["after_3"]["memorization"]["forget"]["prob"] > before, step
         assert row["after_1"]["memorization"]["forget"]["prob"] != before  # the curve moves at its first point
         assert "kl" in row["after_3"]["retain_drift"]  # the adapter relearned: its base pass is still the base
+    # post hoc (validate of a saved checkpoint, as `attack relearn` runs it through `evaluate`, under Lightning's
+    # inference mode): the same recovery curve as during training
+    from lightning.pytorch import Trainer
+
+    out = tmp_path / "eval"
+    last = max(curve)
+    module = TinyCausalLM(str(tiny_dir), lora=True)
+    evaluators = [
+        MemorizationEvaluation({"forget": qa_records()[:2]}, extraction=False, output_dir=str(out)),
+        RetainDriftEvaluation(qa_records()[2:], batch_size=2, output_dir=str(out)),
+    ]
+    posthoc = RelearningAttack(relearn, steps=[3, 1], lr=5e-3, batch_size=2, output_dir=str(out))
+    Trainer(accelerator="cpu", devices=1, logger=False, callbacks=[*evaluators, posthoc], enable_progress_bar=False,
+            enable_model_summary=False, default_root_dir=tmp_path).validate(
+        module, qa_loader(module.tokenizer), ckpt_path=str(root / "ckpt" / f"step={last}.ckpt"))  # fmt: skip
+    (later,) = [r for r in read_rows(out / "checkpoint_metrics.jsonl") if r["family"] == "relearning_attack"]
+    for point in ("after_1", "after_3"):
+        assert later[point]["memorization"]["forget"]["prob"] == pytest.approx(
+            curve[last][point]["memorization"]["forget"]["prob"], rel=1e-4
+        )
+        assert later[point]["relearning_loss"] == pytest.approx(curve[last][point]["relearning_loss"], rel=1e-4)
     # the same run without the attack: the same trajectory, row for row (the attack put every weight back)
     torch.manual_seed(0)
     plain = tmp_path / "plain"
