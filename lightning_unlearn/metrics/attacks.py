@@ -33,12 +33,19 @@ def _reading(sce: Mapping | None, retain: Mapping | None, level: str | None) -> 
     }
 
 
-def _condition(key: str) -> str | None:
+def attack_key(key: str) -> tuple[str, int] | None:
+    """What a key of an attack row names: ``("int", 4)`` for ``int4`` (a bit width of the quantization attack),
+    ``("relearn", 30)`` for ``after_30`` (a point of the relearning attack's curve), ``None`` for anything else."""
     if key.startswith("int") and key[3:].isdigit():
-        return key
+        return "int", int(key[3:])
     if key.startswith("after_") and key[6:].isdigit():
-        return f"relearn {key[6:]}"
+        return "relearn", int(key[6:])
     return None
+
+
+def _condition(key: str) -> str | None:
+    kind = attack_key(key)
+    return None if kind is None else (f"int{kind[1]}" if kind[0] == "int" else f"relearn {kind[1]}")
 
 
 def _order(condition: str) -> tuple:
@@ -95,4 +102,4 @@ def attack_table(
     return table
 
 
-__all__ = ["FULL_PRECISION", "attack_table"]
+__all__ = ["FULL_PRECISION", "attack_key", "attack_table"]

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from lightning_unlearn.errors import ConfigError
+from lightning_unlearn.metrics.attacks import attack_key
 
 SELECTION_METRICS = {"sce": "g", "sce_health": "g_health", "sce_strict": "g_strict"}
 USEFUL = "useful operating point"
@@ -195,7 +196,8 @@ def check_guards(point: Mapping, guards: OperatingPointGuards) -> dict:
 
 def _attack_name(key: str) -> str:
     """How a verdict names an attack: ``int4`` as it is, ``after_30`` as ``30 relearning steps``."""
-    return f"{key.removeprefix('after_')} relearning steps" if key.startswith("after_") else key
+    kind = attack_key(key)
+    return f"{kind[1]} relearning steps" if kind is not None and kind[0] == "relearn" else key
 
 
 def operating_points(
@@ -243,7 +245,7 @@ def operating_points(
                 or {}
             ).get("s")
             for key, found in a.items()
-            if key.startswith(("int", "after_")) and isinstance(found, dict)
+            if attack_key(key) is not None and isinstance(found, dict)
         }  # fmt: skip
         if attacked:
             point["attacked_suppression"] = attacked
